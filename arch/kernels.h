@@ -1,0 +1,65 @@
+/* Internal: the kernel table every backend fills, and what the backends share.
+ * Not installed; the public ABI is include/sdpa.h.
+ *
+ * Contracts (the entry points in src/ check arguments, so kernels assume valid input):
+ * no kernel reads or writes outside [p, p + n) of any array it is given, whatever n is; none
+ * allocates, keeps state, or changes the floating-point environment. */
+#ifndef SDPA_ARCH_KERNELS_H
+#define SDPA_ARCH_KERNELS_H
+
+#include <stddef.h>
+
+enum sdpa_exp_kind { SDPA_EXP_FAST = 0, SDPA_EXP_SLEEF = 1, SDPA_EXP_KINDS = 2 };
+
+typedef struct sdpa_kernels {
+    const char *name;
+    /* sum a[i] * b[i] */
+    float (*dot)(const float *a, const float *b, size_t n);
+    /* y[i] = alpha * x[i], one rounding; y may equal x */
+    void (*scale)(float *y, const float *x, size_t n, float alpha);
+    /* s[j] = scale * dot(q, k + j * k_stride, d) */
+    void (*scores)(float *s, const float *q, const float *k, size_t n_keys, size_t d,
+                   size_t k_stride, float scale);
+    /* max over i of (scale * x[i]) rounded to float; -inf for an all -inf row; a NaN input may
+       or may not come out as NaN (the softmax driver handles both) */
+    float (*max_scaled)(const float *x, size_t n, float scale);
+    /* y[i] = exp(scale * x[i] - shift) with a subnormal result flushed to 0; returns sum y[i].
+       y may equal x. NaN in x gives NaN in y and in the sum. */
+    float (*exp_sum[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale, float shift);
+    /* y[i] *= factor, then weights below FLT_MIN become exactly 0 */
+    void (*normalize)(float *y, size_t n, float factor);
+    /* dx[i] = scale * y[i] * (dy[i] - y_dot_dy); dx may equal y or dy */
+    void (*softmax_backward)(float *dx, const float *y, const float *dy, size_t n, float scale,
+                             float y_dot_dy);
+    /* y[i] = exp(x[i]); for tests of the exp itself */
+    void (*exp[SDPA_EXP_KINDS])(float *y, const float *x, size_t n);
+} sdpa_kernels;
+
+/* One table per backend file; a backend that is not compiled in has no table. */
+extern const sdpa_kernels sdpa_kernels_scalar;
+extern const sdpa_kernels sdpa_kernels_sse41;
+extern const sdpa_kernels sdpa_kernels_avx2;
+extern const sdpa_kernels sdpa_kernels_avx512;
+extern const sdpa_kernels sdpa_kernels_neon;
+
+/* The "fast" exp, shared by every backend: e^x = 2^n * p(r), n = round(x / ln 2),
+ * r = x - n ln 2 in two steps (Cody-Waite), p a degree-5 polynomial fitted for minimal
+ * relative error on [-ln2/2, ln2/2] (scripts/fit_exp.c; max relative error 1.05e-7 before
+ * rounding). 2^n is added to p's exponent bits, which is exact for n in [-125, 128]; x is first
+ * clamped to [EXP_X_CLAMP_LO, EXP_X_CLAMP_HI] so n stays in [-126, 128], then results below
+ * FLT_MIN become 0 and x >= EXP_X_OVERFLOW gives +inf. */
+#define SDPA_EXP_LOG2E  0x1.715476p+0f
+#define SDPA_EXP_LN2_HI 0x1.62e43p-1f
+#define SDPA_EXP_LN2_LO -0x1.05c61p-29f
+/* Without FMA: a 15-bit high part, so that n * LN2_HI_NOFMA is exact for |n| <= 256. */
+#define SDPA_EXP_LN2_HI_NOFMA 0x1.62e4p-1f
+#define SDPA_EXP_LN2_LO_NOFMA 0x1.7f7d1cp-20f
+#define SDPA_EXP_C2           0x1.fffdfcp-2f
+#define SDPA_EXP_C3           0x1.5557aep-3f
+#define SDPA_EXP_C4           0x1.5729fp-5f
+#define SDPA_EXP_C5           0x1.106284p-7f
+#define SDPA_EXP_X_CLAMP_LO   -87.5f
+#define SDPA_EXP_X_CLAMP_HI   88.8f
+#define SDPA_EXP_X_OVERFLOW   0x1.62e43p+6f /* float(ln FLT_MAX), whose exp exceeds FLT_MAX */
+
+#endif

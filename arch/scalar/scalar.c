@@ -1,0 +1,124 @@
+/* Portable C backend: the baseline every CPU runs, and the fallback of every dispatch ladder.
+ * Several independent accumulators keep the sums accurate and give the compiler room, without
+ * relying on -ffast-math. */
+#include <float.h>
+#include <math.h>
+#include <sleef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define LANES 4
+
+static float dot_scalar(const float *a, const float *b, size_t n) {
+    float acc[LANES] = {0};
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l];
+    for (; i < n; i++) acc[0] += a[i] * b[i];
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+static void scale_scalar(float *y, const float *x, size_t n, float alpha) {
+    for (size_t i = 0; i < n; i++) y[i] = alpha * x[i];
+}
+
+static void scores_scalar(float *s, const float *q, const float *k, size_t n_keys, size_t d,
+                          size_t k_stride, float scale) {
+    for (size_t j = 0; j < n_keys; j++) s[j] = scale * dot_scalar(q, k + j * k_stride, d);
+}
+
+static float max_scaled_scalar(const float *x, size_t n, float scale) {
+    float m = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        float z = scale * x[i];
+        m = z > m ? z : m;
+    }
+    return m;
+}
+
+static float bits_to_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint32_t float_to_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* The shared "fast" exp (see kernels.h). */
+static float exp_fast_scalar(float x) {
+    if (x >= SDPA_EXP_X_OVERFLOW) return INFINITY;
+    if (!(x >= SDPA_EXP_X_CLAMP_LO)) return x != x ? x : 0.0f; /* NaN stays, -inf and tiny go */
+    float n = nearbyintf(x * SDPA_EXP_LOG2E);
+    float r = (x - n * SDPA_EXP_LN2_HI_NOFMA) - n * SDPA_EXP_LN2_LO_NOFMA;
+    float p = SDPA_EXP_C5;
+    p = p * r + SDPA_EXP_C4;
+    p = p * r + SDPA_EXP_C3;
+    p = p * r + SDPA_EXP_C2;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    float e = bits_to_float(float_to_bits(p) + (uint32_t)((int32_t)n * (1 << 23)));
+    return e < FLT_MIN ? 0.0f : e;
+}
+
+static float exp_sleef_scalar(float x) {
+    float e = Sleef_expf_u10(x);
+    return e < FLT_MIN ? 0.0f : e;
+}
+
+static float exp_sum_fast_scalar(float *y, const float *x, size_t n, float scale, float shift) {
+    float acc[LANES] = {0};
+    for (size_t i = 0; i < n; i++) {
+        float e = exp_fast_scalar(scale * x[i] - shift);
+        y[i] = e;
+        acc[i % LANES] += e;
+    }
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+static float exp_sum_sleef_scalar(float *y, const float *x, size_t n, float scale, float shift) {
+    float acc[LANES] = {0};
+    for (size_t i = 0; i < n; i++) {
+        float e = exp_sleef_scalar(scale * x[i] - shift);
+        y[i] = e;
+        acc[i % LANES] += e;
+    }
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+static void normalize_scalar(float *y, size_t n, float factor) {
+    for (size_t i = 0; i < n; i++) {
+        float w = y[i] * factor;
+        y[i] = w < FLT_MIN ? 0.0f : w;
+    }
+}
+
+static void softmax_backward_scalar(float *dx, const float *y, const float *dy, size_t n,
+                                    float scale, float y_dot_dy) {
+    for (size_t i = 0; i < n; i++) dx[i] = scale * y[i] * (dy[i] - y_dot_dy);
+}
+
+static void exp_fast_array_scalar(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = exp_fast_scalar(x[i]);
+}
+
+static void exp_sleef_array_scalar(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = exp_sleef_scalar(x[i]);
+}
+
+const sdpa_kernels sdpa_kernels_scalar = {
+    .name = "scalar",
+    .dot = dot_scalar,
+    .scale = scale_scalar,
+    .scores = scores_scalar,
+    .max_scaled = max_scaled_scalar,
+    .exp_sum = {exp_sum_fast_scalar, exp_sum_sleef_scalar},
+    .normalize = normalize_scalar,
+    .softmax_backward = softmax_backward_scalar,
+    .exp = {exp_fast_array_scalar, exp_sleef_array_scalar},
+};

@@ -1,0 +1,161 @@
+/* Chooses the backend once, at load time, from what cpu_features reports, and lets users
+ * force another. Compiled for the baseline ISA only: nothing here may execute an instruction
+ * the CPU lacks before the choice is made. */
+#if defined(__AVX__) || defined(__SSE4_1__) || defined(__ARM_FEATURE_SVE)
+#error "src/dispatch.c must be compiled for the baseline ISA, without -m flags"
+#endif
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch.h"
+#include "sdpa.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpu_features/cpuinfo_x86.h>
+#elif defined(__aarch64__)
+#include <cpu_features/cpuinfo_aarch64.h>
+#endif
+
+_Atomic(const sdpa_kernels *) sdpa_active_kernels;
+_Atomic int sdpa_active_exp;
+
+typedef struct backend {
+    const char *name;
+    const sdpa_kernels *kernels; /* NULL when not compiled into this library */
+    int (*cpu_can_run)(void);
+} backend;
+
+static int always(void) { return 1; }
+
+#if defined(__x86_64__) || defined(__i386__)
+/* cpu_features checks OS support (XCR0) for the wide registers. On CPUs without OSXSAVE it takes
+ * the SSE flags from /proc/cpuinfo, which under an emulator describes the host: CPUID itself
+ * (GCC's builtin) must agree before SSE4.1 code runs. */
+static X86Features x86_features(void) { return GetX86Info().features; }
+static int cpu_has_sse41(void) {
+    __builtin_cpu_init();
+    return x86_features().sse4_1 != 0 && __builtin_cpu_supports("sse4.1");
+}
+static int cpu_has_avx2_fma(void) {
+    X86Features f = x86_features();
+    return f.avx2 != 0 && f.fma3 != 0;
+}
+static int cpu_has_avx512f(void) { return x86_features().avx512f != 0; }
+#endif
+#if defined(__aarch64__)
+static int cpu_has_asimd(void) { return GetAarch64Info().features.asimd != 0; }
+#endif
+
+/* Best first: the dispatcher takes the first entry that is compiled in and runnable. */
+static const backend BACKENDS[] = {
+#if defined(SDPA_HAVE_AVX512)
+    {"avx512", &sdpa_kernels_avx512, cpu_has_avx512f},
+#else
+    {"avx512", NULL, NULL},
+#endif
+#if defined(SDPA_HAVE_AVX2)
+    {"avx2", &sdpa_kernels_avx2, cpu_has_avx2_fma},
+#else
+    {"avx2", NULL, NULL},
+#endif
+#if defined(SDPA_HAVE_SSE41)
+    {"sse", &sdpa_kernels_sse41, cpu_has_sse41},
+#else
+    {"sse", NULL, NULL},
+#endif
+#if defined(SDPA_HAVE_NEON)
+    {"neon", &sdpa_kernels_neon, cpu_has_asimd},
+#else
+    {"neon", NULL, NULL},
+#endif
+    {"scalar", &sdpa_kernels_scalar, always},
+};
+#define N_BACKENDS (sizeof BACKENDS / sizeof BACKENDS[0])
+
+/* Which backends this CPU can run, probed once by init (a probe per call would be slow). */
+static int runnable[N_BACKENDS];
+
+static const backend *find(const char *name) {
+    for (size_t i = 0; i < N_BACKENDS; i++)
+        if (strcmp(BACKENDS[i].name, name) == 0) return &BACKENDS[i];
+    return NULL;
+}
+
+static const sdpa_kernels *best(void) {
+    for (size_t i = 0; i < N_BACKENDS; i++)
+        if (runnable[i]) return BACKENDS[i].kernels;
+    return &sdpa_kernels_scalar;
+}
+
+static const char *const EXP_NAMES[SDPA_EXP_KINDS] = {"fast", "sleef"};
+
+static void init_once(void) {
+    for (size_t i = 0; i < N_BACKENDS; i++)
+        runnable[i] = BACKENDS[i].kernels != NULL && BACKENDS[i].cpu_can_run();
+
+    const sdpa_kernels *chosen = best();
+    const char *forced = getenv("SDPA_BACKEND");
+    if (forced && *forced && strcmp(forced, "auto") != 0) {
+        const backend *b = find(forced);
+        if (b && runnable[b - BACKENDS])
+            chosen = b->kernels;
+        else
+            fprintf(stderr, "sdpa: SDPA_BACKEND=%s is %s; using %s\n", forced,
+                    b ? "not supported on this CPU" : "not a known backend", chosen->name);
+    }
+    const char *exp = getenv("SDPA_EXP");
+    atomic_store_explicit(&sdpa_active_exp,
+                          exp && strcmp(exp, EXP_NAMES[SDPA_EXP_SLEEF]) == 0 ? SDPA_EXP_SLEEF
+                                                                             : SDPA_EXP_FAST,
+                          memory_order_relaxed);
+    atomic_store_explicit(&sdpa_active_kernels, chosen, memory_order_release);
+}
+
+void sdpa_dispatch_init(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, init_once);
+}
+
+/* At load time, so that the first call pays nothing; calls that come earlier (from another
+ * library's constructor) go through sdpa_dispatch_init themselves. */
+__attribute__((constructor)) static void sdpa_load(void) { sdpa_dispatch_init(); }
+
+SDPA_API const char *sdpa_backend(void) { return sdpa_kernels_now()->name; }
+
+SDPA_API int sdpa_backend_supported(const char *name) { return sdpa_backend_kernels(name) != NULL; }
+
+SDPA_API const char *sdpa_backend_name(size_t index) {
+    return index < N_BACKENDS ? BACKENDS[index].name : NULL;
+}
+
+const sdpa_kernels *sdpa_backend_kernels(const char *name) {
+    sdpa_dispatch_init();
+    const backend *b = name ? find(name) : NULL;
+    return b && runnable[b - BACKENDS] ? b->kernels : NULL;
+}
+
+SDPA_API sdpa_status sdpa_set_backend(const char *name) {
+    if (!name) return SDPA_ERR_NULL;
+    const sdpa_kernels *k =
+        strcmp(name, "auto") == 0 ? (sdpa_dispatch_init(), best()) : sdpa_backend_kernels(name);
+    if (!k) return SDPA_ERR_UNSUPPORTED;
+    atomic_store_explicit(&sdpa_active_kernels, k, memory_order_release);
+    return SDPA_OK;
+}
+
+SDPA_API const char *sdpa_exp_mode(void) { return EXP_NAMES[sdpa_exp_now()]; }
+
+SDPA_API sdpa_status sdpa_set_exp_mode(const char *name) {
+    if (!name) return SDPA_ERR_NULL;
+    sdpa_dispatch_init();
+    for (int i = 0; i < SDPA_EXP_KINDS; i++) {
+        if (strcmp(name, EXP_NAMES[i]) == 0) {
+            atomic_store_explicit(&sdpa_active_exp, i, memory_order_relaxed);
+            return SDPA_OK;
+        }
+    }
+    return SDPA_ERR_UNSUPPORTED;
+}

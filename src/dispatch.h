@@ -1,0 +1,32 @@
+/* Internal: the active kernel table and exp mode, shared by the entry points in src/. */
+#ifndef SDPA_SRC_DISPATCH_H
+#define SDPA_SRC_DISPATCH_H
+
+#include <stdatomic.h>
+
+#include "kernels.h"
+
+extern _Atomic(const sdpa_kernels *) sdpa_active_kernels;
+extern _Atomic int sdpa_active_exp;
+
+/* The table of a backend this CPU can run, by public name; NULL otherwise. For white-box tests
+ * and the benchmark, which drive one backend's kernels directly. */
+const sdpa_kernels *sdpa_backend_kernels(const char *name);
+
+/* Runs the one-time load-time choice (idempotent, thread-safe). */
+void sdpa_dispatch_init(void);
+
+/* The table a call should use: one acquire load once initialised. */
+static inline const sdpa_kernels *sdpa_kernels_now(void) {
+    const sdpa_kernels *k = atomic_load_explicit(&sdpa_active_kernels, memory_order_acquire);
+    if (k) return k;
+    sdpa_dispatch_init();
+    return atomic_load_explicit(&sdpa_active_kernels, memory_order_acquire);
+}
+
+static inline int sdpa_exp_now(void) {
+    (void)sdpa_kernels_now(); /* the exp mode is chosen by the same init */
+    return atomic_load_explicit(&sdpa_active_exp, memory_order_relaxed);
+}
+
+#endif

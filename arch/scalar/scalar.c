@@ -71,24 +71,24 @@ static float exp_sleef_scalar(float x) {
     return e < FLT_MIN ? 0.0f : e;
 }
 
-static float exp_sum_fast_scalar(float *y, const float *x, size_t n, float scale, float shift) {
+/* One body for both exp kinds; exp is a constant at each call site, so it inlines. */
+static inline float exp_sum_with(float (*exp)(float), float *y, const float *x, size_t n,
+                                 float scale, float shift) {
     float acc[LANES] = {0};
     for (size_t i = 0; i < n; i++) {
-        float e = exp_fast_scalar(scale * x[i] - shift);
+        float e = exp(scale * x[i] - shift);
         y[i] = e;
         acc[i % LANES] += e;
     }
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+static float exp_sum_fast_scalar(float *y, const float *x, size_t n, float scale, float shift) {
+    return exp_sum_with(exp_fast_scalar, y, x, n, scale, shift);
+}
+
 static float exp_sum_sleef_scalar(float *y, const float *x, size_t n, float scale, float shift) {
-    float acc[LANES] = {0};
-    for (size_t i = 0; i < n; i++) {
-        float e = exp_sleef_scalar(scale * x[i] - shift);
-        y[i] = e;
-        acc[i % LANES] += e;
-    }
-    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    return exp_sum_with(exp_sleef_scalar, y, x, n, scale, shift);
 }
 
 static void normalize_scalar(float *y, size_t n, float factor) {

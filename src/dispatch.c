@@ -16,7 +16,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpu_features/cpuinfo_x86.h>
 #elif defined(__aarch64__)
-#include <cpu_features/cpuinfo_aarch64.h>
+#include <sys/auxv.h>
 #endif
 
 _Atomic(const sdpa_kernels *) sdpa_active_kernels;
@@ -46,7 +46,12 @@ static int cpu_has_avx2_fma(void) {
 static int cpu_has_avx512f(void) { return x86_features().avx512f != 0; }
 #endif
 #if defined(__aarch64__)
-static int cpu_has_asimd(void) { return GetAarch64Info().features.asimd != 0; }
+/* The kernel's hwcaps directly: Debian's arm64 cpu_features 0.7 prints a debug line to stdout
+ * on cores without AT_HWCAP2 (ARMv8.0), which a library must never do to its users. */
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1ul << 1)
+#endif
+static int cpu_has_asimd(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0; }
 #endif
 
 /* Best first: the dispatcher takes the first entry that is compiled in and runnable. */

@@ -81,36 +81,72 @@ Test(dispatch, exp_mode) {
     cr_assert_str_eq(sdpa_exp_mode(), "fast");
 }
 
+/* Reads what fd holds until EOF into buf (NUL-terminated, truncated to len - 1). */
+static void read_all(int fd, char *buf, size_t len) {
+    size_t got = 0;
+    ssize_t r;
+    while ((r = read(fd, buf + got, len - 1 - got)) > 0) got += (size_t)r;
+    buf[got] = 0;
+}
+
 /* Runs the helper program (it prints the backend it loaded with) with SDPA_BACKEND set; returns
-   its stdout line and whether it wrote to stderr. */
+   its stdout line and its stderr. fork + execve, not popen: popen's shell is a host program,
+   which under qemu-user would escape the emulator (tests/qexec.c routes execve only). */
 static void run_with_backend_env(const char *value, char *out, size_t out_len, char *err,
                                  size_t err_len) {
     /* the helper is built next to this test binary (meson also passes its path) */
     char helper[4096];
-    const char *env = getenv("SDPA_PRINT_BACKEND");
-    if (env) {
-        snprintf(helper, sizeof helper, "%s", env);
+    const char *path = getenv("SDPA_PRINT_BACKEND");
+    if (path) {
+        snprintf(helper, sizeof helper, "%s", path);
     } else {
         ssize_t len = readlink("/proc/self/exe", helper, sizeof helper - 32);
         cr_assert_gt(len, 0);
         helper[len] = 0;
         strcpy(strrchr(helper, '/') + 1, "print_backend");
     }
-    char cmd[8300];
-    snprintf(cmd, sizeof cmd, "SDPA_BACKEND='%s' '%s' 2>/tmp/sdpa_dispatch_err.%d", value, helper,
-             (int)getpid());
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    out[0] = 0;
-    if (!fgets(out, (int)out_len, p)) out[0] = 0;
-    cr_assert_eq(pclose(p), 0, "helper failed");
+    /* this environment, with SDPA_BACKEND replaced */
+    extern char **environ;
+    size_t n_env = 0;
+    while (environ[n_env]) n_env++;
+    char **env = calloc(n_env + 2, sizeof *env);
+    cr_assert_not_null(env);
+    size_t k = 0;
+    for (size_t i = 0; i < n_env; i++)
+        if (strncmp(environ[i], "SDPA_BACKEND=", 13) != 0) env[k++] = environ[i];
+    char forced[256];
+    snprintf(forced, sizeof forced, "SDPA_BACKEND=%s", value);
+    env[k++] = forced;
+    env[k] = NULL;
+
+    int out_pipe[2], err_pipe[2];
+    cr_assert_eq(pipe(out_pipe), 0);
+    cr_assert_eq(pipe(err_pipe), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork");
+    if (pid == 0) {
+        dup2(out_pipe[1], STDOUT_FILENO);
+        dup2(err_pipe[1], STDERR_FILENO);
+        close(out_pipe[0]);
+        close(out_pipe[1]);
+        close(err_pipe[0]);
+        close(err_pipe[1]);
+        char *argv[] = {helper, NULL};
+        execve(helper, argv, env);
+        _exit(127);
+    }
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    /* the helper writes a line to each at most: neither pipe can fill while the other waits */
+    read_all(out_pipe[0], out, out_len);
+    read_all(err_pipe[0], err, err_len);
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    free(env);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "helper failed: %s", err);
     out[strcspn(out, "\n")] = 0;
-    snprintf(cmd, sizeof cmd, "/tmp/sdpa_dispatch_err.%d", (int)getpid());
-    FILE *e = fopen(cmd, "r");
-    size_t got = e ? fread(err, 1, err_len - 1, e) : 0;
-    err[got] = 0;
-    if (e) fclose(e);
-    remove(cmd);
 }
 
 Test(dispatch, environment_forces_each_supported_backend) {

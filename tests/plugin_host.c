@@ -261,6 +261,10 @@ static int test_load(const char *path) {
     if (rejected)
         CHECK(strstr(text, forced) && strstr(text, best), "the fallback line names %s and %s: %s",
               forced, best, text);
+    /* Set by the emulator tests, which know what the emulated CPU can run. */
+    const char *want = getenv("PLUGIN_HOST_EXPECT_BACKEND");
+    if (want)
+        CHECK(strcmp(api->backend(), want) == 0, "active %s, expected %s", api->backend(), want);
     printf("SDPA_BACKEND=%s -> %s%s%s", forced ? forced : "(unset)", api->backend(),
            rejected ? ", said: " : "\n", rejected ? text : "");
 

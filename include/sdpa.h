@@ -111,6 +111,48 @@ SDPA_API const char *sdpa_backend_name(size_t index);
 SDPA_API const char *sdpa_exp_mode(void);
 SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTED if unknown */
 
+/* ---- Plugin entry point. A host that dlopen()s the library looks up only this symbol:
+ *
+ *     const sdpa_api *(*get)(uint32_t) = (const sdpa_api *(*)(uint32_t))dlsym(h, "sdpa_get_api");
+ *     const sdpa_api *api = get ? get(SDPA_ABI_VERSION) : NULL;
+ *
+ * The table is append-only: every public function gets one pointer, in the order the functions
+ * were added to the ABI, and a field never moves or changes type within 1.x. A host built
+ * against an older header reads only the fields it knows; a host built against a newer header
+ * must check that a field lies below struct_size before reading it (SDPA_API_HAS below). ---- */
+
+typedef struct sdpa_api {
+    uint32_t abi_version; /* SDPA_ABI_VERSION of the library that filled the table */
+    uint32_t struct_size; /* sizeof(sdpa_api) in that library: fields at or past it are absent */
+    /* ABI 1.0, in header order */
+    const char *(*status_string)(sdpa_status status);
+    uint32_t (*abi_version_fn)(void);
+    const char *(*version)(void);
+    sdpa_status (*dot_f32)(const float *a, const float *b, size_t n, float *result);
+    sdpa_status (*scale_f32)(float *y, const float *x, size_t n, float alpha);
+    sdpa_status (*softmax_f32)(float *y, const float *x, size_t n, float scale);
+    sdpa_status (*softmax_backward_f32)(float *dx, const float *y, const float *dy, size_t n,
+                                        float scale);
+    sdpa_status (*scores_f32)(float *s, const float *q, const float *k, size_t n_keys, size_t d,
+                              size_t k_stride, float scale);
+    const char *(*backend)(void);
+    sdpa_status (*set_backend)(const char *name);
+    int (*backend_supported)(const char *name);
+    const char *(*backend_name)(size_t index);
+    const char *(*exp_mode)(void);
+    sdpa_status (*set_exp_mode)(const char *name);
+    /* New functions go here, at the end, and nowhere else. */
+} sdpa_api;
+
+/* 1 if the table api (of size api->struct_size) contains the field member. */
+#define SDPA_API_HAS(api, member)                                                                  \
+    ((api)->struct_size >= offsetof(sdpa_api, member) + sizeof((api)->member))
+
+/* The function table for ABI major version abi_version (pass SDPA_ABI_VERSION), or NULL if this
+ * library cannot serve that version. The table is static and const: the call costs nothing,
+ * allocates nothing, and always returns the same pointer. */
+SDPA_API const sdpa_api *sdpa_get_api(uint32_t abi_version);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,34 @@
+/* The plugin entry point: one const table of every public function, for hosts that dlopen the
+ * library and look up a single symbol. Compiled for the baseline ISA; it runs no code of its own
+ * (the table is filled by the static linker, so no constructor is needed). */
+#include <stddef.h>
+
+#include "sdpa.h"
+
+/* Append-only: a new public function gets a new field at the end of sdpa_api (include/sdpa.h)
+ * and one line at the end of this initializer. Never reorder, remove or retype a field. */
+static const sdpa_api API_V1 = {
+    .abi_version = SDPA_ABI_VERSION,
+    .struct_size = sizeof(sdpa_api),
+    /* ABI 1.0 */
+    .status_string = sdpa_status_string,
+    .abi_version_fn = sdpa_abi_version,
+    .version = sdpa_version,
+    .dot_f32 = sdpa_dot_f32,
+    .scale_f32 = sdpa_scale_f32,
+    .softmax_f32 = sdpa_softmax_f32,
+    .softmax_backward_f32 = sdpa_softmax_backward_f32,
+    .scores_f32 = sdpa_scores_f32,
+    .backend = sdpa_backend,
+    .set_backend = sdpa_set_backend,
+    .backend_supported = sdpa_backend_supported,
+    .backend_name = sdpa_backend_name,
+    .exp_mode = sdpa_exp_mode,
+    .set_exp_mode = sdpa_set_exp_mode,
+};
+
+/* Major version 1 is the only one this library serves; every 1.x table is a prefix-compatible
+ * extension of the previous one, so there is nothing to choose between. */
+SDPA_API const sdpa_api *sdpa_get_api(uint32_t abi_version) {
+    return abi_version == SDPA_ABI_VERSION ? &API_V1 : NULL;
+}

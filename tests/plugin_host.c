@@ -1,0 +1,374 @@
+/* A plugin host: loads libsdpa with dlopen, as applications that treat it as a plugin do, and
+ * uses it only through the table of sdpa_get_api. It never links the library.
+ *
+ *   plugin_host LIBRARY load     every function through the table against the double reference,
+ *                                version negotiation, SDPA_BACKEND handling, dlclose and reload
+ *   plugin_host LIBRARY threads  8 threads run the kernels through the table while another
+ *                                thread keeps switching backends and exp modes
+ *
+ * Prints one line per failed check and exits 1 if there was any. */
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "reference.h"
+#include "sdpa.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+        }                                                                                          \
+    } while (0)
+
+typedef const sdpa_api *(*get_api_fn)(uint32_t);
+
+/* Deterministic floats in [lo, hi) (xorshift64*), independent of the test helpers' generator. */
+static float uniform(uint64_t *s, float lo, float hi) {
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    uint64_t r = *s * 0x2545F4914F6CDD1DULL;
+    return lo + (hi - lo) * (float)((double)(r >> 11) * 0x1p-53);
+}
+
+/* ---- One set of small inputs with double-precision expectations. ---- */
+
+enum { MAX_N = 100, D = 24, N_KEYS = 7, K_STRIDE = 29 };
+
+typedef struct problem {
+    size_t n;
+    float a[MAX_N], b[MAX_N], dy[MAX_N];
+    float k[N_KEYS * K_STRIDE];
+    double dot, dot_abs;
+    double softmax[MAX_N];
+    float y[MAX_N]; /* softmax(a * SCALE) rounded, the input of the backward check */
+    double dx[MAX_N], dx_bound[MAX_N];
+    double scores[N_KEYS], scores_abs[N_KEYS];
+} problem;
+
+static const float SCALE = 0.7f;
+
+static void make_problem(problem *p, size_t n, uint64_t seed) {
+    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
+    p->n = n;
+    for (size_t i = 0; i < n; i++) {
+        p->a[i] = uniform(&s, -3, 3);
+        p->b[i] = uniform(&s, -3, 3);
+        p->dy[i] = uniform(&s, -1, 1);
+    }
+    for (size_t i = 0; i < N_KEYS * K_STRIDE; i++) p->k[i] = uniform(&s, -1, 1);
+    p->dot = ref_dot(p->a, p->b, n);
+    p->dot_abs = ref_dot_abs(p->a, p->b, n);
+    ref_softmax(p->softmax, p->a, n, SCALE);
+    double y_dot_dy = 0, y_abs_dy = 0;
+    for (size_t i = 0; i < n; i++) {
+        p->y[i] = (float)p->softmax[i];
+        y_dot_dy += (double)p->y[i] * p->dy[i];
+        y_abs_dy += (double)p->y[i] * fabs(p->dy[i]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        p->dx[i] = SCALE * (double)p->y[i] * (p->dy[i] - y_dot_dy);
+        p->dx_bound[i] = 1e-5 * SCALE * p->y[i] * (fabs(p->dy[i]) + y_abs_dy) + 1e-30;
+    }
+    for (size_t j = 0; j < N_KEYS; j++) {
+        p->scores[j] = SCALE * ref_dot(p->a, p->k + j * K_STRIDE, D);
+        p->scores_abs[j] = SCALE * ref_dot_abs(p->a, p->k + j * K_STRIDE, D);
+    }
+}
+
+/* Runs every kernel of the table on p; returns the number of wrong results (and prints them
+ * unless quiet, which the threads use to keep the log short). */
+static int run_kernels(const sdpa_api *api, const problem *p, int quiet) {
+    int bad = 0;
+    size_t n = p->n;
+    float out[MAX_N], y[MAX_N], s[N_KEYS], r = 0;
+#define EXPECT(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            bad++;                                                                                 \
+            if (!quiet) {                                                                          \
+                printf("FAIL n=%zu: ", n);                                                         \
+                printf(__VA_ARGS__);                                                               \
+                printf("\n");                                                                      \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+    EXPECT(api->dot_f32(p->a, p->b, n, &r) == SDPA_OK, "dot status");
+    EXPECT(fabs(r - p->dot) <= 1e-5 * p->dot_abs, "dot %.9g, expected %.9g", r, p->dot);
+
+    EXPECT(api->scale_f32(out, p->a, n, SCALE) == SDPA_OK, "scale status");
+    for (size_t i = 0; i < n; i++)
+        EXPECT(out[i] == p->a[i] * SCALE, "scale[%zu] %.9g, expected %.9g", i, out[i],
+               p->a[i] * SCALE);
+
+    EXPECT(api->softmax_f32(y, p->a, n, SCALE) == SDPA_OK, "softmax status");
+    for (size_t i = 0; i < n; i++)
+        EXPECT(fabs(y[i] - p->softmax[i]) <= 2e-5 * p->softmax[i],
+               "softmax[%zu] %.9g, expected %.9g", i, y[i], p->softmax[i]);
+
+    EXPECT(api->softmax_backward_f32(out, p->y, p->dy, n, SCALE) == SDPA_OK, "backward status");
+    for (size_t i = 0; i < n; i++)
+        EXPECT(fabs(out[i] - p->dx[i]) <= p->dx_bound[i], "backward[%zu] %.9g, expected %.9g", i,
+               out[i], p->dx[i]);
+
+    EXPECT(api->scores_f32(s, p->a, p->k, N_KEYS, D, K_STRIDE, SCALE) == SDPA_OK, "scores status");
+    for (size_t j = 0; j < N_KEYS; j++)
+        EXPECT(fabs(s[j] - p->scores[j]) <= 1e-5 * p->scores_abs[j] + 1e-30,
+               "scores[%zu] %.9g, expected %.9g", j, s[j], p->scores[j]);
+        /* Attention functions, once in the table, are checked here too. */
+#undef EXPECT
+    return bad;
+}
+
+static const size_t SIZES[] = {1, 3, 7, 8, 15, 16, 17, 33, 64, MAX_N};
+#define N_SIZES (sizeof SIZES / sizeof SIZES[0])
+
+/* ---- load ---- */
+
+/* Opens the library with fd 2 sent to a file; returns the handle and the number of lines the
+ * library printed on stderr while loading. */
+static void *open_capturing(const char *path, int *stderr_lines, char *text, size_t text_size) {
+    fflush(stderr);
+    FILE *capture = tmpfile();
+    int saved = dup(2);
+    dup2(fileno(capture), 2);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(capture);
+    size_t len = fread(text, 1, text_size - 1, capture);
+    text[len] = 0;
+    fclose(capture);
+    *stderr_lines = 0;
+    for (size_t i = 0; i < len; i++) *stderr_lines += text[i] == '\n';
+    return h;
+}
+
+static const sdpa_api *table_of(void *h) {
+    get_api_fn get = (get_api_fn)(uintptr_t)dlsym(h, "sdpa_get_api");
+    CHECK(get != NULL, "dlsym(sdpa_get_api): %s", dlerror());
+    return get ? get(SDPA_ABI_VERSION) : NULL;
+}
+
+static void check_table(const sdpa_api *api, get_api_fn get) {
+    CHECK(api->abi_version == SDPA_ABI_VERSION, "abi_version %u", api->abi_version);
+    CHECK(api->struct_size >= sizeof(sdpa_api), "struct_size %u < %zu", api->struct_size,
+          sizeof(sdpa_api));
+    CHECK(SDPA_API_HAS(api, set_exp_mode), "SDPA_API_HAS(set_exp_mode)");
+    CHECK(get(SDPA_ABI_VERSION) == api, "sdpa_get_api returns one table");
+    CHECK(get(0) == NULL, "sdpa_get_api(0) must be NULL");
+    CHECK(get(SDPA_ABI_VERSION + 1) == NULL, "sdpa_get_api(%u) must be NULL", SDPA_ABI_VERSION + 1);
+    CHECK(get(UINT32_MAX) == NULL, "sdpa_get_api(UINT32_MAX) must be NULL");
+
+    /* Every field is filled: a NULL pointer would mean a function was left out of the table. */
+    const char *first = (const char *)&api->status_string;
+    for (const char *f = first; f < (const char *)api + sizeof(sdpa_api);
+         f += sizeof(void (*)(void))) {
+        void (*fn)(void);
+        memcpy(&fn, f, sizeof fn);
+        CHECK(fn != NULL, "table field at offset %zu is NULL", (size_t)(f - (const char *)api));
+    }
+
+    CHECK(api->abi_version_fn() == SDPA_ABI_VERSION, "abi_version() %u", api->abi_version_fn());
+    unsigned major, minor, patch;
+    CHECK(sscanf(api->version(), "%u.%u.%u", &major, &minor, &patch) == 3 && major == 1,
+          "version() \"%s\"", api->version());
+    for (int st = SDPA_OK; st <= SDPA_ERR_UNSUPPORTED; st++) {
+        const char *text = api->status_string((sdpa_status)st);
+        CHECK(text && *text && strcmp(text, "unknown status") != 0, "status_string(%d)", st);
+    }
+    CHECK(strcmp(api->status_string((sdpa_status)99), "unknown status") == 0, "status_string(99)");
+    CHECK(api->dot_f32(NULL, NULL, 4, NULL) == SDPA_ERR_NULL, "dot(NULL) through the table");
+    CHECK(api->set_backend("no-such-backend") == SDPA_ERR_UNSUPPORTED, "set_backend(bogus)");
+    CHECK(api->set_exp_mode("no-such-exp") == SDPA_ERR_UNSUPPORTED, "set_exp_mode(bogus)");
+}
+
+/* The kernels on every backend this CPU runs and in both exp modes; leaves the library as it
+ * found it. */
+static void check_kernels(const sdpa_api *api) {
+    char initial[32];
+    snprintf(initial, sizeof initial, "%s", api->backend());
+    int ran = 0;
+    for (size_t b = 0; api->backend_name(b); b++) {
+        const char *name = api->backend_name(b);
+        if (!api->backend_supported(name)) continue;
+        CHECK(api->set_backend(name) == SDPA_OK, "set_backend(%s)", name);
+        CHECK(strcmp(api->backend(), name) == 0, "backend() %s after set_backend(%s)",
+              api->backend(), name);
+        for (int e = 0; e < 2; e++) {
+            const char *exp = e ? "sleef" : "fast";
+            CHECK(api->set_exp_mode(exp) == SDPA_OK, "set_exp_mode(%s)", exp);
+            CHECK(strcmp(api->exp_mode(), exp) == 0, "exp_mode() %s", api->exp_mode());
+            for (size_t i = 0; i < N_SIZES; i++) {
+                problem p;
+                make_problem(&p, SIZES[i], i + 1);
+                int bad = run_kernels(api, &p, 0);
+                CHECK(bad == 0, "%d wrong results on %s, exp %s, n = %zu", bad, name, exp,
+                      SIZES[i]);
+            }
+        }
+        ran++;
+    }
+    CHECK(ran >= 1 && api->backend_supported("scalar"), "scalar is always supported");
+    api->set_exp_mode("fast");
+    CHECK(api->set_backend(initial) == SDPA_OK, "restore %s", initial);
+    printf("kernels correct through the table on %d backends\n", ran);
+}
+
+static int test_load(const char *path) {
+    const char *forced = getenv("SDPA_BACKEND");
+    char text[4096];
+    int lines;
+    void *h = open_capturing(path, &lines, text, sizeof text);
+    if (!h) {
+        printf("FAIL dlopen(%s): %s\n", path, dlerror());
+        return 1;
+    }
+    get_api_fn get = (get_api_fn)(uintptr_t)dlsym(h, "sdpa_get_api");
+    const sdpa_api *api = table_of(h);
+    if (!api) {
+        printf("FAIL sdpa_get_api(%u) returned NULL\n", SDPA_ABI_VERSION);
+        return 1;
+    }
+    check_table(api, get);
+
+    /* What SDPA_BACKEND should have done: a name this CPU runs is active and silent; anything
+     * else falls back to the best backend with exactly one line on stderr. */
+    const char *best = NULL;
+    for (size_t b = 0; api->backend_name(b) && !best; b++)
+        if (api->backend_supported(api->backend_name(b))) best = api->backend_name(b);
+    int honoured =
+        forced && *forced && strcmp(forced, "auto") != 0 && api->backend_supported(forced);
+    int rejected = forced && *forced && strcmp(forced, "auto") != 0 && !honoured;
+    const char *expected = honoured ? forced : best;
+    CHECK(strcmp(api->backend(), expected) == 0, "SDPA_BACKEND=%s: active %s, expected %s",
+          forced ? forced : "(unset)", api->backend(), expected);
+    CHECK(lines == (rejected ? 1 : 0), "SDPA_BACKEND=%s: %d lines on stderr, expected %d: %s",
+          forced ? forced : "(unset)", lines, rejected ? 1 : 0, text);
+    if (rejected)
+        CHECK(strstr(text, forced) && strstr(text, best), "the fallback line names %s and %s: %s",
+              forced, best, text);
+    /* Set by the emulator tests, which know what the emulated CPU can run. */
+    const char *want = getenv("PLUGIN_HOST_EXPECT_BACKEND");
+    if (want)
+        CHECK(strcmp(api->backend(), want) == 0, "active %s, expected %s", api->backend(), want);
+    printf("SDPA_BACKEND=%s -> %s%s%s", forced ? forced : "(unset)", api->backend(),
+           rejected ? ", said: " : "\n", rejected ? text : "");
+
+    check_kernels(api);
+
+    /* Unload and load again: the same choice, made afresh. */
+    char before[32];
+    snprintf(before, sizeof before, "%s", api->backend());
+    CHECK(dlclose(h) == 0, "dlclose: %s", dlerror());
+    int unloaded = dlopen(path, RTLD_NOW | RTLD_NOLOAD) == NULL;
+    h = open_capturing(path, &lines, text, sizeof text);
+    if (!h) {
+        printf("FAIL second dlopen: %s\n", dlerror());
+        return 1;
+    }
+    api = table_of(h);
+    if (api) {
+        CHECK(strcmp(api->backend(), before) == 0, "after reload: %s, before: %s", api->backend(),
+              before);
+        CHECK(lines == (rejected && unloaded ? 1 : 0), "after reload: %d lines on stderr", lines);
+        check_kernels(api);
+    }
+    printf("reloaded (%s): %s\n", unloaded ? "was unloaded" : "stayed mapped",
+           api ? api->backend() : "?");
+    dlclose(h);
+    return failures != 0;
+}
+
+/* ---- threads ---- */
+
+enum { N_WORKERS = 8 };
+
+typedef struct shared {
+    const sdpa_api *api;
+    problem problems[N_SIZES];
+    int iterations;
+    atomic_int running;
+    atomic_int wrong;
+    atomic_long calls;
+    atomic_long switches;
+} shared;
+
+/* The workers keep going until the switcher has switched at least this often, so that calls
+ * really overlap switches however the threads are scheduled. */
+enum { MIN_SWITCHES = 500 };
+
+static void *worker(void *arg) {
+    shared *sh = arg;
+    while (atomic_load(&sh->switches) == 0) sched_yield();
+    for (long it = 0; it < sh->iterations || atomic_load(&sh->switches) < MIN_SWITCHES; it++) {
+        const problem *p = &sh->problems[it % N_SIZES];
+        int bad = run_kernels(sh->api, p, 1);
+        if (bad) atomic_fetch_add(&sh->wrong, bad);
+        atomic_fetch_add(&sh->calls, 5);
+    }
+    atomic_fetch_sub(&sh->running, 1);
+    return NULL;
+}
+
+static void *switcher(void *arg) {
+    shared *sh = arg;
+    long switches = 0;
+    do {
+        for (size_t b = 0; sh->api->backend_name(b); b++) {
+            const char *name = sh->api->backend_name(b);
+            if (!sh->api->backend_supported(name)) continue;
+            if (sh->api->set_backend(name) != SDPA_OK) atomic_fetch_add(&sh->wrong, 1);
+            sh->api->set_exp_mode(switches % 3 ? "fast" : "sleef");
+            atomic_store(&sh->switches, ++switches);
+        }
+        if (sh->api->set_backend("auto") != SDPA_OK) atomic_fetch_add(&sh->wrong, 1);
+    } while (atomic_load(&sh->running) > 0);
+    return NULL;
+}
+
+static int test_threads(const char *path, int iterations) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        printf("FAIL dlopen(%s): %s\n", path, dlerror());
+        return 1;
+    }
+    static shared sh;
+    sh.api = table_of(h);
+    if (!sh.api) return 1;
+    sh.iterations = iterations;
+    for (size_t i = 0; i < N_SIZES; i++) make_problem(&sh.problems[i], SIZES[i], 100 + i);
+    atomic_store(&sh.running, N_WORKERS);
+    pthread_t workers[N_WORKERS], sw;
+    for (int i = 0; i < N_WORKERS; i++) pthread_create(&workers[i], NULL, worker, &sh);
+    pthread_create(&sw, NULL, switcher, &sh);
+    for (int i = 0; i < N_WORKERS; i++) pthread_join(workers[i], NULL);
+    pthread_join(sw, NULL);
+    CHECK(atomic_load(&sh.wrong) == 0, "%d wrong results or failed switches",
+          atomic_load(&sh.wrong));
+    printf("%d threads, %ld kernel calls through the table, %ld backend switches meanwhile\n",
+           N_WORKERS, atomic_load(&sh.calls), atomic_load(&sh.switches));
+    dlclose(h);
+    return failures != 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3 && strcmp(argv[2], "load") == 0) return test_load(argv[1]);
+    if (argc >= 3 && strcmp(argv[2], "threads") == 0)
+        return test_threads(argv[1], argc >= 4 ? atoi(argv[3]) : 2000);
+    fprintf(stderr, "usage: %s LIBRARY load|threads [ITERATIONS]\n", argv[0]);
+    return 2;
+}

@@ -23,8 +23,9 @@ typedef struct sdpa_kernels {
     /* max over i of (scale * x[i]) rounded to float; -inf for an all -inf row; a NaN input may
        or may not come out as NaN (the softmax driver handles both) */
     float (*max_scaled)(const float *x, size_t n, float scale);
-    /* y[i] = exp(scale * x[i] - shift) with a subnormal result flushed to 0; returns sum y[i].
-       y may equal x. NaN in x gives NaN in y and in the sum. */
+    /* y[i] = exp(scale * x[i] - shift); returns sum y[i]. y may equal x. NaN in x gives NaN in y
+       and in the sum. A result below FLT_MIN may be 0 or left subnormal (flushing costs two of
+       about fifteen vector operations): callers that need exact zeros run normalize after it. */
     float (*exp_sum[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale, float shift);
     /* y[i] *= factor, then weights below FLT_MIN become exactly 0 */
     void (*normalize)(float *y, size_t n, float factor);

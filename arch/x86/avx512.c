@@ -9,41 +9,65 @@
 
 #define W 16
 
+/* lanes [0, remaining) set, for remaining <= W */
 static inline __mmask16 tail_mask(size_t remaining) { return (__mmask16)((1u << remaining) - 1u); }
 
+/* sum of the 16 lanes: halves folded in three steps, then the last pair */
+static inline float hsum_avx512(__m512 v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
 static float dot_avx512(const float *a, const float *b, size_t n) {
-    /* eight accumulators: two loads feed each FMA, so the loop is load-bound, and eight
-       independent chains cover the FMA latency on every core that has AVX-512 */
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
-           acc3 = _mm512_setzero_ps(), acc4 = _mm512_setzero_ps(), acc5 = _mm512_setzero_ps(),
-           acc6 = _mm512_setzero_ps(), acc7 = _mm512_setzero_ps();
+    /* short rows (the head dimensions of attention) first, without the eight-way setup */
+    if (n <= W) {
+        __mmask16 m = tail_mask(n);
+        return hsum_avx512(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, a), _mm512_maskz_loadu_ps(m, b)));
+    }
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     size_t i = 0;
-    for (; i + 8 * W <= n; i += 8 * W) {
+    if (n >= 8 * W) {
+        /* eight accumulators: two loads feed each FMA, so the loop is load-bound, and eight
+           independent chains cover the FMA latency on every core that has AVX-512 */
+        __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps(), acc4 = _mm512_setzero_ps(),
+               acc5 = _mm512_setzero_ps(), acc6 = _mm512_setzero_ps(), acc7 = _mm512_setzero_ps();
+        for (; i + 8 * W <= n; i += 8 * W) {
+            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + W), _mm512_loadu_ps(b + i + W), acc1);
+            acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 2 * W), _mm512_loadu_ps(b + i + 2 * W),
+                                   acc2);
+            acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 3 * W), _mm512_loadu_ps(b + i + 3 * W),
+                                   acc3);
+            acc4 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 4 * W), _mm512_loadu_ps(b + i + 4 * W),
+                                   acc4);
+            acc5 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 5 * W), _mm512_loadu_ps(b + i + 5 * W),
+                                   acc5);
+            acc6 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 6 * W), _mm512_loadu_ps(b + i + 6 * W),
+                                   acc6);
+            acc7 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 7 * W), _mm512_loadu_ps(b + i + 7 * W),
+                                   acc7);
+        }
+        acc0 = _mm512_add_ps(_mm512_add_ps(acc0, acc2), _mm512_add_ps(acc4, acc6));
+        acc1 = _mm512_add_ps(_mm512_add_ps(acc1, acc3), _mm512_add_ps(acc5, acc7));
+    }
+    for (; i + 2 * W <= n; i += 2 * W) {
         acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
         acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + W), _mm512_loadu_ps(b + i + W), acc1);
-        acc2 =
-            _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 2 * W), _mm512_loadu_ps(b + i + 2 * W), acc2);
-        acc3 =
-            _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 3 * W), _mm512_loadu_ps(b + i + 3 * W), acc3);
-        acc4 =
-            _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 4 * W), _mm512_loadu_ps(b + i + 4 * W), acc4);
-        acc5 =
-            _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 5 * W), _mm512_loadu_ps(b + i + 5 * W), acc5);
-        acc6 =
-            _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 6 * W), _mm512_loadu_ps(b + i + 6 * W), acc6);
-        acc7 =
-            _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 7 * W), _mm512_loadu_ps(b + i + 7 * W), acc7);
     }
-    for (; i + W <= n; i += W)
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
     if (i < n) {
+        /* one or two vectors left, the last one partial */
+        if (n - i > W) {
+            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+            i += W;
+        }
         __mmask16 m = tail_mask(n - i);
         acc1 =
             _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc1);
     }
-    acc0 = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3));
-    acc4 = _mm512_add_ps(_mm512_add_ps(acc4, acc5), _mm512_add_ps(acc6, acc7));
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc4));
+    return hsum_avx512(_mm512_add_ps(acc0, acc1));
 }
 
 static void scale_avx512(float *y, const float *x, size_t n, float alpha) {

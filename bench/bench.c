@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "peers.h"
+#include "roofline.h"
 #include "sdpa.h"
 
 #define MAX_REPS  101
@@ -244,9 +245,19 @@ static void print_ratio(FILE *f, const impl *base, const impl *im, const char *f
         fprintf(f, "%s", fmt_missing);
 }
 
+/* Measured at start-up; bench_one's rows compare dot in L1 with it. */
+static roofline roof;
+
+/* Percentage of the L1 load-bandwidth limit for a dot whose inputs fit in L1 (32 KiB), else < 0.
+ */
+static double dot_roof_percent(const job *j, double ns) {
+    if (j->op != OP_DOT || j->n * 8 > 32768 || roof.l1_bytes_per_ns <= 0) return -1;
+    return 100 * (8.0 * (double)j->n / ns) / roof.l1_bytes_per_ns;
+}
+
 static void print_header_row(enum op op, int peers) {
-    printf("\n%-8s %9s %-13s %10s %17s %9s %8s %8s %10s", "op", "n", "impl", "ns/call",
-           "spread min..max", "ns/elem", "GFLOP/s", "GB/s", "vs scalar");
+    printf("\n%-8s %9s %-13s %10s %17s %9s %8s %8s %6s %10s", "op", "n", "impl", "ns/call",
+           "spread min..max", "ns/elem", "GFLOP/s", "GB/s", "roof%", "vs scalar");
     if (peers)
         for (int p = 0; p < 2; p++) printf(" vs %-7s", KIND_NAMES[OP_PEERS[op][p]]);
     printf("\n");
@@ -273,6 +284,11 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
         else
             printf("%8s", "-");
         printf(" %8.1f", bytes / ns);
+        double roof_pct = dot_roof_percent(j, ns);
+        if (roof_pct >= 0)
+            printf(" %6.0f", roof_pct);
+        else
+            printf(" %6s", "-");
         print_ratio(stdout, scalar, im, "          -");
         if (peers)
             for (int p = 0; p < 2; p++)
@@ -286,6 +302,10 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
             print_ratio(csv, scalar, im, ",");
             for (int p = 0; p < 2; p++)
                 print_ratio(csv, find_impl(ims, n_impls, OP_PEERS[j->op][p], NULL, NULL), im, ",");
+            if (roof_pct >= 0)
+                fprintf(csv, ",%.1f", roof_pct);
+            else
+                fprintf(csv, ",");
             fprintf(csv, ",%s\n", im->checked_ok ? "ok" : "wrong");
         }
     }
@@ -491,10 +511,19 @@ int main(int argc, char **argv) {
     printf("clock: %s\n", bench_clock == CLOCK_MONOTONIC
                               ? "wall (CLOCK_MONOTONIC)"
                               : "thread CPU time (CLOCK_THREAD_CPUTIME_ID; --wall for elapsed)");
+    printf("roof%%: share of the L1 load-bandwidth limit below, for dot rows whose inputs fit "
+           "in L1\n");
     printf("method: %d rounds of batches >= %g ms each, round-robin over implementations; median "
            "ns per call, spread = min..max round vs median; vs X = X's median / this median "
            "(> 1: faster than X); inputs 64-byte aligned; softmax scale 1\n",
            o.reps, o.smoke ? 0.0 : o.min_ms);
+
+    roof = roofline_measure();
+    if (roof.l1_isa)
+        printf("roofline: core clock %.2f GHz; L1 load bandwidth (%s) %.0f GB/s = %.0f B/cycle; "
+               "dot in L1 can reach at most %.1f GFLOP/s (2 FLOP per 8 bytes loaded)\n",
+               roof.clock_ghz, roof.l1_isa, roof.l1_bytes_per_ns,
+               roof.l1_bytes_per_ns / roof.clock_ghz, roof.l1_bytes_per_ns / 4);
 
     FILE *csv = NULL;
     if (o.csv) {
@@ -503,7 +532,7 @@ int main(int argc, char **argv) {
             return 2;
         }
         fprintf(csv, "op,n,impl,backend,exp,ns_median,ns_min,ns_max,ns_per_elem,gflops,gbytes_per_"
-                     "s,vs_scalar,vs_peer1,vs_peer2,check\n");
+                     "s,vs_scalar,vs_peer1,vs_peer2,roof_percent,check\n");
     }
 
     int failures = 0;

@@ -88,6 +88,18 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
     if (!n) return SDPA_OK;
     const sdpa_kernels *k = sdpa_kernels_now();
     float (*exp_sum)(float *, const float *, size_t, float, float) = k->exp_sum[sdpa_exp_now()];
+    if (n <= SOFTMAX_CHUNK) {
+        /* one chunk, straight through: short rows are dominated by fixed costs */
+        float m = k->max_scaled(x, n, scale);
+        if (!isfinite(m)) {
+            softmax_nonfinite(y, x, n, scale, 0, 0);
+            return SDPA_OK;
+        }
+        /* the sum is >= 1 (the max contributes exp(0)), or NaN when x holds a NaN: then the
+           factor, and so every y, is NaN */
+        k->normalize(y, n, 1.0f / exp_sum(y, x, n, scale, m));
+        return SDPA_OK;
+    }
     size_t chunk = SOFTMAX_CHUNK;
     if (n / SOFTMAX_MAX_CHUNKS >= chunk) chunk = (n / SOFTMAX_MAX_CHUNKS + 64) & ~(size_t)63;
     float shift[SOFTMAX_MAX_CHUNKS];

@@ -9,7 +9,8 @@
  * medians measured in this same run.
  *
  *   bench [--op dot|softmax]... [--backend NAME]... [--n N]... [--reps R] [--min-ms MS]
- *         [--cpu C] [--wall] [--no-peers] [--openblas-core NAME] [--csv FILE] [--smoke]
+ *         [--cpu C] [--wall] [--no-peers] [--openblas-core NAME] [--csv FILE] [--json FILE]
+ *         [--plot DIR] [--smoke]
  */
 #include <errno.h>
 #include <float.h>
@@ -23,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "output.h"
 #include "peers.h"
 #include "roofline.h"
 #include "sdpa.h"
@@ -33,9 +35,10 @@
 
 enum op { OP_DOT, OP_SOFTMAX, N_OPS };
 static const char *const OP_NAMES[N_OPS] = {"dot", "softmax"};
+/* From L1 through L2 and L3 to DRAM (inputs of 2^24 floats are 64 MiB each). */
 static const size_t DEFAULT_SIZES[N_OPS][MAX_SIZES] = {
-    {16, 128, 4096, 65536, 1u << 20, 1u << 24},
-    {128, 4096, 65536, 1u << 20},
+    {16, 64, 128, 1024, 4096, 16384, 65536, 262144, 1u << 20, 1u << 22, 1u << 24},
+    {128, 1024, 4096, 16384, 65536, 262144, 1u << 20},
 };
 static const size_t SMOKE_SIZES[N_OPS][MAX_SIZES] = {{16, 129}, {129}};
 
@@ -76,7 +79,7 @@ typedef struct options {
     int cpu;
     int peers;
     int smoke;
-    const char *csv;
+    const char *csv, *json, *plot;
 } options;
 
 /* The thread's CPU time by default: on a machine shared with other jobs, time the scheduler gives
@@ -295,6 +298,16 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
                 print_ratio(stdout, find_impl(ims, n_impls, OP_PEERS[j->op][p], NULL, NULL), im,
                             "          -");
         printf("%s\n", im->checked_ok ? "" : "  WRONG RESULT");
+        bench_record rec = {.op = OP_NAMES[j->op],
+                            .n = j->n,
+                            .ns = ns,
+                            .ns_min = im->min,
+                            .ns_max = im->max,
+                            .per_ns = flops ? flops / ns : n / ns,
+                            .vs_scalar = scalar ? scalar->median / ns : 0,
+                            .ok = im->checked_ok};
+        snprintf(rec.impl, sizeof rec.impl, "%s", im->label);
+        record_add(&rec);
         if (csv) {
             fprintf(csv, "%s,%zu,%s,%s,%s,%.3f,%.3f,%.3f,%.5f,%.3f,%.3f", OP_NAMES[j->op], j->n,
                     KIND_NAMES[im->kind], im->kind == KIND_SDPA ? im->backend : "",
@@ -425,9 +438,10 @@ static void cpu_model(char *out, size_t len) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: bench [--op dot|softmax]... [--backend NAME]... [--n N]... "
-                    "[--reps R] [--min-ms MS] [--cpu C] [--no-peers] [--openblas-core NAME] [--csv "
-                    "FILE] [--smoke]\n");
+    fprintf(stderr, "usage: bench [--op dot|softmax]... [--backend NAME]... [--n N]...\n"
+                    "             [--reps R] [--min-ms MS] [--cpu C] [--wall] [--no-peers]\n"
+                    "             [--openblas-core NAME] [--csv FILE] [--json FILE] [--plot DIR]\n"
+                    "             [--smoke]\n");
     exit(2);
 }
 
@@ -466,6 +480,10 @@ static options parse(int argc, char **argv) {
             o.cpu = atoi(v);
         else if (strcmp(a, "--csv") == 0)
             o.csv = v;
+        else if (strcmp(a, "--json") == 0)
+            o.json = v;
+        else if (strcmp(a, "--plot") == 0)
+            o.plot = v;
         else
             usage();
     }
@@ -545,6 +563,22 @@ int main(int argc, char **argv) {
             failures += bench_one(&o, (enum op)op, sizes[s], csv);
     }
     if (csv) fclose(csv);
+    char compiler[160], sleef[32];
+    snprintf(compiler, sizeof compiler, "gcc %s", __VERSION__);
+    snprintf(sleef, sizeof sleef, "%d.%d.%d", SLEEF_VERSION_MAJOR, SLEEF_VERSION_MINOR,
+             SLEEF_VERSION_PATCHLEVEL);
+    bench_context ctx = {.date = date,
+                         .cpu = model,
+                         .compiler = compiler,
+                         .sleef = sleef,
+                         .openblas = o.peers ? peer_openblas_describe() : NULL,
+                         .onednn = o.peers ? peer_dnnl_describe() : NULL,
+                         .naive = o.peers ? NAIVE_FLAGS : NULL,
+                         .clock = bench_clock == CLOCK_MONOTONIC ? "wall" : "thread cpu time",
+                         .clock_ghz = roof.clock_ghz,
+                         .l1_gbytes_per_s = roof.l1_bytes_per_ns};
+    if (o.json && write_json(o.json, &ctx) != 0) failures++;
+    if (o.plot && write_plots(o.plot) != 0) failures++;
     if (failures)
         printf("\n%d results differ from the scalar backend beyond tolerance\n", failures);
     return failures ? 1 : 0;

@@ -42,10 +42,10 @@ static const size_t DEFAULT_SIZES[N_OPS][MAX_SIZES] = {
 };
 static const size_t SMOKE_SIZES[N_OPS][MAX_SIZES] = {{16, 129}, {129}};
 
-enum kind { KIND_SDPA, KIND_OPENBLAS, KIND_DNNL, KIND_NAIVE };
+enum kind { KIND_SDPA, KIND_OPENBLAS, KIND_DNNL, KIND_NAIVE, KIND_ROOF };
 /* The peers of each op, in the order of their "vs" columns. */
 static const enum kind OP_PEERS[N_OPS][2] = {{KIND_OPENBLAS, KIND_NAIVE}, {KIND_DNNL, KIND_NAIVE}};
-static const char *const KIND_NAMES[] = {"sdpa", "openblas", "onednn", "naive"};
+static const char *const KIND_NAMES[] = {"sdpa", "openblas", "onednn", "naive", "roof"};
 
 typedef struct job {
     enum op op;
@@ -133,6 +133,9 @@ static void run(const impl *im, job *j, size_t iters) {
         case KIND_NAIVE:
             for (size_t i = 0; i < iters; i++) acc += naive_dot(j->a, j->b, j->n);
             break;
+        case KIND_ROOF:
+            for (size_t i = 0; i < iters; i++) acc += roof_load_sum(j->a, j->b, j->n);
+            break;
         case KIND_DNNL: break;
         }
         break;
@@ -147,7 +150,8 @@ static void run(const impl *im, job *j, size_t iters) {
         case KIND_NAIVE:
             for (size_t i = 0; i < iters; i++) naive_softmax(j->y, j->x, j->n, j->scale);
             break;
-        case KIND_OPENBLAS: break;
+        case KIND_OPENBLAS:
+        case KIND_ROOF: break;
         }
         acc = j->y[0];
         break;
@@ -207,6 +211,7 @@ static int check(const impl *im, job *j, const float *ref_y, float ref_dot, floa
         case KIND_SDPA: sdpa_dot_f32(j->a, j->b, j->n, &r); break;
         case KIND_OPENBLAS: r = peer_openblas_sdot(j->a, j->b, j->n); break;
         case KIND_NAIVE: r = naive_dot(j->a, j->b, j->n); break;
+        case KIND_ROOF: return 1; /* not a dot: nothing to check */
         case KIND_DNNL: break;
         }
         return dot_close(r, ref_dot, abs_sum, j->n);
@@ -248,15 +253,8 @@ static void print_ratio(FILE *f, const impl *base, const impl *im, const char *f
         fprintf(f, "%s", fmt_missing);
 }
 
-/* Measured at start-up; bench_one's rows compare dot in L1 with it. */
+/* Measured at start-up and printed in the header. */
 static roofline roof;
-
-/* Percentage of the L1 load-bandwidth limit for a dot whose inputs fit in L1 (32 KiB), else < 0.
- */
-static double dot_roof_percent(const job *j, double ns) {
-    if (j->op != OP_DOT || j->n * 8 > 32768 || roof.l1_bytes_per_ns <= 0) return -1;
-    return 100 * (8.0 * (double)j->n / ns) / roof.l1_bytes_per_ns;
-}
 
 static void print_header_row(enum op op, int peers) {
     printf("\n%-8s %9s %-13s %10s %17s %9s %8s %8s %6s %10s", "op", "n", "impl", "ns/call",
@@ -287,7 +285,8 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
         else
             printf("%8s", "-");
         printf(" %8.1f", bytes / ns);
-        double roof_pct = dot_roof_percent(j, ns);
+        const impl *limit = find_impl(ims, n_impls, KIND_ROOF, NULL, NULL);
+        double roof_pct = limit && j->op == OP_DOT ? 100 * limit->median / ns : -1;
         if (roof_pct >= 0)
             printf(" %6.0f", roof_pct);
         else
@@ -356,6 +355,9 @@ static int bench_one(const options *o, enum op op, size_t n, FILE *csv) {
             ims[n_impls++] = (impl){.kind = KIND_DNNL, .label = "onednn"};
         ims[n_impls++] = (impl){.kind = KIND_NAIVE, .label = "naive"};
     }
+    /* the loads alone, for dots whose inputs fit in L1 (32 KiB of the 48 KiB of Zen 5) */
+    if (op == OP_DOT && n * 8 <= 32768)
+        ims[n_impls++] = (impl){.kind = KIND_ROOF, .label = "L1 loads"};
 
     /* references: the scalar backend, in each exp mode for softmax */
     if (sdpa_set_backend("scalar") != SDPA_OK) return 1;
@@ -529,8 +531,8 @@ int main(int argc, char **argv) {
     printf("clock: %s\n", bench_clock == CLOCK_MONOTONIC
                               ? "wall (CLOCK_MONOTONIC)"
                               : "thread CPU time (CLOCK_THREAD_CPUTIME_ID; --wall for elapsed)");
-    printf("roof%%: share of the L1 load-bandwidth limit below, for dot rows whose inputs fit "
-           "in L1\n");
+    printf("roof%%: for dots whose inputs fit in L1, the time of the \"L1 loads\" row (the same "
+           "inputs read with the widest vectors, nothing else) over the row's time\n");
     printf("method: %d rounds of batches >= %g ms each, round-robin over implementations; median "
            "ns per call, spread = min..max round vs median; vs X = X's median / this median "
            "(> 1: faster than X); inputs 64-byte aligned; softmax scale 1\n",

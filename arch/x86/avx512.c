@@ -29,29 +29,19 @@ static float dot_avx512(const float *a, const float *b, size_t n) {
     }
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     size_t i = 0;
-    if (n >= 8 * W) {
-        /* eight accumulators: two loads feed each FMA, so the loop is load-bound, and eight
-           independent chains cover the FMA latency on every core that has AVX-512 */
-        __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps(), acc4 = _mm512_setzero_ps(),
-               acc5 = _mm512_setzero_ps(), acc6 = _mm512_setzero_ps(), acc7 = _mm512_setzero_ps();
-        for (; i + 8 * W <= n; i += 8 * W) {
+    if (n >= 4 * W) {
+        /* four accumulators, two loads per FMA: the loop is bound by the two load ports */
+        __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
+        for (; i + 4 * W <= n; i += 4 * W) {
             acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
             acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + W), _mm512_loadu_ps(b + i + W), acc1);
             acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 2 * W), _mm512_loadu_ps(b + i + 2 * W),
                                    acc2);
             acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 3 * W), _mm512_loadu_ps(b + i + 3 * W),
                                    acc3);
-            acc4 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 4 * W), _mm512_loadu_ps(b + i + 4 * W),
-                                   acc4);
-            acc5 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 5 * W), _mm512_loadu_ps(b + i + 5 * W),
-                                   acc5);
-            acc6 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 6 * W), _mm512_loadu_ps(b + i + 6 * W),
-                                   acc6);
-            acc7 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 7 * W), _mm512_loadu_ps(b + i + 7 * W),
-                                   acc7);
         }
-        acc0 = _mm512_add_ps(_mm512_add_ps(acc0, acc2), _mm512_add_ps(acc4, acc6));
-        acc1 = _mm512_add_ps(_mm512_add_ps(acc1, acc3), _mm512_add_ps(acc5, acc7));
+        acc0 = _mm512_add_ps(acc0, acc2);
+        acc1 = _mm512_add_ps(acc1, acc3);
     }
     for (; i + 2 * W <= n; i += 2 * W) {
         acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);

@@ -439,12 +439,13 @@ static void cpu_model(char *out, size_t len) {
     fclose(f);
 }
 
-static void usage(void) {
-    fprintf(stderr, "usage: bench [--op dot|softmax]... [--backend NAME]... [--n N]...\n"
-                    "             [--reps R] [--min-ms MS] [--cpu C] [--wall] [--no-peers]\n"
-                    "             [--openblas-core NAME] [--csv FILE] [--json FILE] [--plot DIR]\n"
-                    "             [--smoke]\n");
-    exit(2);
+static void usage(int status) {
+    fprintf(status ? stderr : stdout,
+            "usage: bench [--op dot|softmax]... [--backend NAME]... [--n N]...\n"
+            "             [--reps R] [--min-ms MS] [--cpu C] [--wall] [--no-peers]\n"
+            "             [--openblas-core NAME] [--csv FILE] [--json FILE] [--plot DIR]\n"
+            "             [--smoke]\n");
+    exit(status);
 }
 
 static options parse(int argc, char **argv) {
@@ -452,17 +453,19 @@ static options parse(int argc, char **argv) {
     int any_op = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--smoke") == 0)
+        if (strcmp(a, "--help") == 0)
+            usage(0);
+        else if (strcmp(a, "--smoke") == 0)
             o.smoke = 1;
         else if (strcmp(a, "--wall") == 0)
             bench_clock = CLOCK_MONOTONIC;
         else if (strcmp(a, "--no-peers") == 0)
             o.peers = 0;
         else if (!v)
-            usage();
+            usage(2);
         else if (++i, strcmp(a, "--op") == 0) {
             int k = strcmp(v, "dot") == 0 ? OP_DOT : strcmp(v, "softmax") == 0 ? OP_SOFTMAX : -1;
-            if (k < 0) usage();
+            if (k < 0) usage(2);
             o.ops[k] = any_op = 1;
         } else if (strcmp(a, "--backend") == 0 && o.n_backends < 8) {
             if (!sdpa_backend_supported(v)) {
@@ -487,10 +490,10 @@ static options parse(int argc, char **argv) {
         else if (strcmp(a, "--plot") == 0)
             o.plot = v;
         else
-            usage();
+            usage(2);
     }
     if (o.smoke) o.reps = 1;
-    if (o.reps < 1 || o.reps > MAX_REPS) usage();
+    if (o.reps < 1 || o.reps > MAX_REPS) usage(2);
     if (!any_op) o.ops[OP_DOT] = o.ops[OP_SOFTMAX] = 1;
     if (!o.n_backends) {
         /* scalar is always measured: it is the baseline of every ratio */
@@ -498,7 +501,7 @@ static options parse(int argc, char **argv) {
             if (sdpa_backend_supported(sdpa_backend_name(i)))
                 o.backends[o.n_backends++] = sdpa_backend_name(i);
     } else if (!sdpa_backend_supported("scalar") || o.n_backends == 8) {
-        usage();
+        usage(2);
     } else {
         int has_scalar = 0;
         for (size_t i = 0; i < o.n_backends; i++) has_scalar |= !strcmp(o.backends[i], "scalar");

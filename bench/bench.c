@@ -555,7 +555,7 @@ int main(int argc, char **argv) {
             return 2;
         }
         fprintf(csv, "op,n,impl,backend,exp,ns_median,ns_min,ns_max,ns_per_elem,gflops,gbytes_per_"
-                     "s,vs_scalar,vs_peer1,vs_peer2,roof_percent,check\n");
+                     "s,vs_scalar,vs_openblas_or_onednn,vs_naive,roof_percent,check\n");
     }
 
     int failures = 0;

@@ -23,8 +23,11 @@ typedef struct sdpa_kernels {
     /* max over i of (scale * x[i]) rounded to float; -inf for an all -inf row; a NaN input may
        or may not come out as NaN (the softmax driver handles both) */
     float (*max_scaled)(const float *x, size_t n, float scale);
-    /* y[i] = exp(scale * x[i] - shift) with a subnormal result flushed to 0; returns sum y[i].
-       y may equal x. NaN in x gives NaN in y and in the sum. */
+    /* y[i] = exp(scale * x[i] - shift); returns sum y[i]. y may equal x. NaN in x gives NaN in y
+       and in the sum. Callers pass a shift of at least the max of scale * x[i] (so arguments are
+       <= 0 up to rounding; beyond 88 the result is unspecified), and a result below FLT_MIN may
+       be 0 or left subnormal: callers that need exact zeros run normalize after it. Each of
+       those two checks would cost two of about fifteen vector operations per vector. */
     float (*exp_sum[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale, float shift);
     /* y[i] *= factor, then weights below FLT_MIN become exactly 0 */
     void (*normalize)(float *y, size_t n, float factor);

@@ -6,9 +6,12 @@
 #include "dispatch.h"
 #include "sdpa.h"
 
-/* exp_sum runs in chunks whose float sums are added in double: a row of 2^20 weights then
- * loses no more accuracy in its sum than a row of SOFTMAX_CHUNK does. */
-#define SOFTMAX_CHUNK 4096
+/* softmax works on chunks of at least SOFTMAX_CHUNK floats (16 KiB, which stays in L1 between a
+ * chunk's max pass and its exp pass, so a long row is read from memory once, not twice), at most
+ * SOFTMAX_MAX_CHUNKS of them (longer rows use longer chunks). The chunks' float sums are added in
+ * double: a row of 2^20 weights then loses no more accuracy in its sum than one chunk does. */
+#define SOFTMAX_CHUNK      4096
+#define SOFTMAX_MAX_CHUNKS 256
 
 SDPA_API const char *sdpa_status_string(sdpa_status status) {
     switch (status) {
@@ -50,38 +53,101 @@ SDPA_API sdpa_status sdpa_scores_f32(float *s, const float *q, const float *k, s
     return SDPA_OK;
 }
 
-/* The rare rows whose largest z is not finite: NaN anywhere gives NaN everywhere; otherwise
- * the +inf entries share the mass (all zeros when there are none, a fully masked row). */
-static void softmax_nonfinite(float *y, const float *x, size_t n, float scale) {
+static void fill(float *y, size_t n, float value) {
+    for (size_t i = 0; i < n; i++) y[i] = value;
+}
+
+/* The rare rows whose largest z is not finite, found at chunk `from`: x[0, from) may already be
+ * overwritten (y == x) but held only finite z, and nan_before says whether a NaN was among them.
+ * NaN anywhere gives NaN everywhere; otherwise the +inf entries share the mass (all zeros when
+ * there are none, a fully masked row). */
+static void softmax_nonfinite(float *y, const float *x, size_t n, float scale, size_t from,
+                              int nan_before) {
     size_t n_inf = 0;
-    int has_nan = 0;
-    for (size_t i = 0; i < n; i++) {
+    int has_nan = nan_before;
+    for (size_t i = from; i < n; i++) {
         float z = scale * x[i];
         has_nan |= isnan(z);
         n_inf += z == INFINITY;
     }
+    if (has_nan) {
+        fill(y, n, NAN);
+        return;
+    }
     float share = n_inf ? 1.0f / (float)n_inf : 0.0f;
-    for (size_t i = 0; i < n; i++) y[i] = has_nan ? NAN : scale * x[i] == INFINITY ? share : 0.0f;
+    fill(y, from, 0.0f);
+    for (size_t i = from; i < n; i++) y[i] = scale * x[i] == INFINITY ? share : 0.0f;
 }
 
+/* Each chunk's weights are computed against the running max when the chunk is reached (its
+ * shift); the final pass scales chunk c by exp(shift[c] - max) / sum, which is exactly 1 / sum for
+ * a row of one chunk. A chunk whose z are all -inf has no weights and gets zeros. */
 SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float scale) {
     if (n && (!y || !x)) return SDPA_ERR_NULL;
     if (bad_scale(scale)) return SDPA_ERR_ARG;
     if (!n) return SDPA_OK;
     const sdpa_kernels *k = sdpa_kernels_now();
-    float m = k->max_scaled(x, n, scale);
-    if (!isfinite(m)) {
-        softmax_nonfinite(y, x, n, scale);
+    float (*exp_sum)(float *, const float *, size_t, float, float) = k->exp_sum[sdpa_exp_now()];
+    if (n <= SOFTMAX_CHUNK) {
+        /* one chunk, straight through: short rows are dominated by fixed costs */
+        float m = k->max_scaled(x, n, scale);
+        if (!isfinite(m)) {
+            softmax_nonfinite(y, x, n, scale, 0, 0);
+            return SDPA_OK;
+        }
+        /* the sum is >= 1 (the max contributes exp(0)), or NaN when x holds a NaN: then the
+           factor, and so every y, is NaN */
+        k->normalize(y, n, 1.0f / exp_sum(y, x, n, scale, m));
         return SDPA_OK;
     }
-    float (*exp_sum)(float *, const float *, size_t, float, float) = k->exp_sum[sdpa_exp_now()];
+    size_t chunk = SOFTMAX_CHUNK;
+    if (n / SOFTMAX_MAX_CHUNKS >= chunk) chunk = (n / SOFTMAX_MAX_CHUNKS + 64) & ~(size_t)63;
+    float shift[SOFTMAX_MAX_CHUNKS];
+    float m = -INFINITY;
     double sum = 0.0;
-    for (size_t i = 0; i < n; i += SOFTMAX_CHUNK) {
-        size_t len = n - i < SOFTMAX_CHUNK ? n - i : SOFTMAX_CHUNK;
+    size_t c = 0;
+    for (size_t i = 0; i < n; i += chunk, c++) {
+        size_t len = n - i < chunk ? n - i : chunk;
+        float mc = k->max_scaled(x + i, len, scale);
+        if (!isfinite(mc) && !(mc == -INFINITY)) { /* NaN or +inf */
+            softmax_nonfinite(y, x, n, scale, i, isnan(sum));
+            return SDPA_OK;
+        }
+        if (mc == -INFINITY) {
+            /* all -inf, unless max_scaled passed over a NaN */
+            for (size_t j = i; j < i + len; j++)
+                if (isnan(scale * x[j])) {
+                    fill(y, n, NAN);
+                    return SDPA_OK;
+                }
+            shift[c] = -INFINITY;
+            continue;
+        }
+        if (mc > m) {
+            if (sum != 0.0) sum *= exp((double)m - mc);
+            m = mc;
+        }
+        shift[c] = m;
+        /* the exp pass is compute-bound: meanwhile, bring the next chunk of x towards L2 so that
+           its max pass does not wait for L3 or memory (about 5% at n = 2^20) */
+        for (size_t j = i + chunk; j < i + 2 * chunk && j < n; j += 16)
+            __builtin_prefetch(x + j, 0, 2);
         sum += exp_sum(y + i, x + i, len, scale, m);
     }
+    if (m == -INFINITY) { /* a fully masked row */
+        fill(y, n, 0.0f);
+        return SDPA_OK;
+    }
     /* sum >= 1 (the max contributes exp(0)), or NaN when x holds a NaN: then every y is NaN */
-    k->normalize(y, n, (float)(1.0 / sum));
+    c = 0;
+    for (size_t i = 0; i < n; i += chunk, c++) {
+        size_t len = n - i < chunk ? n - i : chunk;
+        if (shift[c] == -INFINITY && !isnan(sum))
+            fill(y + i, len, 0.0f);
+        else
+            k->normalize(y + i, len,
+                         (float)(shift[c] == m ? 1.0 / sum : exp((double)shift[c] - m) / sum));
+    }
     return SDPA_OK;
 }
 

@@ -90,6 +90,45 @@ BACKEND_TEST(softmax, large_rows) {
     free(y);
 }
 
+/* Rows longer than the driver's chunk (4096 floats): the running max rises from chunk to chunk,
+ * whole chunks are masked, and +inf or NaN first appears in a later chunk, in place or not. */
+BACKEND_TEST(softmax, special_values_across_chunks) {
+    const size_t n = 3 * 4096 + 100;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    for (int in_place = 0; in_place < 2; in_place++) {
+        float *out = in_place ? x : y;
+        for (int pattern = 0; pattern < 6; pattern++) {
+            for (size_t i = 0; i < n; i++) x[i] = (float)i * 0.002f; /* rising: rescales */
+            if (pattern == 1)
+                for (size_t i = 0; i < 4096; i++) x[i] = -INFINITY; /* first chunk masked */
+            if (pattern == 2)
+                for (size_t i = 4096; i < 8192; i++) x[i] = -INFINITY; /* middle chunk masked */
+            if (pattern == 3) x[n - 3] = x[n - 1] = INFINITY;          /* +inf only at the end */
+            if (pattern == 4) x[n - 2] = NAN;                          /* NaN only at the end */
+            if (pattern == 5) {                                        /* NaN in a masked chunk */
+                for (size_t i = 4096; i < 8192; i++) x[i] = -INFINITY;
+                x[5000] = NAN;
+            }
+            float *copy = malloc(n * sizeof(float));
+            memcpy(copy, x, n * sizeof(float));
+            cr_assert_eq(sdpa_softmax_f32(out, x, n, 1.0f), SDPA_OK);
+            if (pattern == 3) {
+                for (size_t i = 0; i < n; i++)
+                    cr_assert_eq(out[i], i == n - 3 || i == n - 1 ? 0.5f : 0.0f, "i=%zu", i);
+            } else {
+                check_softmax(out, copy, n, 1.0f, 1e-4, "across chunks");
+            }
+            free(copy);
+        }
+        /* every chunk masked: all zeros */
+        for (size_t i = 0; i < n; i++) x[i] = -INFINITY;
+        cr_assert_eq(sdpa_softmax_f32(out, x, n, 1.0f), SDPA_OK);
+        for (size_t i = 0; i < n; i++) cr_assert_eq(out[i], 0.0f);
+    }
+    free(x);
+    free(y);
+}
+
 BACKEND_TEST(softmax, all_equal_and_one_dominant) {
     for (size_t n = 1; n <= 70; n++) {
         float x[70], y[70];

@@ -131,8 +131,8 @@ static float max_scaled_avx2(const float *x, size_t n, float scale) {
     return hmax(_mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
 }
 
-/* The shared "fast" exp (kernels.h): 2^n goes into p's exponent bits. */
-static inline __m256 exp_fast_avx2(__m256 x) {
+/* The shared "fast" exp (kernels.h) on the whole float range: 2^n goes into p's exponent bits. */
+static inline __m256 exp_fast_full_avx2(__m256 x) {
     /* max/min return their second operand when either is NaN: NaN passes through */
     x = _mm256_min_ps(_mm256_set1_ps(SDPA_EXP_X_CLAMP_HI),
                       _mm256_max_ps(_mm256_set1_ps(SDPA_EXP_X_CLAMP_LO), x));
@@ -154,23 +154,55 @@ static inline __m256 exp_fast_avx2(__m256 x) {
                             _mm256_cmp_ps(x, _mm256_set1_ps(SDPA_EXP_X_OVERFLOW), _CMP_GE_OQ));
 }
 
-static inline __m256 exp_sleef_avx2(__m256 x) {
+/* The same exp for exp_sum, whose arguments are <= 0 up to rounding (kernels.h): no overflow
+ * handling, and subnormal results are left to normalize. n = round(x log2 e) comes from the
+ * magic-bias trick (adding 1.5 * 2^23 leaves n in the low mantissa bits), so one register gives
+ * n as a float and, shifted into the exponent field, 2^n; p * 2^n keeps a NaN (adding exponent
+ * bits to p could turn a NaN with payload bits into a number). */
+static inline __m256 exp_fast_avx2(__m256 x) {
+    const __m256 bias = _mm256_set1_ps(0x1.8p23f);
+    x = _mm256_max_ps(_mm256_set1_ps(SDPA_EXP_X_CLAMP_LO), x); /* -inf -> 0 after normalize */
+    __m256 biased = _mm256_fmadd_ps(x, _mm256_set1_ps(SDPA_EXP_LOG2E), bias);
+    __m256 n = _mm256_sub_ps(biased, bias);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(SDPA_EXP_C5), r, _mm256_set1_ps(SDPA_EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SDPA_EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SDPA_EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i two_n = _mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(biased), 23),
+                                     _mm256_set1_epi32(127 << 23));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+static inline __m256 exp_sleef_avx2(__m256 x) { return Sleef_expf8_u10avx2(x); }
+
+static inline __m256 exp_sleef_full_avx2(__m256 x) {
     __m256 e = Sleef_expf8_u10avx2(x);
     return _mm256_andnot_ps(_mm256_cmp_ps(e, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), e);
 }
 
+/* Four independent exps per iteration keep both FMA pipes busy through the polynomial. */
 #define EXP_SUM_AVX2(NAME, EXP)                                                                    \
     static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
         const __m256 vs = _mm256_set1_ps(scale), vshift = _mm256_set1_ps(shift);                   \
-        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                                 \
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),       \
+               s3 = _mm256_setzero_ps();                                                           \
         size_t i = 0;                                                                              \
-        for (; i + 2 * W <= n; i += 2 * W) {                                                       \
+        for (; i + 4 * W <= n; i += 4 * W) {                                                       \
             __m256 e0 = EXP(_mm256_fmsub_ps(_mm256_loadu_ps(x + i), vs, vshift));                  \
             __m256 e1 = EXP(_mm256_fmsub_ps(_mm256_loadu_ps(x + i + W), vs, vshift));              \
+            __m256 e2 = EXP(_mm256_fmsub_ps(_mm256_loadu_ps(x + i + 2 * W), vs, vshift));          \
+            __m256 e3 = EXP(_mm256_fmsub_ps(_mm256_loadu_ps(x + i + 3 * W), vs, vshift));          \
             _mm256_storeu_ps(y + i, e0);                                                           \
             _mm256_storeu_ps(y + i + W, e1);                                                       \
+            _mm256_storeu_ps(y + i + 2 * W, e2);                                                   \
+            _mm256_storeu_ps(y + i + 3 * W, e3);                                                   \
             s0 = _mm256_add_ps(s0, e0);                                                            \
             s1 = _mm256_add_ps(s1, e1);                                                            \
+            s2 = _mm256_add_ps(s2, e2);                                                            \
+            s3 = _mm256_add_ps(s3, e3);                                                            \
         }                                                                                          \
         for (; i < n; i += W) {                                                                    \
             __m256i m = tail_mask(n - i < W ? n - i : W);                                          \
@@ -178,7 +210,7 @@ static inline __m256 exp_sleef_avx2(__m256 x) {
             _mm256_maskstore_ps(y + i, m, e);                                                      \
             s0 = _mm256_add_ps(s0, _mm256_and_ps(e, _mm256_castsi256_ps(m)));                      \
         }                                                                                          \
-        return hsum(_mm256_add_ps(s0, s1));                                                        \
+        return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));                  \
     }
 EXP_SUM_AVX2(exp_sum_fast_avx2, exp_fast_avx2)
 EXP_SUM_AVX2(exp_sum_sleef_avx2, exp_sleef_avx2)
@@ -190,8 +222,8 @@ EXP_SUM_AVX2(exp_sum_sleef_avx2, exp_sleef_avx2)
             _mm256_maskstore_ps(y + i, m, EXP(_mm256_maskload_ps(x + i, m)));                      \
         }                                                                                          \
     }
-EXP_ARRAY_AVX2(exp_fast_array_avx2, exp_fast_avx2)
-EXP_ARRAY_AVX2(exp_sleef_array_avx2, exp_sleef_avx2)
+EXP_ARRAY_AVX2(exp_fast_array_avx2, exp_fast_full_avx2)
+EXP_ARRAY_AVX2(exp_sleef_array_avx2, exp_sleef_full_avx2)
 
 static inline __m256 flush_below_min(__m256 w) {
     return _mm256_andnot_ps(_mm256_cmp_ps(w, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), w);

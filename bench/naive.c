@@ -1,0 +1,26 @@
+/* The "naive C loop" peer: what a user writes without a library, compiled with
+ * -O3 -march=native -ffast-math so the compiler vectorizes it as well as it can (glibc's
+ * libmvec supplies a vector expf under -ffast-math). */
+#include <math.h>
+
+#include "peers.h"
+
+const char NAIVE_FLAGS[] = "-O3 -march=native -ffast-math";
+
+float naive_dot(const float *a, const float *b, size_t n) {
+    float s = 0.0f;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void naive_softmax(float *y, const float *x, size_t n, float scale) {
+    float m = -INFINITY;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, scale * x[i]);
+    float s = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        y[i] = expf(scale * x[i] - m);
+        s += y[i];
+    }
+    float r = 1.0f / s;
+    for (size_t i = 0; i < n; i++) y[i] *= r;
+}

@@ -1,0 +1,126 @@
+/* --json and --plot: the rows of the table, kept in memory until the run ends. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "output.h"
+
+#define MAX_RECORDS 2048
+
+static bench_record records[MAX_RECORDS];
+static size_t n_records;
+
+void record_add(const bench_record *r) {
+    if (n_records < MAX_RECORDS) records[n_records++] = *r;
+}
+
+/* s as a JSON string (the texts here hold no control characters, only quotes or backslashes
+ * might need escaping) */
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; s && *s; s++) {
+        if (*s == '"' || *s == '\\') fputc('\\', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+int write_json(const char *path, const bench_context *c) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "bench: cannot write %s\n", path);
+        return -1;
+    }
+    const char *keys[] = {"date",     "cpu",    "compiler", "sleef",
+                          "openblas", "onednn", "naive",    "clock"};
+    const char *values[] = {c->date,     c->cpu,    c->compiler, c->sleef,
+                            c->openblas, c->onednn, c->naive,    c->clock};
+    fprintf(f, "{\n  \"context\": {\n");
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        fprintf(f, "    \"%s\": ", keys[i]);
+        if (values[i])
+            json_string(f, values[i]);
+        else
+            fprintf(f, "null");
+        fprintf(f, ",\n");
+    }
+    fprintf(f, "    \"clock_ghz\": %.3f,\n    \"l1_load_gbytes_per_s\": %.1f\n  },\n", c->clock_ghz,
+            c->l1_gbytes_per_s);
+    fprintf(f, "  \"rows\": [\n");
+    for (size_t i = 0; i < n_records; i++) {
+        const bench_record *r = &records[i];
+        fprintf(f,
+                "    {\"op\": \"%s\", \"n\": %zu, \"impl\": \"%s\", \"ns_median\": %.4f, "
+                "\"ns_min\": %.4f, \"ns_max\": %.4f, \"ns_per_element\": %.6f, \"%s\": %.4f, "
+                "\"vs_scalar\": %.4f, \"check\": \"%s\"}%s\n",
+                r->op, r->n, r->impl, r->ns, r->ns_min, r->ns_max, r->ns / (double)r->n,
+                strcmp(r->op, "dot") == 0 ? "gflops" : "gelements_per_s", r->per_ns, r->vs_scalar,
+                r->ok ? "ok" : "wrong", i + 1 < n_records ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* One data file and one gnuplot script per operation; gnuplot draws throughput against n on a
+ * log2 axis, one line per implementation. */
+int write_plots(const char *dir) {
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "bench: --plot needs gnuplot (Debian: apt-get install gnuplot-nox); "
+                        "no plots written\n");
+        return -1;
+    }
+    mkdir(dir, 0777);
+    const char *ops[] = {"dot", "softmax"};
+    const char *ylabel[] = {"GFLOP/s", "G elements/s"};
+    for (int o = 0; o < 2; o++) {
+        /* implementation labels in order of first appearance */
+        const char *labels[64];
+        size_t n_labels = 0;
+        for (size_t i = 0; i < n_records; i++) {
+            if (strcmp(records[i].op, ops[o]) != 0) continue;
+            size_t l = 0;
+            while (l < n_labels && strcmp(labels[l], records[i].impl) != 0) l++;
+            if (l == n_labels && n_labels < 64) labels[n_labels++] = records[i].impl;
+        }
+        if (!n_labels) continue;
+        char path[4096], script[4096];
+        snprintf(path, sizeof path, "%s/%s.dat", dir, ops[o]);
+        FILE *d = fopen(path, "w");
+        snprintf(script, sizeof script, "%s/%s.gp", dir, ops[o]);
+        FILE *g = fopen(script, "w");
+        if (!d || !g) {
+            fprintf(stderr, "bench: cannot write in %s\n", dir);
+            if (d) fclose(d);
+            if (g) fclose(g);
+            return -1;
+        }
+        for (size_t l = 0; l < n_labels; l++) {
+            fprintf(d, "# %s\n", labels[l]);
+            for (size_t i = 0; i < n_records; i++)
+                if (strcmp(records[i].op, ops[o]) == 0 && strcmp(records[i].impl, labels[l]) == 0)
+                    fprintf(d, "%zu %.6f\n", records[i].n, records[i].per_ns);
+            fprintf(d, "\n\n");
+        }
+        fclose(d);
+        fprintf(g,
+                "set terminal pngcairo size 1000,600\nset output '%s/%s.png'\n"
+                "set title 'sdpa %s: throughput against size (higher is better)'\n"
+                "set logscale x 2\nset format x '2^{%%L}'\nset xlabel 'n (floats)'\n"
+                "set ylabel '%s'\nset key outside right\nset grid\nplot ",
+                dir, ops[o], ops[o], ylabel[o]);
+        for (size_t l = 0; l < n_labels; l++)
+            fprintf(g, "%s'%s' index %zu with linespoints title '%s'", l ? ", " : "", path, l,
+                    labels[l]);
+        fprintf(g, "\n");
+        fclose(g);
+        char cmd[8300];
+        snprintf(cmd, sizeof cmd, "gnuplot '%s'", script);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "bench: gnuplot failed on %s\n", script);
+            return -1;
+        }
+        printf("plot: %s/%s.png\n", dir, ops[o]);
+    }
+    return 0;
+}

@@ -1,0 +1,26 @@
+/* The libraries the benchmark compares sdpa with. Each is optional (found at configure time);
+ * an absent one reports itself unavailable and its rows are left out. */
+#ifndef SDPA_BENCH_PEERS_H
+#define SDPA_BENCH_PEERS_H
+
+#include <stddef.h>
+
+/* OpenBLAS cblas_sdot. describe() names the version, the core kernels chosen at load time and
+ * the environment that chose them; NULL when not built in. */
+const char *peer_openblas_describe(void);
+float peer_openblas_sdot(const float *a, const float *b, size_t n);
+
+/* oneDNN's softmax primitive (forward inference, accurate, axis 1 of a 1 x n f32 tensor), bound
+ * to fixed x and y buffers. create() returns NULL when oneDNN is absent or refuses the shape. */
+typedef struct peer_dnnl_softmax peer_dnnl_softmax;
+const char *peer_dnnl_describe(void);
+peer_dnnl_softmax *peer_dnnl_softmax_create(float *y, const float *x, size_t n);
+void peer_dnnl_softmax_run(peer_dnnl_softmax *p);
+void peer_dnnl_softmax_destroy(peer_dnnl_softmax *p);
+
+/* The loops a user would write, compiled with -O3 -march=native -ffast-math (naive.c). */
+float naive_dot(const float *a, const float *b, size_t n);
+void naive_softmax(float *y, const float *x, size_t n, float scale);
+extern const char NAIVE_FLAGS[];
+
+#endif

@@ -11,6 +11,27 @@
 
 enum sdpa_exp_kind { SDPA_EXP_FAST = 0, SDPA_EXP_SLEEF = 1, SDPA_EXP_KINDS = 2 };
 
+/* Largest tile the attention driver (src/attention.c) keeps on its stack: a backend's block_q
+ * and block_kv must not exceed these. */
+#define SDPA_ATTN_MAX_BLOCK_Q  32
+#define SDPA_ATTN_MAX_BLOCK_KV 128
+
+/* The innermost loops of attention, one set per backend; the shared driver does the tiling,
+ * the online softmax (with the table's max_scaled, exp_sum and scale), masks and causality. */
+typedef struct sdpa_attention_kernels {
+    size_t block_q;  /* queries per tile, 1..SDPA_ATTN_MAX_BLOCK_Q */
+    size_t block_kv; /* keys per tile, 1..SDPA_ATTN_MAX_BLOCK_KV */
+    /* s[i * ld_s + j] = scale * dot(q + i * q_stride, k + j * k_stride, d) for i < nq, j < nk;
+       nq <= block_q, nk <= block_kv, d >= 1 */
+    void (*scores_tile)(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                        const float *k, size_t k_stride, size_t nk, size_t d, float scale);
+    /* acc[i * ld_acc + c] += sum_j p[i * ld_p + j] * v[j * v_stride + c] for i < nq, c < d_v,
+       the sum over j < nk; every product is formed (0 * NaN is NaN), so the driver leaves out
+       the keys that must not count instead of passing them a zero weight */
+    void (*pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq, size_t nk,
+                    const float *v, size_t v_stride, size_t d_v);
+} sdpa_attention_kernels;
+
 typedef struct sdpa_kernels {
     const char *name;
     /* sum a[i] * b[i] */
@@ -33,6 +54,8 @@ typedef struct sdpa_kernels {
                              float y_dot_dy);
     /* y[i] = exp(x[i]); for tests of the exp itself */
     void (*exp[SDPA_EXP_KINDS])(float *y, const float *x, size_t n);
+    /* attention microkernels; NULL makes the driver use the scalar backend's */
+    const sdpa_attention_kernels *attention;
 } sdpa_kernels;
 
 /* One table per backend file; a backend that is not compiled in has no table. */

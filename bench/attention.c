@@ -8,7 +8,7 @@
  * (the dense-equivalent rate; the table says how much of that causal skips). "peak" is the
  * fraction of one core's FMA peak (PEAK_GFLOPS, measured on the reference machine: AMD Zen 5,
  * AVX-512); for decode, "bound" is the fraction of the rate at which K and V stream from L3
- * (L3_GBS). */
+ * (L3_GBS). Times are the calling thread's CPU time (see now()). */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>
@@ -41,9 +41,11 @@ static const shape SHAPES[] = {
 };
 #define N_SHAPES (sizeof SHAPES / sizeof SHAPES[0])
 
+/* CPU time of this thread: on a machine shared with other jobs, time spent descheduled does not
+ * count (their cache and SMT-sibling traffic still does; the median damps the rest). */
 static double now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 

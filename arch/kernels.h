@@ -30,6 +30,12 @@ typedef struct sdpa_attention_kernels {
        the keys that must not count instead of passing them a zero weight */
     void (*pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq, size_t nk,
                     const float *v, size_t v_stride, size_t d_v);
+    /* optional (NULL: the driver calls exp_sum row by row): s[i * ld_s + j] =
+       exp(s[i * ld_s + j] - shift[i]) with subnormal results flushed to 0, and sums[i] = the
+       sum of row i after, for i < nq, j < nk; one call for a whole tile keeps many independent
+       exps in flight */
+    void (*exp_tile[SDPA_EXP_KINDS])(float *s, size_t ld_s, size_t nq, size_t nk,
+                                     const float *shift, float *sums);
 } sdpa_attention_kernels;
 
 typedef struct sdpa_kernels {

@@ -88,6 +88,7 @@ typedef struct attention_run {
     const sdpa_kernels *k;
     const sdpa_attention_kernels *a;
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
+    void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
 } attention_run;
 
 static int row_has_nan(const float *s, size_t n) {
@@ -169,8 +170,23 @@ static void attention_block(const attention_run *run, const attention_problem *p
                 run->k->scale(acc + r * ld_acc, acc + r * ld_acc, d_v, alpha);
             }
             m[r] = m_new;
-            l[r] += run->exp_sum(s, s, n, 1.0f, m_new);
             live[r] = 1;
+        }
+
+        /* p = exp(s - m) and the row sums: one call for the tile when every row is full */
+        if (simple && run->exp_tile) {
+            float shift[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
+            for (size_t r = 0; r < nq; r++) shift[r] = live[r] ? m[r] : 0.0f;
+            run->exp_tile(s_tile, ld_s, nq, nk, shift, sums);
+            for (size_t r = 0; r < nq; r++)
+                if (live[r]) l[r] += sums[r];
+        } else {
+            for (size_t r = 0; r < nq; r++) {
+                if (!live[r]) continue;
+                size_t n = visible[r] - k0 < nk ? visible[r] - k0 : nk;
+                float *s = s_tile + r * ld_s;
+                l[r] += run->exp_sum(s, s, n, 1.0f, m[r]);
+            }
         }
 
         const float *vb = v + k0 * vs;
@@ -217,7 +233,9 @@ static void attention_run_all(const attention_problem *p) {
     attention_run run;
     run.k = sdpa_kernels_now();
     run.a = run.k->attention ? run.k->attention : sdpa_kernels_scalar.attention;
-    run.exp_sum = run.k->exp_sum[sdpa_exp_now()];
+    const int exp_kind = sdpa_exp_now();
+    run.exp_sum = run.k->exp_sum[exp_kind];
+    run.exp_tile = run.a->exp_tile[exp_kind];
     const size_t block_q = run.a->block_q, group = p->heads_q / p->heads_kv;
     for (size_t b = 0; b < p->batch; b++) {
         for (size_t h = 0; h < p->heads_q; h++) {

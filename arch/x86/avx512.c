@@ -484,11 +484,47 @@ static void pv_tile_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_
     }
 }
 
+/* exp of a whole tile of scores minus each row's shift, with the row sums: four vectors per
+ * step so that the exp's dependency chains overlap. */
+#define EXP_TILE_AVX512(NAME, EXP)                                                                 \
+    static void NAME(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift,              \
+                     float *sums) {                                                                \
+        for (size_t i = 0; i < nq; i++) {                                                          \
+            float *row = s + i * ld_s;                                                             \
+            const __m512 vshift = _mm512_set1_ps(shift[i]);                                        \
+            __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                            \
+            size_t j = 0;                                                                          \
+            for (; j + 4 * W <= nk; j += 4 * W) {                                                  \
+                __m512 e0 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j), vshift));                  \
+                __m512 e1 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j + W), vshift));              \
+                __m512 e2 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j + 2 * W), vshift));          \
+                __m512 e3 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j + 3 * W), vshift));          \
+                _mm512_storeu_ps(row + j, e0);                                                     \
+                _mm512_storeu_ps(row + j + W, e1);                                                 \
+                _mm512_storeu_ps(row + j + 2 * W, e2);                                             \
+                _mm512_storeu_ps(row + j + 3 * W, e3);                                             \
+                t0 = _mm512_add_ps(t0, e0), t1 = _mm512_add_ps(t1, e1);                            \
+                t2 = _mm512_add_ps(t2, e2), t3 = _mm512_add_ps(t3, e3);                            \
+            }                                                                                      \
+            for (; j < nk; j += W) {                                                               \
+                __mmask16 m = nk - j >= W ? (__mmask16)0xFFFF : tail_mask(nk - j);                 \
+                __m512 e = EXP(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vshift));          \
+                _mm512_mask_storeu_ps(row + j, m, e);                                              \
+                t0 = _mm512_mask_add_ps(t0, m, t0, e);                                             \
+            }                                                                                      \
+            sums[i] =                                                                              \
+                _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(t0, t1), _mm512_add_ps(t2, t3))); \
+        }                                                                                          \
+    }
+EXP_TILE_AVX512(exp_tile_fast_avx512, exp_fast_avx512)
+EXP_TILE_AVX512(exp_tile_sleef_avx512, exp_sleef_avx512)
+
 static const sdpa_attention_kernels attention_avx512 = {
     .block_q = 32,
     .block_kv = 64,
     .scores_tile = scores_tile_avx512,
     .pv_tile = pv_tile_avx512,
+    .exp_tile = {exp_tile_fast_avx512, exp_tile_sleef_avx512},
 };
 
 const sdpa_kernels sdpa_kernels_avx512 = {

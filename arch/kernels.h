@@ -70,6 +70,8 @@ extern const sdpa_kernels sdpa_kernels_sse41;
 extern const sdpa_kernels sdpa_kernels_avx2;
 extern const sdpa_kernels sdpa_kernels_avx512;
 extern const sdpa_kernels sdpa_kernels_neon;
+/* arch/arm/neon_attention.c; neon.c's table sets .attention = &sdpa_attention_kernels_neon */
+extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
 
 /* The "fast" exp, shared by every backend: e^x = 2^n * p(r), n = round(x / ln 2),
  * r = x - n ln 2 in two steps (Cody-Waite), p a degree-5 polynomial fitted for minimal

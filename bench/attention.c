@@ -1,7 +1,7 @@
 /* Attention benchmark: single thread, median of repeated runs, every backend this CPU supports,
  * and (when built with OpenBLAS) the sgemm + softmax + sgemm composite in the same run.
  *
- *   build/bench/bench_attention [--quick] [backend ...]
+ *   build/bench/bench_attention [--quick] [--shape=TEXT] [backend ...]
  *   OPENBLAS_CORETYPE=SkylakeX build/bench/bench_attention   # OpenBLAS with its AVX-512 kernels
  *
  * GFLOP/s counts 4 * len_q * len_kv * d per head (two matrix products), also for causal runs
@@ -162,11 +162,14 @@ static double causal_skipped(const shape *s) {
 
 int main(int argc, char **argv) {
     int quick = 0;
+    const char *shape_filter = NULL; /* --shape=TEXT: only shapes whose name contains TEXT */
     const char *only[8];
     int n_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
+        else if (strncmp(argv[i], "--shape=", 8) == 0)
+            shape_filter = argv[i] + 8;
         else if (n_only < 8)
             only[n_only++] = argv[i];
     }
@@ -177,6 +180,7 @@ int main(int argc, char **argv) {
            "vs comp.", "notes");
     for (size_t si = 0; si < N_SHAPES; si++) {
         const shape *s = &SHAPES[si];
+        if (shape_filter && !strstr(s->name, shape_filter)) continue;
         problem p;
         problem_init(&p, s, 1234u + (unsigned)si);
         double t_comp = 0.0;

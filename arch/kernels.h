@@ -15,6 +15,7 @@ enum sdpa_exp_kind { SDPA_EXP_FAST = 0, SDPA_EXP_SLEEF = 1, SDPA_EXP_KINDS = 2 }
  * and block_kv must not exceed these. */
 #define SDPA_ATTN_MAX_BLOCK_Q  32
 #define SDPA_ATTN_MAX_BLOCK_KV 128
+#define SDPA_ATTN_PACK_MAX_D   128 /* largest d_k for pack_q / scores_packed */
 
 /* The innermost loops of attention, one set per backend; the shared driver does the tiling,
  * the online softmax (with the table's max_scaled, exp_sum and scale), masks and causality. */
@@ -36,6 +37,14 @@ typedef struct sdpa_attention_kernels {
        exps in flight */
     void (*exp_tile[SDPA_EXP_KINDS])(float *s, size_t ld_s, size_t nq, size_t nk,
                                      const float *shift, float *sums);
+    /* optional pair (both or neither), used for blocks of at least 8 queries with
+       d <= SDPA_ATTN_PACK_MAX_D: pack_q stores qt[p * SDPA_ATTN_MAX_BLOCK_Q + i] =
+       scale * q[i * q_stride + p] for p < d and i < nq, and 0 for nq <= i <
+       SDPA_ATTN_MAX_BLOCK_Q, once per block of queries; scores_packed then forms the same tile
+       as scores_tile from it (GEMM-style: broadcast k, vector loads of qt, no reductions) */
+    void (*pack_q)(float *qt, const float *q, size_t q_stride, size_t nq, size_t d, float scale);
+    void (*scores_packed)(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
+                          size_t k_stride, size_t nk, size_t d);
 } sdpa_attention_kernels;
 
 typedef struct sdpa_kernels {

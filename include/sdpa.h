@@ -141,7 +141,7 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTE
  * shapes with len_q, len_kv <= 300 and decode with len_kv = 4096: 2.6e-7 * max|v|). Scores are
  * rounded to float, so with very large scores (|scale * q.k| in the hundreds) the error grows
  * in proportion to their size.
- * Memory: no heap allocation ever. Scratch is on the stack (under 64 KiB); for d_v > 256 the
+ * Memory: no heap allocation ever. Scratch is on the stack (under 96 KiB); for d_v > 256 the
  * output rows themselves hold the running sums until they are normalised. ---- */
 
 #define SDPA_DEFAULT_SCALE 0.0f /* scale argument meaning 1/sqrt(d_k) */

@@ -111,6 +111,9 @@ static void attention_block(const attention_run *run, const attention_problem *p
     double l[SDPA_ATTN_MAX_BLOCK_Q];
     size_t visible[SDPA_ATTN_MAX_BLOCK_Q]; /* keys row r sees (all keys unless causal) */
     unsigned char poisoned[SDPA_ATTN_MAX_BLOCK_Q], live[SDPA_ATTN_MAX_BLOCK_Q];
+    float qt[SDPA_ATTN_PACK_MAX_D * SDPA_ATTN_MAX_BLOCK_Q]; /* the block of queries, transposed */
+    const int packed = a->pack_q && nq >= 8 && p->d_k <= SDPA_ATTN_PACK_MAX_D;
+    if (packed) a->pack_q(qt, q + q0 * qs, qs, nq, p->d_k, p->scale);
 
     /* accumulate on the stack when the tile fits, else in the output rows themselves */
     float *acc = nq * d_v <= ACC_FLOATS ? acc_tile : out + q0 * os;
@@ -136,7 +139,11 @@ static void attention_block(const attention_run *run, const attention_problem *p
 
     for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
-        a->scores_tile(s_tile, ld_s, q + q0 * qs, qs, nq, k + k0 * ks, ks, nk, p->d_k, p->scale);
+        if (packed)
+            a->scores_packed(s_tile, ld_s, qt, nq, k + k0 * ks, ks, nk, p->d_k);
+        else
+            a->scores_tile(s_tile, ld_s, q + q0 * qs, qs, nq, k + k0 * ks, ks, nk, p->d_k,
+                           p->scale);
 
         int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
         for (size_t r = 0; r < nq; r++) {

@@ -519,12 +519,121 @@ static void pv_tile_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_
 EXP_TILE_AVX512(exp_tile_fast_avx512, exp_fast_avx512)
 EXP_TILE_AVX512(exp_tile_sleef_avx512, exp_sleef_avx512)
 
+/* qt[p][i] = scale * q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q. Once per
+ * block of queries, so plain loops do. */
+static void pack_q_avx512(float *qt, const float *q, size_t q_stride, size_t nq, size_t d,
+                          float scale) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    for (size_t p = 0; p < d; p++)
+        for (size_t i = 0; i < ld; i++)
+            qt[p * ld + i] = i < nq ? scale * q[i * q_stride + p] : 0.0f;
+}
+
+/* In-register transpose of 16 rows of 16 floats: three rounds of unpack and lane shuffles. */
+ALWAYS_INLINE void transpose16_avx512(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4g + m], 128-bit chunk c: rows 4g..4g+3 of column 4c + m */
+    for (int g = 0; g < 4; g++) {
+        __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+        __m512d c = _mm512_castps_pd(t[4 * g + 2]), e = _mm512_castps_pd(t[4 * g + 3]);
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+    }
+    for (int m = 0; m < 4; m++) {
+        __m512 a = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
+        __m512 b = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xDD);
+        __m512 c = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
+        __m512 e = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xDD);
+        r[m] = _mm512_shuffle_f32x4(a, c, 0x88);
+        r[8 + m] = _mm512_shuffle_f32x4(a, c, 0xDD);
+        r[4 + m] = _mm512_shuffle_f32x4(b, e, 0x88);
+        r[12 + m] = _mm512_shuffle_f32x4(b, e, 0xDD);
+    }
+}
+
+/* One step of 8 keys x 32 queries: 2 loads of qt and 8 broadcasts of k feed 16 FMAs. */
+#define PACKED_8X32_STEP(R)                                                                        \
+    do {                                                                                           \
+        __m512 w = _mm512_set1_ps(k[(R)*k_stride + p]);                                            \
+        a##R##0 = _mm512_fmadd_ps(w, q0, a##R##0);                                                 \
+        a##R##1 = _mm512_fmadd_ps(w, q1, a##R##1);                                                 \
+    } while (0)
+
+/* st[j][i] = sum_p k[j][p] * qt[p][i] for 8 keys and 32 queries */
+static inline void packed_8x32_avx512(float *st, const float *qt, const float *k, size_t k_stride,
+                                      size_t d) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+           a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00, a60 = a00, a61 = a00,
+           a70 = a00, a71 = a00;
+    for (size_t p = 0; p < d; p++) {
+        __m512 q0 = _mm512_loadu_ps(qt + p * ld), q1 = _mm512_loadu_ps(qt + p * ld + W);
+        PACKED_8X32_STEP(0);
+        PACKED_8X32_STEP(1);
+        PACKED_8X32_STEP(2);
+        PACKED_8X32_STEP(3);
+        PACKED_8X32_STEP(4);
+        PACKED_8X32_STEP(5);
+        PACKED_8X32_STEP(6);
+        PACKED_8X32_STEP(7);
+    }
+    _mm512_storeu_ps(st, a00), _mm512_storeu_ps(st + W, a01);
+    _mm512_storeu_ps(st + ld, a10), _mm512_storeu_ps(st + ld + W, a11);
+    _mm512_storeu_ps(st + 2 * ld, a20), _mm512_storeu_ps(st + 2 * ld + W, a21);
+    _mm512_storeu_ps(st + 3 * ld, a30), _mm512_storeu_ps(st + 3 * ld + W, a31);
+    _mm512_storeu_ps(st + 4 * ld, a40), _mm512_storeu_ps(st + 4 * ld + W, a41);
+    _mm512_storeu_ps(st + 5 * ld, a50), _mm512_storeu_ps(st + 5 * ld + W, a51);
+    _mm512_storeu_ps(st + 6 * ld, a60), _mm512_storeu_ps(st + 6 * ld + W, a61);
+    _mm512_storeu_ps(st + 7 * ld, a70), _mm512_storeu_ps(st + 7 * ld + W, a71);
+}
+
+/* The scores tile from the packed queries: the transposed tile st[key][query] by broadcasts
+ * (no horizontal sums), then 16 x 16 in-register transposes into s[query][key]. */
+static void scores_packed_avx512(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
+                                 size_t k_stride, size_t nk, size_t d) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
+    size_t j = 0;
+    for (; j + 8 <= nk; j += 8) packed_8x32_avx512(st + j * ld, qt, k + j * k_stride, k_stride, d);
+    for (; j < nk; j++) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+        const float *kj = k + j * k_stride;
+        for (size_t p = 0; p < d; p++) {
+            __m512 w = _mm512_set1_ps(kj[p]);
+            a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(qt + p * ld), a0);
+            a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(qt + p * ld + W), a1);
+        }
+        _mm512_storeu_ps(st + j * ld, a0);
+        _mm512_storeu_ps(st + j * ld + W, a1);
+    }
+    for (size_t j0 = 0; j0 < nk; j0 += W) {
+        const size_t nj = nk - j0 < W ? nk - j0 : W;
+        const __mmask16 m = nj == W ? (__mmask16)0xFFFF : tail_mask(nj);
+        for (size_t i0 = 0; i0 < nq; i0 += W) {
+            __m512 r[16];
+            for (size_t t = 0; t < W; t++)
+                r[t] = t < nj ? _mm512_loadu_ps(st + (j0 + t) * ld + i0) : _mm512_setzero_ps();
+            transpose16_avx512(r);
+            for (size_t t = 0; t < W && i0 + t < nq; t++)
+                _mm512_mask_storeu_ps(s + (i0 + t) * ld_s + j0, m, r[t]);
+        }
+    }
+}
+
 static const sdpa_attention_kernels attention_avx512 = {
     .block_q = 32,
     .block_kv = 64,
     .scores_tile = scores_tile_avx512,
     .pv_tile = pv_tile_avx512,
     .exp_tile = {exp_tile_fast_avx512, exp_tile_sleef_avx512},
+    .pack_q = pack_q_avx512,
+    .scores_packed = scores_packed_avx512,
 };
 
 const sdpa_kernels sdpa_kernels_avx512 = {

@@ -239,12 +239,14 @@ ALWAYS_INLINE __m256 hsum8_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m2
 #define LOAD_FULL(ptr) _mm256_loadu_ps(ptr)
 #define LOAD_TAIL(ptr) _mm256_maskload_ps(ptr, m)
 
-/* One step of a 2 x 4 block: 6 loads feed 8 FMAs (16 registers hold no more). */
+/* One step of a 2 x 4 block: 6 loads feed 8 FMAs (16 registers hold no more); the empty asm
+ * keeps the loaded rows in registers (see pv_2x32_avx2). */
 #define SCORES_2X4_STEP(LOAD)                                                                      \
     do {                                                                                           \
         __m256 q0 = LOAD(q + p), q1 = LOAD(q + q_stride + p);                                      \
         __m256 k0 = LOAD(k + p), k1 = LOAD(k + k_stride + p), k2 = LOAD(k + 2 * k_stride + p),     \
                k3 = LOAD(k + 3 * k_stride + p);                                                    \
+        __asm__("" : "+x"(q0), "+x"(q1), "+x"(k0), "+x"(k1), "+x"(k2), "+x"(k3));                  \
         a00 = _mm256_fmadd_ps(q0, k0, a00), a01 = _mm256_fmadd_ps(q0, k1, a01);                    \
         a02 = _mm256_fmadd_ps(q0, k2, a02), a03 = _mm256_fmadd_ps(q0, k3, a03);                    \
         a10 = _mm256_fmadd_ps(q1, k0, a10), a11 = _mm256_fmadd_ps(q1, k1, a11);                    \
@@ -330,6 +332,9 @@ static void pv_2x32_avx2(float *acc, size_t ld_acc, const float *p, size_t ld_p,
         const float *vj = v + j * v_stride;
         __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + W),
                v2 = _mm256_loadu_ps(vj + 2 * W), v3 = _mm256_loadu_ps(vj + 3 * W);
+        /* keep each row of v in a register for both FMAs: folded into them as memory operands
+           (what GCC does otherwise) it is loaded twice and the loop becomes load-bound */
+        __asm__("" : "+x"(v0), "+x"(v1), "+x"(v2), "+x"(v3));
         __m256 w = _mm256_broadcast_ss(p + j);
         c00 = _mm256_fmadd_ps(w, v0, c00), c01 = _mm256_fmadd_ps(w, v1, c01);
         c02 = _mm256_fmadd_ps(w, v2, c02), c03 = _mm256_fmadd_ps(w, v3, c03);

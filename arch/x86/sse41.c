@@ -232,15 +232,21 @@ static void softmax_backward_sse41(float *dx, const float *y, const float *dy, s
 #define LOAD_TAIL(ptr) load_partial(ptr, len, 0.0f)
 #define MADD(a, b, c)  _mm_add_ps(c, _mm_mul_ps(a, b))
 
-/* One step of a 2 x 4 block: 6 loads feed 8 multiply-adds. */
+/* One step of a 2 x 4 block: 6 loads feed 8 multiply-adds. The keys are taken one at a time
+ * so that 8 sums, 2 query rows and the temporaries fit the 16 registers without spilling. */
+#define SCORES_2X4_KEY(LOAD, C)                                                                    \
+    do {                                                                                           \
+        __m128 kc = LOAD(k + (C)*k_stride + p);                                                    \
+        a0##C = MADD(q0, kc, a0##C);                                                               \
+        a1##C = MADD(q1, kc, a1##C);                                                               \
+    } while (0)
 #define SCORES_2X4_STEP(LOAD)                                                                      \
     do {                                                                                           \
         __m128 q0 = LOAD(q + p), q1 = LOAD(q + q_stride + p);                                      \
-        __m128 k0 = LOAD(k + p), k1 = LOAD(k + k_stride + p), k2 = LOAD(k + 2 * k_stride + p),     \
-               k3 = LOAD(k + 3 * k_stride + p);                                                    \
-        a00 = MADD(q0, k0, a00), a01 = MADD(q0, k1, a01), a02 = MADD(q0, k2, a02);                 \
-        a03 = MADD(q0, k3, a03), a10 = MADD(q1, k0, a10), a11 = MADD(q1, k1, a11);                 \
-        a12 = MADD(q1, k2, a12), a13 = MADD(q1, k3, a13);                                          \
+        SCORES_2X4_KEY(LOAD, 0);                                                                   \
+        SCORES_2X4_KEY(LOAD, 1);                                                                   \
+        SCORES_2X4_KEY(LOAD, 2);                                                                   \
+        SCORES_2X4_KEY(LOAD, 3);                                                                   \
     } while (0)
 
 /* Lane i of the result is the sum of the lanes of the i-th argument. */

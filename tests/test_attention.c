@@ -207,6 +207,7 @@ static void run_mha_case(rng *r, const mha_case *c) {
     for (size_t i = 0; i < no; i++) go.p[i] = SENTINEL;
 
     float *mask = NULL;
+    guarded gm = {0};
     size_t mask_n = 0;
     if (c->mask != MASK_NONE) {
         size_t ms[3] = {c->hq * c->lq * c->lkv, c->lq * c->lkv, c->lkv};
@@ -215,7 +216,8 @@ static void run_mha_case(rng *r, const mha_case *c) {
         mask_n = c->mask == MASK_FULL           ? c->batch * ms[0]
                  : c->mask == MASK_BROADCAST_BH ? c->lq * c->lkv
                                                 : c->lkv;
-        mask = malloc(mask_n * sizeof *mask);
+        gm = guard_alloc(mask_n, GUARD_AFTER); /* the last mask row ends at a PROT_NONE page */
+        mask = gm.p;
         for (size_t i = 0; i < mask_n; i++) {
             size_t row = i / c->lkv, col = i % c->lkv;
             double u = rng_uniform(r, 0.0, 1.0);
@@ -268,7 +270,7 @@ static void run_mha_case(rng *r, const mha_case *c) {
         cr_assert_eq(written, c->batch * c->hq * c->lq * c->dv, "only the output rows are written");
     }
     free(ref);
-    free(mask);
+    if (mask) guard_free(&gm);
     guard_free(&gq);
     guard_free(&gk);
     guard_free(&gv);

@@ -519,16 +519,6 @@ static void pv_tile_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_
 EXP_TILE_AVX512(exp_tile_fast_avx512, exp_fast_avx512)
 EXP_TILE_AVX512(exp_tile_sleef_avx512, exp_sleef_avx512)
 
-/* qt[p][i] = scale * q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q. Once per
- * block of queries, so plain loops do. */
-static void pack_q_avx512(float *qt, const float *q, size_t q_stride, size_t nq, size_t d,
-                          float scale) {
-    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    for (size_t p = 0; p < d; p++)
-        for (size_t i = 0; i < ld; i++)
-            qt[p * ld + i] = i < nq ? scale * q[i * q_stride + p] : 0.0f;
-}
-
 /* In-register transpose of 16 rows of 16 floats: three rounds of unpack and lane shuffles. */
 ALWAYS_INLINE void transpose16_avx512(__m512 r[16]) {
     __m512 t[16], u[16];
@@ -554,6 +544,28 @@ ALWAYS_INLINE void transpose16_avx512(__m512 r[16]) {
         r[8 + m] = _mm512_shuffle_f32x4(a, c, 0xDD);
         r[4 + m] = _mm512_shuffle_f32x4(b, e, 0x88);
         r[12 + m] = _mm512_shuffle_f32x4(b, e, 0xDD);
+    }
+}
+
+/* qt[p][i] = scale * q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q: 16 x 16
+ * blocks through the register transpose (masked loads for the d tail and the missing rows). */
+static void pack_q_avx512(float *qt, const float *q, size_t q_stride, size_t nq, size_t d,
+                          float scale) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (size_t p0 = 0; p0 < d; p0 += W) {
+        const size_t np = d - p0 < W ? d - p0 : W;
+        const __mmask16 m = np == W ? (__mmask16)0xFFFF : tail_mask(np);
+        for (size_t i0 = 0; i0 < ld; i0 += W) {
+            __m512 r[16];
+            for (size_t t = 0; t < W; t++)
+                r[t] = i0 + t < nq
+                           ? _mm512_mul_ps(vscale,
+                                           _mm512_maskz_loadu_ps(m, q + (i0 + t) * q_stride + p0))
+                           : _mm512_setzero_ps();
+            transpose16_avx512(r);
+            for (size_t t = 0; t < np; t++) _mm512_storeu_ps(qt + (p0 + t) * ld + i0, r[t]);
+        }
     }
 }
 

@@ -156,11 +156,12 @@ SDPA_API sdpa_status sdpa_attention_f32(float *out, const float *q, const float 
 /* Batched multi-head attention with grouped-query heads, strided views and an additive mask.
  * Query head h reads key/value head h / (heads_q / heads_kv): heads_kv == heads_q is MHA,
  * heads_kv == 1 is MQA. Element [b][h][r][c] of a view X is X[b * x_stride[0] +
- * h * x_stride[1] + r * x_stride[2] + c] (strides in floats; a stride of 0 broadcasts). */
+ * h * x_stride[1] + r * x_stride[2] + c] (strides in floats; a batch or head stride of 0
+ * broadcasts, e.g. one K/V for every batch entry). */
 typedef struct sdpa_mha_desc {
-    uint32_t
-        struct_size; /* sizeof(sdpa_mha_desc) as the caller compiled it: lets the struct grow */
-    uint32_t flags;  /* SDPA_CAUSAL, ... */
+    /* sizeof(sdpa_mha_desc) as the caller compiled it: lets the struct grow */
+    uint32_t struct_size;
+    uint32_t flags;                  /* SDPA_CAUSAL, ... */
     size_t batch, heads_q, heads_kv; /* heads_q % heads_kv == 0: GQA, MQA (heads_kv == 1), MHA */
     size_t len_q, len_kv, d_k, d_v;
     float scale; /* SDPA_DEFAULT_SCALE for 1/sqrt(d_k) */

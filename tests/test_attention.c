@@ -2,6 +2,7 @@
  * textbook reference of reference.c: random shapes, causal, decode, GQA/MQA, strided views,
  * masks, special values, error paths, and arrays that end at a PROT_NONE page. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -546,4 +547,56 @@ BACKEND_TEST(attention, mha_empty) {
     cr_assert_eq(sdpa_mha_f32(&d, NULL, NULL, NULL, NULL), SDPA_OK);
     d.flags = 8;
     cr_assert_eq(sdpa_mha_f32(&d, NULL, NULL, NULL, NULL), SDPA_ERR_ARG);
+}
+
+/* ---- concurrency: calls from several threads at once give the single-threaded results ---- */
+
+typedef struct thread_case {
+    const float *q, *k, *v;
+    float *out;
+    size_t lq, lkv, d;
+    int repeats;
+} thread_case;
+
+static void *attention_thread(void *arg) {
+    thread_case *c = arg;
+    for (int i = 0; i < c->repeats; i++)
+        if (sdpa_attention_f32(c->out, c->q, c->k, c->v, c->lq, c->lkv, c->d, c->d, 0.0f,
+                               SDPA_CAUSAL) != SDPA_OK)
+            return arg;
+    return NULL;
+}
+
+BACKEND_TEST(attention, concurrent_calls) {
+    enum { THREADS = 4 };
+    rng r = rng_seed(314);
+    const size_t lq = 70, lkv = 130, d = 40;
+    float *q = malloc(THREADS * lq * d * 4), *k = malloc(THREADS * lkv * d * 4);
+    float *v = malloc(THREADS * lkv * d * 4), *out = malloc(THREADS * lq * d * 4);
+    float *want = malloc(THREADS * lq * d * 4);
+    fill_normal(&r, q, THREADS * lq * d);
+    fill_normal(&r, k, THREADS * lkv * d);
+    fill_normal(&r, v, THREADS * lkv * d);
+    thread_case cases[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        cases[t] = (thread_case){
+            q + t * lq * d, k + t * lkv * d, v + t * lkv * d, out + t * lq * d, lq, lkv, d, 20};
+        cr_assert_eq(sdpa_attention_f32(want + t * lq * d, cases[t].q, cases[t].k, cases[t].v, lq,
+                                        lkv, d, d, 0.0f, SDPA_CAUSAL),
+                     SDPA_OK);
+    }
+    pthread_t tid[THREADS];
+    for (int t = 0; t < THREADS; t++)
+        cr_assert_eq(pthread_create(&tid[t], NULL, attention_thread, &cases[t]), 0);
+    for (int t = 0; t < THREADS; t++) {
+        void *failed;
+        cr_assert_eq(pthread_join(tid[t], &failed), 0);
+        cr_assert_null(failed, "a call failed in thread %d", t);
+    }
+    cr_assert(memcmp(out, want, THREADS * lq * d * 4) == 0, "threaded results differ");
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(want);
 }

@@ -33,6 +33,7 @@ typedef struct shape {
 
 static const shape SHAPES[] = {
     {"decode 1x4096 d128", 1, 1, 1, 4096, 128, 0},
+    {"GQA decode 32q/8kv 1024", 32, 8, 1, 1024, 128, 0},
     {"prefill 1024 d64", 1, 1, 1024, 1024, 64, 0},
     {"prefill 1024 d128", 1, 1, 1024, 1024, 128, 0},
     {"causal 1024 d128", 1, 1, 1024, 1024, 128, SDPA_CAUSAL},

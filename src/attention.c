@@ -244,6 +244,32 @@ static void attention_run_all(const attention_problem *p) {
     run.exp_sum = run.k->exp_sum[exp_kind];
     run.exp_tile = run.a->exp_tile[exp_kind];
     const size_t block_q = run.a->block_q, group = p->heads_q / p->heads_kv;
+    if (p->len_q == 1 && group > 1) {
+        /* Decode with grouped heads: the group's query heads become the rows of one block, so
+           the kv head's K and V are read once for all of them instead of once per head. With
+           one query row, causal masking removes nothing. */
+        attention_problem rows = *p;
+        rows.causal = 0;
+        rows.q_stride[2] = p->q_stride[1];
+        rows.out_stride[2] = p->out_stride[1];
+        for (size_t b = 0; b < p->batch; b++) {
+            for (size_t hk = 0; hk < p->heads_kv; hk++) {
+                const float *k = p->k + b * p->k_stride[0] + hk * p->k_stride[1];
+                const float *v = p->v + b * p->v_stride[0] + hk * p->v_stride[1];
+                for (size_t g0 = 0; g0 < group; g0 += block_q) {
+                    const size_t h = hk * group + g0;
+                    rows.len_q = group - g0 < block_q ? group - g0 : block_q;
+                    const float *q = p->q + b * p->q_stride[0] + h * p->q_stride[1];
+                    const float *mask =
+                        p->mask ? p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] : NULL;
+                    float *out = p->out + b * p->out_stride[0] + h * p->out_stride[1];
+                    attention_block(&run, &rows, q, k, v, mask, p->mask_stride[1], out, 0,
+                                    rows.len_q);
+                }
+            }
+        }
+        return;
+    }
     for (size_t b = 0; b < p->batch; b++) {
         for (size_t h = 0; h < p->heads_q; h++) {
             const size_t hk = h / group;

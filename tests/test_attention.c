@@ -299,6 +299,29 @@ BACKEND_TEST(attention, gqa_mqa_mha) {
     run_mha_case(&r, &mqa);
 }
 
+/* Decode (len_q == 1) with grouped heads runs a kv head's query heads as one block of rows. */
+BACKEND_TEST(attention, gqa_decode) {
+    rng r = rng_seed(315);
+    static const size_t HQ[] = {2, 8, 40, 64};
+    static const enum mask_kind KINDS[] = {MASK_NONE, MASK_FULL, MASK_BROADCAST_BH, MASK_ONE_ROW};
+    for (size_t t = 0; t < 8; t++) {
+        size_t hq = HQ[t % 4];
+        mha_case c = {.batch = 2,
+                      .hq = hq,
+                      .hkv = t < 4 ? 1 : hq / 2,
+                      .lq = 1,
+                      .lkv = pick(&r, 1, 700),
+                      .dk = DIMS[pick(&r, 0, N_DIMS - 1)],
+                      .dv = DIMS[pick(&r, 0, N_DIMS - 1)],
+                      .causal = (int)(t & 1),
+                      .bshd = (int)(t / 2 % 2),
+                      .pad = t % 3,
+                      .mask = KINDS[t % 4],
+                      .nan_in_masked_v = t % 4 != 0};
+        run_mha_case(&r, &c);
+    }
+}
+
 BACKEND_TEST(attention, strided_bshd_views) {
     rng r = rng_seed(308);
     for (int t = 0; t < 6; t++) {

@@ -11,6 +11,42 @@
 
 enum sdpa_exp_kind { SDPA_EXP_FAST = 0, SDPA_EXP_SLEEF = 1, SDPA_EXP_KINDS = 2 };
 
+/* Largest tile the attention driver (src/attention.c) keeps on its stack: a backend's block_q
+ * and block_kv must not exceed these. */
+#define SDPA_ATTN_MAX_BLOCK_Q  32
+#define SDPA_ATTN_MAX_BLOCK_KV 128
+#define SDPA_ATTN_PACK_MAX_D   128 /* largest d_k for pack_q / scores_packed */
+
+/* The innermost loops of attention, one set per backend; the shared driver does the tiling,
+ * the online softmax (with the table's max_scaled, exp_sum and scale), masks and causality. */
+typedef struct sdpa_attention_kernels {
+    size_t block_q;  /* queries per tile, 1..SDPA_ATTN_MAX_BLOCK_Q */
+    size_t block_kv; /* keys per tile, 1..SDPA_ATTN_MAX_BLOCK_KV */
+    /* s[i * ld_s + j] = scale * dot(q + i * q_stride, k + j * k_stride, d) for i < nq, j < nk;
+       nq <= block_q, nk <= block_kv, d >= 1 */
+    void (*scores_tile)(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                        const float *k, size_t k_stride, size_t nk, size_t d, float scale);
+    /* acc[i * ld_acc + c] += sum_j p[i * ld_p + j] * v[j * v_stride + c] for i < nq, c < d_v,
+       the sum over j < nk; every product is formed (0 * NaN is NaN), so the driver leaves out
+       the keys that must not count instead of passing them a zero weight */
+    void (*pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq, size_t nk,
+                    const float *v, size_t v_stride, size_t d_v);
+    /* optional (NULL: the driver calls exp_sum row by row): s[i * ld_s + j] =
+       exp(s[i * ld_s + j] - shift[i]) with subnormal results flushed to 0, and sums[i] = the
+       sum of row i after, for i < nq, j < nk; one call for a whole tile keeps many independent
+       exps in flight */
+    void (*exp_tile[SDPA_EXP_KINDS])(float *s, size_t ld_s, size_t nq, size_t nk,
+                                     const float *shift, float *sums);
+    /* optional pair (both or neither), used for blocks of at least 8 queries with
+       d <= SDPA_ATTN_PACK_MAX_D: pack_q stores qt[p * SDPA_ATTN_MAX_BLOCK_Q + i] =
+       scale * q[i * q_stride + p] for p < d and i < nq, and 0 for nq <= i <
+       SDPA_ATTN_MAX_BLOCK_Q, once per block of queries; scores_packed then forms the same tile
+       as scores_tile from it (GEMM-style: broadcast k, vector loads of qt, no reductions) */
+    void (*pack_q)(float *qt, const float *q, size_t q_stride, size_t nq, size_t d, float scale);
+    void (*scores_packed)(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
+                          size_t k_stride, size_t nk, size_t d);
+} sdpa_attention_kernels;
+
 typedef struct sdpa_kernels {
     const char *name;
     /* sum a[i] * b[i] */
@@ -36,6 +72,8 @@ typedef struct sdpa_kernels {
                              float y_dot_dy);
     /* y[i] = exp(x[i]); for tests of the exp itself */
     void (*exp[SDPA_EXP_KINDS])(float *y, const float *x, size_t n);
+    /* attention microkernels; NULL makes the driver use the scalar backend's */
+    const sdpa_attention_kernels *attention;
 } sdpa_kernels;
 
 /* One table per backend file; a backend that is not compiled in has no table. */
@@ -44,6 +82,8 @@ extern const sdpa_kernels sdpa_kernels_sse41;
 extern const sdpa_kernels sdpa_kernels_avx2;
 extern const sdpa_kernels sdpa_kernels_avx512;
 extern const sdpa_kernels sdpa_kernels_neon;
+/* arch/arm/neon_attention.c; neon.c's table sets .attention = &sdpa_attention_kernels_neon */
+extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
 
 /* The "fast" exp, shared by every backend: e^x = 2^n * p(r), n = round(x / ln 2),
  * r = x - n ln 2 in two steps (Cody-Waite), p a degree-5 polynomial fitted for minimal

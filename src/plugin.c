@@ -25,6 +25,11 @@ static const sdpa_api API_V1 = {
     .backend_name = sdpa_backend_name,
     .exp_mode = sdpa_exp_mode,
     .set_exp_mode = sdpa_set_exp_mode,
+    .attention_f32 = sdpa_attention_f32,
+    .mha_f32 = sdpa_mha_f32,
+    .mha_desc_dense = sdpa_mha_desc_dense,
+    .mha_desc_bshd = sdpa_mha_desc_bshd,
+    .mha_desc_set_mask = sdpa_mha_desc_set_mask,
 };
 
 /* Major version 1 is the only one this library serves; every 1.x table is a prefix-compatible

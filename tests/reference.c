@@ -1,6 +1,7 @@
 #include "reference.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 double ref_dot(const float *a, const float *b, size_t n) {
     double s = 0.0;
@@ -39,4 +40,45 @@ void ref_softmax(double *y, const float *x, size_t n, float scale) {
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) sum += y[i];
     for (size_t i = 0; i < n; i++) y[i] /= sum;
+}
+
+void ref_attention(double *out, size_t out_stride, const float *q, size_t q_stride, const float *k,
+                   size_t k_stride, const float *v, size_t v_stride, const float *mask,
+                   size_t mask_stride, size_t len_q, size_t len_kv, size_t d_k, size_t d_v,
+                   double scale, int causal) {
+    double *s = malloc((len_kv ? len_kv : 1) * sizeof *s);
+    unsigned char *seen = malloc(len_kv ? len_kv : 1);
+    for (size_t i = 0; i < len_q; i++) {
+        double *o = out + i * out_stride;
+        double m = -INFINITY;
+        int any = 0, nan = 0;
+        for (size_t j = 0; j < len_kv; j++) {
+            /* causal: j <= i + len_kv - len_q, written without unsigned wrap-around */
+            seen[j] = !causal || j + len_q <= i + len_kv;
+            if (mask && mask[i * mask_stride + j] == -INFINITY) seen[j] = 0;
+            if (!seen[j]) continue;
+            s[j] = scale * ref_dot(q + i * q_stride, k + j * k_stride, d_k);
+            if (mask) s[j] += mask[i * mask_stride + j];
+            any = 1;
+            if (isnan(s[j])) nan = 1;
+            if (s[j] > m) m = s[j];
+        }
+        for (size_t c = 0; c < d_v; c++) o[c] = 0.0;
+        if (!any) continue;
+        if (nan) {
+            for (size_t c = 0; c < d_v; c++) o[c] = NAN;
+            continue;
+        }
+        double sum = 0.0;
+        for (size_t j = 0; j < len_kv; j++) {
+            if (!seen[j]) continue;
+            double w = exp(s[j] - m);
+            sum += w;
+            const float *vj = v + j * v_stride;
+            for (size_t c = 0; c < d_v; c++) o[c] += w * vj[c];
+        }
+        for (size_t c = 0; c < d_v; c++) o[c] /= sum;
+    }
+    free(s);
+    free(seen);
 }

@@ -10,4 +10,14 @@ double ref_dot_abs(const float *a, const float *b, size_t n); /* sum |a_i b_i| *
 /* softmax of z_i = (float)(scale * x_i), with the special-value rules of sdpa.h */
 void ref_softmax(double *y, const float *x, size_t n, float scale);
 
+/* Attention of one head by the textbook formula, in double: for query row i, the keys it sees
+ * are j <= i + len_kv - len_q when causal, and those whose mask entry is not -inf;
+ * s_j = scale * q_i . k_j + mask_ij, out_i = sum_j exp(s_j - max s) v_j / sum_j exp(s_j - max s).
+ * A row that sees no key is zeros. Rows of each array are `*_stride` floats apart; mask may be
+ * NULL. */
+void ref_attention(double *out, size_t out_stride, const float *q, size_t q_stride, const float *k,
+                   size_t k_stride, const float *v, size_t v_stride, const float *mask,
+                   size_t mask_stride, size_t len_q, size_t len_kv, size_t d_k, size_t d_v,
+                   double scale, int causal);
+
 #endif

@@ -247,4 +247,5 @@ const sdpa_kernels sdpa_kernels_neon = {
     .normalize = normalize_neon,
     .softmax_backward = softmax_backward_neon,
     .exp = {exp_fast_array_neon, exp_sleef_array_neon},
+    .attention = &sdpa_attention_kernels_neon,
 };

@@ -111,6 +111,41 @@ static void exp_sleef_array_scalar(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = exp_sleef_scalar(x[i]);
 }
 
+/* ---- Attention microkernels (the driver is src/attention.c) ---- */
+
+static void scores_tile_scalar(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                               const float *k, size_t k_stride, size_t nk, size_t d, float scale) {
+    for (size_t i = 0; i < nq; i++)
+        for (size_t j = 0; j < nk; j++)
+            s[i * ld_s + j] = scale * dot_scalar(q + i * q_stride, k + j * k_stride, d);
+}
+
+/* Two keys per pass over an output row halve its loads and stores. */
+static void pv_tile_scalar(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                           size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    for (size_t i = 0; i < nq; i++) {
+        float *o = acc + i * ld_acc;
+        const float *pi = p + i * ld_p;
+        size_t j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            const float p0 = pi[j], p1 = pi[j + 1];
+            const float *v0 = v + j * v_stride, *v1 = v0 + v_stride;
+            for (size_t c = 0; c < d_v; c++) o[c] = (o[c] + p0 * v0[c]) + p1 * v1[c];
+        }
+        if (j < nk) {
+            const float p0 = pi[j], *v0 = v + j * v_stride;
+            for (size_t c = 0; c < d_v; c++) o[c] += p0 * v0[c];
+        }
+    }
+}
+
+static const sdpa_attention_kernels attention_scalar = {
+    .block_q = 16,
+    .block_kv = 64,
+    .scores_tile = scores_tile_scalar,
+    .pv_tile = pv_tile_scalar,
+};
+
 const sdpa_kernels sdpa_kernels_scalar = {
     .name = "scalar",
     .dot = dot_scalar,
@@ -121,4 +156,5 @@ const sdpa_kernels sdpa_kernels_scalar = {
     .normalize = normalize_scalar,
     .softmax_backward = softmax_backward_scalar,
     .exp = {exp_fast_array_scalar, exp_sleef_array_scalar},
+    .attention = &attention_scalar,
 };

@@ -254,6 +254,220 @@ static void softmax_backward_avx2(float *dx, const float *y, const float *dy, si
     }
 }
 
+/* ---- Attention microkernels (the tiling driver is src/attention.c) ---- */
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* Lane i of the result is the sum of the lanes of the i-th argument (a transpose-add tree). */
+ALWAYS_INLINE __m256 hsum8_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
+                                __m256 a6, __m256 a7) {
+    /* hadd twice: each 128-bit half holds the half-sums of four inputs */
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+#define LOAD_FULL(ptr) _mm256_loadu_ps(ptr)
+#define LOAD_TAIL(ptr) _mm256_maskload_ps(ptr, m)
+
+/* One step of a 2 x 4 block: 6 loads feed 8 FMAs (16 registers hold no more); the empty asm
+ * keeps the loaded rows in registers (see pv_2x32_avx2). */
+#define SCORES_2X4_STEP(LOAD)                                                                      \
+    do {                                                                                           \
+        __m256 q0 = LOAD(q + p), q1 = LOAD(q + q_stride + p);                                      \
+        __m256 k0 = LOAD(k + p), k1 = LOAD(k + k_stride + p), k2 = LOAD(k + 2 * k_stride + p),     \
+               k3 = LOAD(k + 3 * k_stride + p);                                                    \
+        __asm__("" : "+x"(q0), "+x"(q1), "+x"(k0), "+x"(k1), "+x"(k2), "+x"(k3));                  \
+        a00 = _mm256_fmadd_ps(q0, k0, a00), a01 = _mm256_fmadd_ps(q0, k1, a01);                    \
+        a02 = _mm256_fmadd_ps(q0, k2, a02), a03 = _mm256_fmadd_ps(q0, k3, a03);                    \
+        a10 = _mm256_fmadd_ps(q1, k0, a10), a11 = _mm256_fmadd_ps(q1, k1, a11);                    \
+        a12 = _mm256_fmadd_ps(q1, k2, a12), a13 = _mm256_fmadd_ps(q1, k3, a13);                    \
+    } while (0)
+
+ALWAYS_INLINE void scores_2x4_avx2(float *s, size_t ld_s, const float *q, size_t q_stride,
+                                   const float *k, size_t k_stride, size_t d, __m256 vscale) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
+           a12 = a00, a13 = a00;
+    size_t p = 0;
+    for (; p + W <= d; p += W) SCORES_2X4_STEP(LOAD_FULL);
+    if (p < d) {
+        __m256i m = tail_mask(d - p);
+        SCORES_2X4_STEP(LOAD_TAIL);
+    }
+    __m256 sum = _mm256_mul_ps(hsum8_avx2(a00, a01, a02, a03, a10, a11, a12, a13), vscale);
+    _mm_storeu_ps(s, _mm256_castps256_ps128(sum));
+    _mm_storeu_ps(s + ld_s, _mm256_extractf128_ps(sum, 1));
+}
+
+#define SCORES_1X8_STEP(LOAD)                                                                      \
+    do {                                                                                           \
+        __m256 vq = LOAD(q + p);                                                                   \
+        a0 = _mm256_fmadd_ps(vq, LOAD(k + p), a0);                                                 \
+        a1 = _mm256_fmadd_ps(vq, LOAD(k + k_stride + p), a1);                                      \
+        a2 = _mm256_fmadd_ps(vq, LOAD(k + 2 * k_stride + p), a2);                                  \
+        a3 = _mm256_fmadd_ps(vq, LOAD(k + 3 * k_stride + p), a3);                                  \
+        a4 = _mm256_fmadd_ps(vq, LOAD(k + 4 * k_stride + p), a4);                                  \
+        a5 = _mm256_fmadd_ps(vq, LOAD(k + 5 * k_stride + p), a5);                                  \
+        a6 = _mm256_fmadd_ps(vq, LOAD(k + 6 * k_stride + p), a6);                                  \
+        a7 = _mm256_fmadd_ps(vq, LOAD(k + 7 * k_stride + p), a7);                                  \
+    } while (0)
+
+/* One query x 8 keys (decode). */
+ALWAYS_INLINE void scores_1x8_avx2(float *s, const float *q, const float *k, size_t k_stride,
+                                   size_t d, __m256 vscale) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    size_t p = 0;
+    for (; p + W <= d; p += W) SCORES_1X8_STEP(LOAD_FULL);
+    if (p < d) {
+        __m256i m = tail_mask(d - p);
+        SCORES_1X8_STEP(LOAD_TAIL);
+    }
+    _mm256_storeu_ps(s, _mm256_mul_ps(hsum8_avx2(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
+}
+
+static void scores_tile_avx2(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                             const float *k, size_t k_stride, size_t nk, size_t d, float scale) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 2 <= nq; i += 2) {
+        const float *qi = q + i * q_stride;
+        float *si = s + i * ld_s;
+        size_t j = 0;
+        for (; j + 4 <= nk; j += 4)
+            scores_2x4_avx2(si + j, ld_s, qi, q_stride, k + j * k_stride, k_stride, d, vscale);
+        for (; j < nk; j++) {
+            si[j] = scale * dot_avx2(qi, k + j * k_stride, d);
+            si[ld_s + j] = scale * dot_avx2(qi + q_stride, k + j * k_stride, d);
+        }
+    }
+    for (; i < nq; i++) {
+        const float *qi = q + i * q_stride;
+        float *si = s + i * ld_s;
+        size_t j = 0;
+        for (; j + 8 <= nk; j += 8)
+            scores_1x8_avx2(si + j, qi, k + j * k_stride, k_stride, d, vscale);
+        for (; j < nk; j++) si[j] = scale * dot_avx2(qi, k + j * k_stride, d);
+    }
+}
+
+/* acc[2 rows][32 columns] += p[2 rows][nk] * v[nk][32 columns]: 8 accumulators in registers,
+ * 4 loads of v and 2 broadcasts per key for 8 FMAs. */
+static void pv_2x32_avx2(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nk,
+                         const float *v, size_t v_stride) {
+    float *o0 = acc, *o1 = acc + ld_acc;
+    __m256 c00 = _mm256_loadu_ps(o0), c01 = _mm256_loadu_ps(o0 + W),
+           c02 = _mm256_loadu_ps(o0 + 2 * W), c03 = _mm256_loadu_ps(o0 + 3 * W);
+    __m256 c10 = _mm256_loadu_ps(o1), c11 = _mm256_loadu_ps(o1 + W),
+           c12 = _mm256_loadu_ps(o1 + 2 * W), c13 = _mm256_loadu_ps(o1 + 3 * W);
+    for (size_t j = 0; j < nk; j++) {
+        const float *vj = v + j * v_stride;
+        __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + W),
+               v2 = _mm256_loadu_ps(vj + 2 * W), v3 = _mm256_loadu_ps(vj + 3 * W);
+        /* keep each row of v in a register for both FMAs: folded into them as memory operands
+           (what GCC does otherwise) it is loaded twice and the loop becomes load-bound */
+        __asm__("" : "+x"(v0), "+x"(v1), "+x"(v2), "+x"(v3));
+        __m256 w = _mm256_broadcast_ss(p + j);
+        c00 = _mm256_fmadd_ps(w, v0, c00), c01 = _mm256_fmadd_ps(w, v1, c01);
+        c02 = _mm256_fmadd_ps(w, v2, c02), c03 = _mm256_fmadd_ps(w, v3, c03);
+        w = _mm256_broadcast_ss(p + ld_p + j);
+        c10 = _mm256_fmadd_ps(w, v0, c10), c11 = _mm256_fmadd_ps(w, v1, c11);
+        c12 = _mm256_fmadd_ps(w, v2, c12), c13 = _mm256_fmadd_ps(w, v3, c13);
+    }
+    _mm256_storeu_ps(o0, c00), _mm256_storeu_ps(o0 + W, c01);
+    _mm256_storeu_ps(o0 + 2 * W, c02), _mm256_storeu_ps(o0 + 3 * W, c03);
+    _mm256_storeu_ps(o1, c10), _mm256_storeu_ps(o1 + W, c11);
+    _mm256_storeu_ps(o1 + 2 * W, c12), _mm256_storeu_ps(o1 + 3 * W, c13);
+}
+
+/* One row, 32 columns, two keys per step for eight independent chains. */
+static void pv_1x32_avx2(float *acc, const float *p, size_t nk, const float *v, size_t v_stride) {
+    __m256 c0 = _mm256_loadu_ps(acc), c1 = _mm256_loadu_ps(acc + W),
+           c2 = _mm256_loadu_ps(acc + 2 * W), c3 = _mm256_loadu_ps(acc + 3 * W);
+    __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
+    size_t j = 0;
+    for (; j + 2 <= nk; j += 2) {
+        const float *v0 = v + j * v_stride, *v1 = v0 + v_stride;
+        __m256 w0 = _mm256_broadcast_ss(p + j), w1 = _mm256_broadcast_ss(p + j + 1);
+        c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0), c0);
+        c1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + W), c1);
+        c2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 2 * W), c2);
+        c3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 3 * W), c3);
+        e0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1), e0);
+        e1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1 + W), e1);
+        e2 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1 + 2 * W), e2);
+        e3 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1 + 3 * W), e3);
+    }
+    if (j < nk) {
+        const float *v0 = v + j * v_stride;
+        __m256 w0 = _mm256_broadcast_ss(p + j);
+        c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0), c0);
+        c1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + W), c1);
+        c2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 2 * W), c2);
+        c3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 3 * W), c3);
+    }
+    _mm256_storeu_ps(acc, _mm256_add_ps(c0, e0));
+    _mm256_storeu_ps(acc + W, _mm256_add_ps(c1, e1));
+    _mm256_storeu_ps(acc + 2 * W, _mm256_add_ps(c2, e2));
+    _mm256_storeu_ps(acc + 3 * W, _mm256_add_ps(c3, e3));
+}
+
+/* One row, 8 columns of which the lanes in m are real (maskload never touches the others). */
+static void pv_1x8_avx2(float *acc, const float *p, size_t nk, const float *v, size_t v_stride,
+                        __m256i m) {
+    __m256 c0 = _mm256_maskload_ps(acc, m), c1 = _mm256_setzero_ps(), c2 = c1, c3 = c1;
+    size_t j = 0;
+    for (; j + 4 <= nk; j += 4) {
+        const float *v0 = v + j * v_stride;
+        c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_maskload_ps(v0, m), c0);
+        c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j + 1), _mm256_maskload_ps(v0 + v_stride, m),
+                             c1);
+        c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j + 2),
+                             _mm256_maskload_ps(v0 + 2 * v_stride, m), c2);
+        c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j + 3),
+                             _mm256_maskload_ps(v0 + 3 * v_stride, m), c3);
+    }
+    for (; j < nk; j++)
+        c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_maskload_ps(v + j * v_stride, m),
+                             c0);
+    _mm256_maskstore_ps(acc, m, _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)));
+}
+
+static void pv_tile_avx2(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                         size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    const __m256i all = _mm256_set1_epi32(-1);
+    size_t i = 0;
+    for (; i + 2 <= nq; i += 2) {
+        float *a = acc + i * ld_acc;
+        const float *pi = p + i * ld_p;
+        size_t c = 0;
+        for (; c + 4 * W <= d_v; c += 4 * W)
+            pv_2x32_avx2(a + c, ld_acc, pi, ld_p, nk, v + c, v_stride);
+        for (; c < d_v; c += W) {
+            __m256i m = d_v - c >= W ? all : tail_mask(d_v - c);
+            pv_1x8_avx2(a + c, pi, nk, v + c, v_stride, m);
+            pv_1x8_avx2(a + ld_acc + c, pi + ld_p, nk, v + c, v_stride, m);
+        }
+    }
+    for (; i < nq; i++) {
+        float *a = acc + i * ld_acc;
+        const float *pi = p + i * ld_p;
+        size_t c = 0;
+        for (; c + 4 * W <= d_v; c += 4 * W) pv_1x32_avx2(a + c, pi, nk, v + c, v_stride);
+        for (; c < d_v; c += W) {
+            __m256i m = d_v - c >= W ? all : tail_mask(d_v - c);
+            pv_1x8_avx2(a + c, pi, nk, v + c, v_stride, m);
+        }
+    }
+}
+
+static const sdpa_attention_kernels attention_avx2 = {
+    .block_q = 32,
+    .block_kv = 64,
+    .scores_tile = scores_tile_avx2,
+    .pv_tile = pv_tile_avx2,
+};
+
 const sdpa_kernels sdpa_kernels_avx2 = {
     .name = "avx2",
     .dot = dot_avx2,
@@ -264,4 +478,5 @@ const sdpa_kernels sdpa_kernels_avx2 = {
     .normalize = normalize_avx2,
     .softmax_backward = softmax_backward_avx2,
     .exp = {exp_fast_array_avx2, exp_sleef_array_avx2},
+    .attention = &attention_avx2,
 };

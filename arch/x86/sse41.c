@@ -224,6 +224,203 @@ static void softmax_backward_sse41(float *dx, const float *y, const float *dy, s
     }
 }
 
+/* ---- Attention microkernels (the tiling driver is src/attention.c) ---- */
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+#define LOAD_FULL(ptr) _mm_loadu_ps(ptr)
+#define LOAD_TAIL(ptr) load_partial(ptr, len, 0.0f)
+#define MADD(a, b, c)  _mm_add_ps(c, _mm_mul_ps(a, b))
+
+/* One step of a 2 x 4 block: 6 loads feed 8 multiply-adds. The keys are taken one at a time
+ * so that 8 sums, 2 query rows and the temporaries fit the 16 registers without spilling. */
+#define SCORES_2X4_KEY(LOAD, C)                                                                    \
+    do {                                                                                           \
+        __m128 kc = LOAD(k + (C)*k_stride + p);                                                    \
+        a0##C = MADD(q0, kc, a0##C);                                                               \
+        a1##C = MADD(q1, kc, a1##C);                                                               \
+    } while (0)
+#define SCORES_2X4_STEP(LOAD)                                                                      \
+    do {                                                                                           \
+        __m128 q0 = LOAD(q + p), q1 = LOAD(q + q_stride + p);                                      \
+        SCORES_2X4_KEY(LOAD, 0);                                                                   \
+        SCORES_2X4_KEY(LOAD, 1);                                                                   \
+        SCORES_2X4_KEY(LOAD, 2);                                                                   \
+        SCORES_2X4_KEY(LOAD, 3);                                                                   \
+    } while (0)
+
+/* Lane i of the result is the sum of the lanes of the i-th argument. */
+ALWAYS_INLINE __m128 hsum4_sse41(__m128 a0, __m128 a1, __m128 a2, __m128 a3) {
+    return _mm_hadd_ps(_mm_hadd_ps(a0, a1), _mm_hadd_ps(a2, a3));
+}
+
+ALWAYS_INLINE void scores_2x4_sse41(float *s, size_t ld_s, const float *q, size_t q_stride,
+                                    const float *k, size_t k_stride, size_t d, __m128 vscale) {
+    __m128 a00 = _mm_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+           a13 = a00;
+    size_t p = 0;
+    for (; p + W <= d; p += W) SCORES_2X4_STEP(LOAD_FULL);
+    if (p < d) {
+        size_t len = d - p;
+        SCORES_2X4_STEP(LOAD_TAIL);
+    }
+    _mm_storeu_ps(s, _mm_mul_ps(hsum4_sse41(a00, a01, a02, a03), vscale));
+    _mm_storeu_ps(s + ld_s, _mm_mul_ps(hsum4_sse41(a10, a11, a12, a13), vscale));
+}
+
+#define SCORES_1X8_STEP(LOAD)                                                                      \
+    do {                                                                                           \
+        __m128 vq = LOAD(q + p);                                                                   \
+        a0 = MADD(vq, LOAD(k + p), a0), a1 = MADD(vq, LOAD(k + k_stride + p), a1);                 \
+        a2 = MADD(vq, LOAD(k + 2 * k_stride + p), a2);                                             \
+        a3 = MADD(vq, LOAD(k + 3 * k_stride + p), a3);                                             \
+        a4 = MADD(vq, LOAD(k + 4 * k_stride + p), a4);                                             \
+        a5 = MADD(vq, LOAD(k + 5 * k_stride + p), a5);                                             \
+        a6 = MADD(vq, LOAD(k + 6 * k_stride + p), a6);                                             \
+        a7 = MADD(vq, LOAD(k + 7 * k_stride + p), a7);                                             \
+    } while (0)
+
+/* One query x 8 keys (decode). */
+ALWAYS_INLINE void scores_1x8_sse41(float *s, const float *q, const float *k, size_t k_stride,
+                                    size_t d, __m128 vscale) {
+    __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    size_t p = 0;
+    for (; p + W <= d; p += W) SCORES_1X8_STEP(LOAD_FULL);
+    if (p < d) {
+        size_t len = d - p;
+        SCORES_1X8_STEP(LOAD_TAIL);
+    }
+    _mm_storeu_ps(s, _mm_mul_ps(hsum4_sse41(a0, a1, a2, a3), vscale));
+    _mm_storeu_ps(s + 4, _mm_mul_ps(hsum4_sse41(a4, a5, a6, a7), vscale));
+}
+
+static void scores_tile_sse41(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                              const float *k, size_t k_stride, size_t nk, size_t d, float scale) {
+    const __m128 vscale = _mm_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 2 <= nq; i += 2) {
+        const float *qi = q + i * q_stride;
+        float *si = s + i * ld_s;
+        size_t j = 0;
+        for (; j + 4 <= nk; j += 4)
+            scores_2x4_sse41(si + j, ld_s, qi, q_stride, k + j * k_stride, k_stride, d, vscale);
+        for (; j < nk; j++) {
+            si[j] = scale * dot_sse41(qi, k + j * k_stride, d);
+            si[ld_s + j] = scale * dot_sse41(qi + q_stride, k + j * k_stride, d);
+        }
+    }
+    for (; i < nq; i++) {
+        const float *qi = q + i * q_stride;
+        float *si = s + i * ld_s;
+        size_t j = 0;
+        for (; j + 8 <= nk; j += 8)
+            scores_1x8_sse41(si + j, qi, k + j * k_stride, k_stride, d, vscale);
+        for (; j < nk; j++) si[j] = scale * dot_sse41(qi, k + j * k_stride, d);
+    }
+}
+
+/* acc[2 rows][16 columns] += p[2 rows][nk] * v[nk][16 columns]: 8 accumulators in registers,
+ * 4 loads of v and 2 broadcasts per key. */
+static void pv_2x16_sse41(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nk,
+                          const float *v, size_t v_stride) {
+    float *o0 = acc, *o1 = acc + ld_acc;
+    __m128 c00 = _mm_loadu_ps(o0), c01 = _mm_loadu_ps(o0 + W), c02 = _mm_loadu_ps(o0 + 2 * W),
+           c03 = _mm_loadu_ps(o0 + 3 * W);
+    __m128 c10 = _mm_loadu_ps(o1), c11 = _mm_loadu_ps(o1 + W), c12 = _mm_loadu_ps(o1 + 2 * W),
+           c13 = _mm_loadu_ps(o1 + 3 * W);
+    for (size_t j = 0; j < nk; j++) {
+        const float *vj = v + j * v_stride;
+        __m128 v0 = _mm_loadu_ps(vj), v1 = _mm_loadu_ps(vj + W), v2 = _mm_loadu_ps(vj + 2 * W),
+               v3 = _mm_loadu_ps(vj + 3 * W);
+        __m128 w = _mm_set1_ps(p[j]);
+        c00 = MADD(w, v0, c00), c01 = MADD(w, v1, c01), c02 = MADD(w, v2, c02);
+        c03 = MADD(w, v3, c03);
+        w = _mm_set1_ps(p[ld_p + j]);
+        c10 = MADD(w, v0, c10), c11 = MADD(w, v1, c11), c12 = MADD(w, v2, c12);
+        c13 = MADD(w, v3, c13);
+    }
+    _mm_storeu_ps(o0, c00), _mm_storeu_ps(o0 + W, c01), _mm_storeu_ps(o0 + 2 * W, c02);
+    _mm_storeu_ps(o0 + 3 * W, c03);
+    _mm_storeu_ps(o1, c10), _mm_storeu_ps(o1 + W, c11), _mm_storeu_ps(o1 + 2 * W, c12);
+    _mm_storeu_ps(o1 + 3 * W, c13);
+}
+
+/* One row, 16 columns, two keys per step for eight independent chains. */
+static void pv_1x16_sse41(float *acc, const float *p, size_t nk, const float *v, size_t v_stride) {
+    __m128 c0 = _mm_loadu_ps(acc), c1 = _mm_loadu_ps(acc + W), c2 = _mm_loadu_ps(acc + 2 * W),
+           c3 = _mm_loadu_ps(acc + 3 * W);
+    __m128 e0 = _mm_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
+    size_t j = 0;
+    for (; j + 2 <= nk; j += 2) {
+        const float *v0 = v + j * v_stride, *v1 = v0 + v_stride;
+        __m128 w0 = _mm_set1_ps(p[j]), w1 = _mm_set1_ps(p[j + 1]);
+        c0 = MADD(w0, _mm_loadu_ps(v0), c0), c1 = MADD(w0, _mm_loadu_ps(v0 + W), c1);
+        c2 = MADD(w0, _mm_loadu_ps(v0 + 2 * W), c2), c3 = MADD(w0, _mm_loadu_ps(v0 + 3 * W), c3);
+        e0 = MADD(w1, _mm_loadu_ps(v1), e0), e1 = MADD(w1, _mm_loadu_ps(v1 + W), e1);
+        e2 = MADD(w1, _mm_loadu_ps(v1 + 2 * W), e2), e3 = MADD(w1, _mm_loadu_ps(v1 + 3 * W), e3);
+    }
+    if (j < nk) {
+        const float *v0 = v + j * v_stride;
+        __m128 w0 = _mm_set1_ps(p[j]);
+        c0 = MADD(w0, _mm_loadu_ps(v0), c0), c1 = MADD(w0, _mm_loadu_ps(v0 + W), c1);
+        c2 = MADD(w0, _mm_loadu_ps(v0 + 2 * W), c2), c3 = MADD(w0, _mm_loadu_ps(v0 + 3 * W), c3);
+    }
+    _mm_storeu_ps(acc, _mm_add_ps(c0, e0)), _mm_storeu_ps(acc + W, _mm_add_ps(c1, e1));
+    _mm_storeu_ps(acc + 2 * W, _mm_add_ps(c2, e2)), _mm_storeu_ps(acc + 3 * W, _mm_add_ps(c3, e3));
+}
+
+/* One row, the last len (1..4) columns of a vector; partial vectors go through a stack buffer
+ * so that nothing past the row is read or written. */
+static void pv_1x4_sse41(float *acc, const float *p, size_t nk, const float *v, size_t v_stride,
+                         size_t len) {
+    __m128 c0 = len == W ? _mm_loadu_ps(acc) : load_partial(acc, len, 0.0f);
+    __m128 c1 = _mm_setzero_ps();
+    size_t j = 0;
+    if (len == W) {
+        for (; j + 2 <= nk; j += 2) {
+            c0 = MADD(_mm_set1_ps(p[j]), _mm_loadu_ps(v + j * v_stride), c0);
+            c1 = MADD(_mm_set1_ps(p[j + 1]), _mm_loadu_ps(v + (j + 1) * v_stride), c1);
+        }
+        for (; j < nk; j++) c0 = MADD(_mm_set1_ps(p[j]), _mm_loadu_ps(v + j * v_stride), c0);
+        _mm_storeu_ps(acc, _mm_add_ps(c0, c1));
+        return;
+    }
+    for (; j < nk; j++) c0 = MADD(_mm_set1_ps(p[j]), load_partial(v + j * v_stride, len, 0.0f), c0);
+    store_partial(acc, c0, len);
+}
+
+static void pv_tile_sse41(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                          size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    size_t i = 0;
+    for (; i + 2 <= nq; i += 2) {
+        float *a = acc + i * ld_acc;
+        const float *pi = p + i * ld_p;
+        size_t c = 0;
+        for (; c + 4 * W <= d_v; c += 4 * W)
+            pv_2x16_sse41(a + c, ld_acc, pi, ld_p, nk, v + c, v_stride);
+        for (; c < d_v; c += W) {
+            size_t len = d_v - c < W ? d_v - c : W;
+            pv_1x4_sse41(a + c, pi, nk, v + c, v_stride, len);
+            pv_1x4_sse41(a + ld_acc + c, pi + ld_p, nk, v + c, v_stride, len);
+        }
+    }
+    for (; i < nq; i++) {
+        float *a = acc + i * ld_acc;
+        const float *pi = p + i * ld_p;
+        size_t c = 0;
+        for (; c + 4 * W <= d_v; c += 4 * W) pv_1x16_sse41(a + c, pi, nk, v + c, v_stride);
+        for (; c < d_v; c += W)
+            pv_1x4_sse41(a + c, pi, nk, v + c, v_stride, d_v - c < W ? d_v - c : W);
+    }
+}
+
+static const sdpa_attention_kernels attention_sse41 = {
+    .block_q = 32,
+    .block_kv = 64,
+    .scores_tile = scores_tile_sse41,
+    .pv_tile = pv_tile_sse41,
+};
+
 const sdpa_kernels sdpa_kernels_sse41 = {
     .name = "sse",
     .dot = dot_sse41,
@@ -234,4 +431,5 @@ const sdpa_kernels sdpa_kernels_sse41 = {
     .normalize = normalize_sse41,
     .softmax_backward = softmax_backward_sse41,
     .exp = {exp_fast_array_sse41, exp_sleef_array_sse41},
+    .attention = &attention_sse41,
 };

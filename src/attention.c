@@ -1,0 +1,421 @@
+/* Attention entry points and the tiling driver shared by every backend.
+ *
+ * For each (batch, query head) and each block of block_q query rows, K and V are streamed in
+ * blocks of block_kv keys (FlashAttention's order): the backend's scores_tile forms the scaled
+ * scores of the block in a small stack tile, the online softmax updates each row's running max
+ * m and sum l (rescaling the row's accumulator by exp(m_old - m_new) when the max grows), and
+ * pv_tile adds the weights times the block of V into the accumulator. The accumulator is a
+ * stack tile (or, for d_v > 256, the output rows themselves); each row is divided by l at the
+ * end. Causal blocks above the diagonal are never visited. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "dispatch.h"
+#include "sdpa.h"
+
+#if defined(__AVX__) || defined(__SSE4_1__)
+#error "src/attention.c must be compiled for the baseline ISA, without -m flags"
+#endif
+
+/* Accumulator tile on the stack: block_q rows of d_v floats when they fit. */
+#define ACC_FLOATS (SDPA_ATTN_MAX_BLOCK_Q * 256)
+
+/* The v1 struct ends with mask_stride; a caller compiled against v1 passes at least this. */
+#define MHA_DESC_V1_SIZE (offsetof(sdpa_mha_desc, mask_stride) + 3 * sizeof(size_t))
+
+/* Everything the driver needs for one call, already checked. */
+typedef struct attention_problem {
+    size_t batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v;
+    float scale;
+    int causal;
+    const float *q, *k, *v, *mask;
+    float *out;
+    size_t q_stride[3], k_stride[3], v_stride[3], out_stride[3], mask_stride[3];
+} attention_problem;
+
+/* ---- argument checks ---- */
+
+/* a * b + c without overflow, or 0 on overflow (with *ok cleared) */
+static size_t mul_add(size_t a, size_t b, size_t c, int *ok) {
+    if (b && a > (SIZE_MAX - c) / b) {
+        *ok = 0;
+        return 0;
+    }
+    return a * b + c;
+}
+
+/* Index one past the last element of a [d0][d1][d2][row] view (d0, d1, d2 >= 1) fits, in bytes,
+ * in size_t. */
+static int extent_fits(const size_t stride[3], size_t d0, size_t d1, size_t d2, size_t row) {
+    int ok = 1;
+    size_t end = mul_add(d0 - 1, stride[0], row, &ok);
+    end = mul_add(d1 - 1, stride[1], end, &ok);
+    end = mul_add(d2 - 1, stride[2], end, &ok);
+    mul_add(end, sizeof(float), 0, &ok);
+    return ok;
+}
+
+static sdpa_status check_problem(const attention_problem *p, uint32_t flags) {
+    int has_out = p->batch && p->heads_q && p->len_q;
+    int reads_inputs = has_out && p->len_kv;
+    if (has_out && !p->out) return SDPA_ERR_NULL;
+    if (reads_inputs && (!p->q || !p->k || !p->v)) return SDPA_ERR_NULL;
+    if (flags & ~SDPA_CAUSAL) return SDPA_ERR_ARG;
+    if (!isfinite(p->scale)) return SDPA_ERR_ARG;
+    if (p->heads_q && (p->heads_kv == 0 || p->heads_q % p->heads_kv)) return SDPA_ERR_SIZE;
+    if (!has_out) return SDPA_OK;
+    if (!p->d_k || !p->d_v) return SDPA_ERR_SIZE;
+    if (p->len_q > 1 && p->out_stride[2] < p->d_v) return SDPA_ERR_SIZE;
+    if (!extent_fits(p->out_stride, p->batch, p->heads_q, p->len_q, p->d_v)) return SDPA_ERR_SIZE;
+    if (!reads_inputs) return SDPA_OK;
+    if ((p->len_q > 1 && p->q_stride[2] < p->d_k) || (p->len_kv > 1 && p->k_stride[2] < p->d_k) ||
+        (p->len_kv > 1 && p->v_stride[2] < p->d_v))
+        return SDPA_ERR_SIZE;
+    if (!extent_fits(p->q_stride, p->batch, p->heads_q, p->len_q, p->d_k) ||
+        !extent_fits(p->k_stride, p->batch, p->heads_kv, p->len_kv, p->d_k) ||
+        !extent_fits(p->v_stride, p->batch, p->heads_kv, p->len_kv, p->d_v))
+        return SDPA_ERR_SIZE;
+    if (p->mask && !extent_fits(p->mask_stride, p->batch, p->heads_q, p->len_q, p->len_kv))
+        return SDPA_ERR_SIZE;
+    return SDPA_OK;
+}
+
+/* ---- the driver ---- */
+
+/* Kernels and per-call constants of one run. */
+typedef struct attention_run {
+    const sdpa_kernels *k;
+    const sdpa_attention_kernels *a;
+    float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
+    void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
+} attention_run;
+
+static int row_has_nan(const float *s, size_t n) {
+    for (size_t j = 0; j < n; j++)
+        if (isnan(s[j])) return 1;
+    return 0;
+}
+
+/* One block of nq query rows of one head against all the keys they see. */
+static void attention_block(const attention_run *run, const attention_problem *p, const float *q,
+                            const float *k, const float *v, const float *mask, size_t mask_row,
+                            float *out, size_t q0, size_t nq) {
+    const sdpa_attention_kernels *a = run->a;
+    const size_t block_kv = a->block_kv, d_v = p->d_v;
+    const size_t qs = p->q_stride[2], ks = p->k_stride[2], vs = p->v_stride[2];
+    const size_t os = p->out_stride[2];
+    float s_tile[SDPA_ATTN_MAX_BLOCK_Q * SDPA_ATTN_MAX_BLOCK_KV];
+    float acc_tile[ACC_FLOATS];
+    float m[SDPA_ATTN_MAX_BLOCK_Q];
+    double l[SDPA_ATTN_MAX_BLOCK_Q];
+    size_t visible[SDPA_ATTN_MAX_BLOCK_Q]; /* keys row r sees (all keys unless causal) */
+    unsigned char poisoned[SDPA_ATTN_MAX_BLOCK_Q], live[SDPA_ATTN_MAX_BLOCK_Q];
+    float qt[SDPA_ATTN_PACK_MAX_D * SDPA_ATTN_MAX_BLOCK_Q]; /* the block of queries, transposed */
+    const int packed = a->pack_q && nq >= 8 && p->d_k <= SDPA_ATTN_PACK_MAX_D;
+    if (packed) a->pack_q(qt, q + q0 * qs, qs, nq, p->d_k, p->scale);
+
+    /* accumulate on the stack when the tile fits, else in the output rows themselves */
+    float *acc = nq * d_v <= ACC_FLOATS ? acc_tile : out + q0 * os;
+    const size_t ld_acc = acc == acc_tile ? d_v : os;
+    const size_t ld_s = block_kv;
+
+    size_t kv_end = 0; /* keys seen by the last (widest) row */
+    for (size_t r = 0; r < nq; r++) {
+        size_t seen = p->len_kv;
+        if (p->causal) {
+            /* row i sees j <= i + len_kv - len_q, i.e. i + 1 + len_kv - len_q keys, clipped */
+            size_t i1 = q0 + r + 1;
+            seen = i1 + p->len_kv > p->len_q ? i1 + p->len_kv - p->len_q : 0;
+            if (seen > p->len_kv) seen = p->len_kv;
+        }
+        visible[r] = seen;
+        if (seen > kv_end) kv_end = seen;
+        m[r] = -INFINITY;
+        l[r] = 0.0;
+        poisoned[r] = 0;
+        memset(acc + r * ld_acc, 0, d_v * sizeof(float));
+    }
+
+    for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
+        const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
+        if (packed)
+            a->scores_packed(s_tile, ld_s, qt, nq, k + k0 * ks, ks, nk, p->d_k);
+        else
+            a->scores_tile(s_tile, ld_s, q + q0 * qs, qs, nq, k + k0 * ks, ks, nk, p->d_k,
+                           p->scale);
+
+        int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
+        for (size_t r = 0; r < nq; r++) {
+            float *s = s_tile + r * ld_s;
+            size_t n = visible[r] > k0 ? visible[r] - k0 : 0;
+            if (n > nk) n = nk;
+            live[r] = 0;
+            if (n < nk) simple = 0;
+            if (poisoned[r] || n == 0) continue;
+            if (mask) {
+                const float *mr = mask + (q0 + r) * mask_row + k0;
+                for (size_t j = 0; j < n; j++) {
+                    if (mr[j] == -INFINITY) {
+                        s[j] = -INFINITY;
+                        simple = 0;
+                    } else {
+                        s[j] += mr[j];
+                    }
+                }
+            }
+            float bm = run->k->max_scaled(s, n, 1.0f);
+            if (isnan(bm) || (bm == -INFINITY && row_has_nan(s, n))) {
+                poisoned[r] = 1;
+                continue;
+            }
+            if (bm == -INFINITY) continue; /* nothing seen in this block */
+            float m_new = bm > m[r] ? bm : m[r];
+            if (m_new > m[r] && m[r] != -INFINITY) {
+                float alpha = expf(m[r] - m_new);
+                l[r] *= alpha;
+                run->k->scale(acc + r * ld_acc, acc + r * ld_acc, d_v, alpha);
+            }
+            m[r] = m_new;
+            live[r] = 1;
+        }
+
+        /* p = exp(s - m) and the row sums: one call for the tile when every row is full */
+        if (simple && run->exp_tile) {
+            float shift[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
+            for (size_t r = 0; r < nq; r++) shift[r] = live[r] ? m[r] : 0.0f;
+            run->exp_tile(s_tile, ld_s, nq, nk, shift, sums);
+            for (size_t r = 0; r < nq; r++)
+                if (live[r]) l[r] += sums[r];
+        } else {
+            for (size_t r = 0; r < nq; r++) {
+                if (!live[r]) continue;
+                size_t n = visible[r] - k0 < nk ? visible[r] - k0 : nk;
+                float *s = s_tile + r * ld_s;
+                l[r] += run->exp_sum(s, s, n, 1.0f, m[r]);
+            }
+        }
+
+        const float *vb = v + k0 * vs;
+        if (simple) {
+            for (size_t r = 0; r < nq; r++)
+                if (!live[r]) memset(s_tile + r * ld_s, 0, nk * sizeof(float));
+            a->pv_tile(acc, ld_acc, s_tile, ld_s, nq, nk, vb, vs, d_v);
+            continue;
+        }
+        /* Rows that leave keys out: only the runs of keys they see are summed, so a removed
+           key's values are never multiplied (0 * NaN would be NaN). */
+        for (size_t r = 0; r < nq; r++) {
+            if (!live[r]) continue;
+            size_t n = visible[r] - k0 < nk ? visible[r] - k0 : nk;
+            const float *s = s_tile + r * ld_s;
+            const float *mr = mask ? mask + (q0 + r) * mask_row + k0 : NULL;
+            size_t j = 0;
+            while (j < n) {
+                if (mr && mr[j] == -INFINITY) {
+                    j++;
+                    continue;
+                }
+                size_t start = j;
+                while (j < n && !(mr && mr[j] == -INFINITY)) j++;
+                a->pv_tile(acc + r * ld_acc, ld_acc, s + start, ld_s, 1, j - start, vb + start * vs,
+                           vs, d_v);
+            }
+        }
+    }
+
+    for (size_t r = 0; r < nq; r++) {
+        float *o = out + (q0 + r) * os;
+        if (poisoned[r] || isnan(l[r])) {
+            for (size_t c = 0; c < d_v; c++) o[c] = NAN;
+        } else if (l[r] == 0.0) {
+            memset(o, 0, d_v * sizeof(float));
+        } else {
+            run->k->scale(o, acc + r * ld_acc, d_v, (float)(1.0 / l[r]));
+        }
+    }
+}
+
+static void attention_run_all(const attention_problem *p) {
+    attention_run run;
+    run.k = sdpa_kernels_now();
+    run.a = run.k->attention ? run.k->attention : sdpa_kernels_scalar.attention;
+    const int exp_kind = sdpa_exp_now();
+    run.exp_sum = run.k->exp_sum[exp_kind];
+    run.exp_tile = run.a->exp_tile[exp_kind];
+    const size_t block_q = run.a->block_q, group = p->heads_q / p->heads_kv;
+    if (p->len_q == 1 && group > 1) {
+        /* Decode with grouped heads: the group's query heads become the rows of one block, so
+           the kv head's K and V are read once for all of them instead of once per head. With
+           one query row, causal masking removes nothing. */
+        attention_problem rows = *p;
+        rows.causal = 0;
+        rows.q_stride[2] = p->q_stride[1];
+        rows.out_stride[2] = p->out_stride[1];
+        for (size_t b = 0; b < p->batch; b++) {
+            for (size_t hk = 0; hk < p->heads_kv; hk++) {
+                const float *k = p->k + b * p->k_stride[0] + hk * p->k_stride[1];
+                const float *v = p->v + b * p->v_stride[0] + hk * p->v_stride[1];
+                for (size_t g0 = 0; g0 < group; g0 += block_q) {
+                    const size_t h = hk * group + g0;
+                    rows.len_q = group - g0 < block_q ? group - g0 : block_q;
+                    const float *q = p->q + b * p->q_stride[0] + h * p->q_stride[1];
+                    const float *mask =
+                        p->mask ? p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] : NULL;
+                    float *out = p->out + b * p->out_stride[0] + h * p->out_stride[1];
+                    attention_block(&run, &rows, q, k, v, mask, p->mask_stride[1], out, 0,
+                                    rows.len_q);
+                }
+            }
+        }
+        return;
+    }
+    for (size_t b = 0; b < p->batch; b++) {
+        for (size_t h = 0; h < p->heads_q; h++) {
+            const size_t hk = h / group;
+            const float *q = p->q + b * p->q_stride[0] + h * p->q_stride[1];
+            const float *k = p->k + b * p->k_stride[0] + hk * p->k_stride[1];
+            const float *v = p->v + b * p->v_stride[0] + hk * p->v_stride[1];
+            const float *mask =
+                p->mask ? p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] : NULL;
+            float *out = p->out + b * p->out_stride[0] + h * p->out_stride[1];
+            for (size_t q0 = 0; q0 < p->len_q; q0 += block_q) {
+                size_t nq = p->len_q - q0 < block_q ? p->len_q - q0 : block_q;
+                attention_block(&run, p, q, k, v, mask, p->mask_stride[2], out, q0, nq);
+            }
+        }
+    }
+}
+
+static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {
+    sdpa_status st = check_problem(p, flags);
+    if (st != SDPA_OK) return st;
+    if (!(p->batch && p->heads_q && p->len_q)) return SDPA_OK;
+    if (p->scale == SDPA_DEFAULT_SCALE) p->scale = (float)(1.0 / sqrt((double)p->d_k));
+    p->causal = (flags & SDPA_CAUSAL) != 0;
+    if (p->len_kv == 0) { /* no key at all: every row is zeros */
+        for (size_t b = 0; b < p->batch; b++)
+            for (size_t h = 0; h < p->heads_q; h++)
+                for (size_t i = 0; i < p->len_q; i++)
+                    memset(p->out + b * p->out_stride[0] + h * p->out_stride[1] +
+                               i * p->out_stride[2],
+                           0, p->d_v * sizeof(float));
+        return SDPA_OK;
+    }
+    attention_run_all(p);
+    return SDPA_OK;
+}
+
+/* ---- public entry points ---- */
+
+SDPA_API sdpa_status sdpa_attention_f32(float *out, const float *q, const float *k, const float *v,
+                                        size_t len_q, size_t len_kv, size_t d_k, size_t d_v,
+                                        float scale, uint32_t flags) {
+    attention_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch = p.heads_q = p.heads_kv = 1;
+    p.len_q = len_q;
+    p.len_kv = len_kv;
+    p.d_k = d_k;
+    p.d_v = d_v;
+    p.scale = scale;
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.out = out;
+    p.q_stride[2] = p.k_stride[2] = d_k;
+    p.v_stride[2] = p.out_stride[2] = d_v;
+    return attention_checked_run(&p, flags);
+}
+
+SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const float *q,
+                                  const float *k, const float *v) {
+    if (!desc) return SDPA_ERR_NULL;
+    if (desc->struct_size < MHA_DESC_V1_SIZE) return SDPA_ERR_ARG;
+    attention_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch = desc->batch;
+    p.heads_q = desc->heads_q;
+    p.heads_kv = desc->heads_kv;
+    p.len_q = desc->len_q;
+    p.len_kv = desc->len_kv;
+    p.d_k = desc->d_k;
+    p.d_v = desc->d_v;
+    p.scale = desc->scale;
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.out = out;
+    p.mask = desc->mask;
+    for (int i = 0; i < 3; i++) {
+        p.q_stride[i] = desc->q_stride[i];
+        p.k_stride[i] = desc->k_stride[i];
+        p.v_stride[i] = desc->v_stride[i];
+        p.out_stride[i] = desc->out_stride[i];
+        p.mask_stride[i] = desc->mask_stride[i];
+    }
+    return attention_checked_run(&p, desc->flags);
+}
+
+static void desc_init(sdpa_mha_desc *desc, size_t batch, size_t heads_q, size_t heads_kv,
+                      size_t len_q, size_t len_kv, size_t d_k, size_t d_v, float scale,
+                      uint32_t flags) {
+    memset(desc, 0, sizeof *desc);
+    desc->struct_size = (uint32_t)sizeof *desc;
+    desc->flags = flags;
+    desc->batch = batch;
+    desc->heads_q = heads_q;
+    desc->heads_kv = heads_kv;
+    desc->len_q = len_q;
+    desc->len_kv = len_kv;
+    desc->d_k = d_k;
+    desc->d_v = d_v;
+    desc->scale = scale;
+}
+
+/* The strides of a [d0][d1][d2][row] tensor, or its [d0][d2][d1][row] transpose (bshd). Sizes
+ * whose products overflow give strides that sdpa_mha_f32's extent check rejects. */
+static void set_strides(size_t stride[3], size_t heads, size_t len, size_t row, int bshd) {
+    int ok = 1;
+    size_t plane = mul_add(heads, mul_add(len, row, 0, &ok), 0, &ok);
+    size_t head_row = mul_add(heads, row, 0, &ok), len_row = mul_add(len, row, 0, &ok);
+    stride[0] = plane;
+    stride[1] = bshd ? row : len_row;
+    stride[2] = bshd ? head_row : row;
+    if (!ok) stride[0] = stride[1] = stride[2] = SIZE_MAX;
+}
+
+SDPA_API sdpa_status sdpa_mha_desc_dense(sdpa_mha_desc *desc, size_t batch, size_t heads_q,
+                                         size_t heads_kv, size_t len_q, size_t len_kv, size_t d_k,
+                                         size_t d_v, float scale, uint32_t flags) {
+    if (!desc) return SDPA_ERR_NULL;
+    desc_init(desc, batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v, scale, flags);
+    set_strides(desc->q_stride, heads_q, len_q, d_k, 0);
+    set_strides(desc->k_stride, heads_kv, len_kv, d_k, 0);
+    set_strides(desc->v_stride, heads_kv, len_kv, d_v, 0);
+    set_strides(desc->out_stride, heads_q, len_q, d_v, 0);
+    return SDPA_OK;
+}
+
+SDPA_API sdpa_status sdpa_mha_desc_bshd(sdpa_mha_desc *desc, size_t batch, size_t heads_q,
+                                        size_t heads_kv, size_t len_q, size_t len_kv, size_t d_k,
+                                        size_t d_v, float scale, uint32_t flags) {
+    if (!desc) return SDPA_ERR_NULL;
+    desc_init(desc, batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v, scale, flags);
+    set_strides(desc->q_stride, heads_q, len_q, d_k, 1);
+    set_strides(desc->k_stride, heads_kv, len_kv, d_k, 1);
+    set_strides(desc->v_stride, heads_kv, len_kv, d_v, 1);
+    set_strides(desc->out_stride, heads_q, len_q, d_v, 1);
+    return SDPA_OK;
+}
+
+SDPA_API sdpa_status sdpa_mha_desc_set_mask(sdpa_mha_desc *desc, const float *mask,
+                                            size_t stride_batch, size_t stride_head,
+                                            size_t stride_row) {
+    if (!desc) return SDPA_ERR_NULL;
+    desc->mask = mask;
+    desc->mask_stride[0] = stride_batch;
+    desc->mask_stride[1] = stride_head;
+    desc->mask_stride[2] = stride_row;
+    return SDPA_OK;
+}

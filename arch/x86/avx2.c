@@ -159,14 +159,18 @@ static inline __m256 exp_sleef_avx2(__m256 x) {
     return _mm256_andnot_ps(_mm256_cmp_ps(e, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), e);
 }
 
+/* z = scale * x is rounded before the max is subtracted, as sdpa.h defines z (no fused
+ * multiply-subtract): the largest entry then gets exp(0) = 1 exactly, where a fused one gets
+ * exp of its product's rounding error, inf or 0 once |z| > ~1e9, and a NaN row
+ * (tests/test_regressions.c). */
 #define EXP_SUM_AVX2(NAME, EXP)                                                                    \
     static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
         const __m256 vs = _mm256_set1_ps(scale), vshift = _mm256_set1_ps(shift);                   \
         __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                                 \
         size_t i = 0;                                                                              \
         for (; i + 2 * W <= n; i += 2 * W) {                                                       \
-            __m256 e0 = EXP(_mm256_fmsub_ps(_mm256_loadu_ps(x + i), vs, vshift));                  \
-            __m256 e1 = EXP(_mm256_fmsub_ps(_mm256_loadu_ps(x + i + W), vs, vshift));              \
+            __m256 e0 = EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), vshift));     \
+            __m256 e1 = EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + W), vs), vshift)); \
             _mm256_storeu_ps(y + i, e0);                                                           \
             _mm256_storeu_ps(y + i + W, e1);                                                       \
             s0 = _mm256_add_ps(s0, e0);                                                            \
@@ -174,7 +178,8 @@ static inline __m256 exp_sleef_avx2(__m256 x) {
         }                                                                                          \
         for (; i < n; i += W) {                                                                    \
             __m256i m = tail_mask(n - i < W ? n - i : W);                                          \
-            __m256 e = EXP(_mm256_fmsub_ps(_mm256_maskload_ps(x + i, m), vs, vshift));             \
+            __m256 e =                                                                             \
+                EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, m), vs), vshift));       \
             _mm256_maskstore_ps(y + i, m, e);                                                      \
             s0 = _mm256_add_ps(s0, _mm256_and_ps(e, _mm256_castsi256_ps(m)));                      \
         }                                                                                          \

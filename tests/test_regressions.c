@@ -1,0 +1,37 @@
+/* Inputs the fuzzers (tests/fuzz/, scripts/fuzz) found to break the contract of sdpa.h, one
+ * test each, named after what broke; every backend, both exp modes where softmax is involved. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "common.h"
+
+static const char *const EXP_MODES[] = {"fast", "sleef"};
+
+/* fuzz_kernels, softmax, n=4, scale ~ -4e31: with a fused multiply-subtract, exp_sum computed
+ * scale * x_i - max exactly instead of from the rounded z_i = fl(scale * x_i), so the largest
+ * entry got exp(rounding error of its product) = exp(+-1e22) = inf or 0 instead of exp(0) = 1,
+ * and the row came out NaN (inf * 0 or 0 * inf in the normalisation). Finite inputs whose
+ * scaled values are beyond the accuracy range must still give a distribution. */
+BACKEND_TEST(regressions, softmax_huge_scaled_inputs_are_not_nan) {
+    const float x[] = {0.1f, 0.7f, 0.3f, -0.5f, 0.69999999f, 0.123456f, -0.9f, 0.33f, 0.7f};
+    const float scales[] = {1e30f, -4e31f, 3.3e37f, 1e-30f * 1e20f};
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+        for (size_t s = 0; s < sizeof scales / sizeof scales[0]; s++) {
+            for (size_t n = 1; n <= sizeof x / sizeof x[0]; n++) {
+                float y[16];
+                cr_assert_eq(sdpa_softmax_f32(y, x, n, scales[s]), SDPA_OK);
+                double sum = 0.0;
+                for (size_t i = 0; i < n; i++) {
+                    cr_assert(y[i] >= 0.0f && y[i] <= 1.0f, "exp %s scale %g n=%zu i=%zu: %a",
+                              EXP_MODES[e], scales[s], n, i, y[i]);
+                    sum += y[i];
+                }
+                cr_assert(fabs(sum - 1.0) <= 1e-6, "exp %s scale %g n=%zu: sum %.9g", EXP_MODES[e],
+                          scales[s], n, sum);
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}

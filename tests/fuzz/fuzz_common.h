@@ -94,12 +94,11 @@ static inline uint32_t fuzz_to_bits(float f) {
 /* The values that break kernels: signed zeros, the subnormal range, the edges of the normal
  * range, infinities, quiet and signalling NaNs, and the edges of the fast exp's clamp. */
 static const float FUZZ_SPECIALS[] = {
-    0.0f,         -0.0f,         1.0f,         -1.0f,         0x1p-149f,    -0x1p-149f,
-    0x1.fffffcp-127f,            FLT_MIN,      -FLT_MIN,      FLT_MAX,      -FLT_MAX,
-    INFINITY,     -INFINITY,     NAN,          -NAN,          1e-30f,       -1e-30f,
-    1e30f,        -1e30f,        87.33654f,    -87.33654f,    88.72283f,    -88.72283f,
-    -87.5f,       88.8f,         -103.97208f,  0.5f,          2.0f,         1e-7f,
-    16777216.0f,
+    0.0f,      -0.0f,       1.0f,    -1.0f,    0x1p-149f,   -0x1p-149f, 0x1.fffffcp-127f,
+    FLT_MIN,   -FLT_MIN,    FLT_MAX, -FLT_MAX, INFINITY,    -INFINITY,  NAN,
+    -NAN,      1e-30f,      -1e-30f, 1e30f,    -1e30f,      87.33654f,  -87.33654f,
+    88.72283f, -88.72283f,  -87.5f,  88.8f,    -103.97208f, 0.5f,       2.0f,
+    1e-7f,     16777216.0f,
 };
 #define FUZZ_N_SPECIALS (sizeof FUZZ_SPECIALS / sizeof FUZZ_SPECIALS[0])
 
@@ -125,7 +124,7 @@ static inline float fuzz_float(fuzz_reader *r, float range) {
 /* FENCE floats of canary on each side of the data, plus `offset` floats of misalignment
  * (also canary) before it; all of it poisoned for AddressSanitizer, so any access outside
  * [p, p + n) is reported at the faulting instruction, and checked by value afterwards. */
-#define FENCE 32
+#define FENCE       32
 #define CANARY_BITS 0x7fa5a5a5u /* a NaN no kernel produces */
 
 typedef struct fenced {
@@ -155,8 +154,8 @@ static inline void fenced_check(const fenced *f, const char *name) {
         FUZZ_CHECK(fuzz_to_bits(f->base[i]) == CANARY_BITS, "%s: written %zu floats before start",
                    name, FENCE + f->offset - i);
     for (size_t i = 0; i < FENCE; i++)
-        FUZZ_CHECK(fuzz_to_bits(f->p[f->n + i]) == CANARY_BITS, "%s: written past end (+%zu)",
-                   name, i);
+        FUZZ_CHECK(fuzz_to_bits(f->p[f->n + i]) == CANARY_BITS, "%s: written past end (+%zu)", name,
+                   i);
     FUZZ_POISON(f->base, (FENCE + f->offset) * sizeof(float));
     FUZZ_POISON(f->p + f->n, FENCE * sizeof(float));
 }

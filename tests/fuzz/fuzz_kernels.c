@@ -19,7 +19,7 @@
 #define NO_OVERFLOW (FLT_MAX / 4.0)
 /* Products and sums in the subnormal range lose absolute accuracy that no relative bound
  * covers: at most half a subnormal step per rounding, a few roundings per term. */
-#define SUBNORMAL_SLACK(n) (4.0 * (double)(n) * 0x1p-149)
+#define SUBNORMAL_SLACK(n) (4.0 * (double)(n)*0x1p-149)
 
 enum { OP_DOT, OP_SCALE, OP_SOFTMAX, OP_SOFTMAX_BACKWARD, OP_SCORES, N_OPS };
 
@@ -31,10 +31,11 @@ typedef struct fuzz_case {
     int null_index; /* which pointer argument is passed as NULL, -1 for none */
     float scale;
     float range;
+    int repeat; /* rows end in copies of their last value once the input runs out */
 } fuzz_case;
 
-static const float NICE_SCALES[] = {1.0f, -1.0f, 0.125f, 0.5f, 2.0f, -2.0f, 0.0883883f, 1e-3f,
-                                    10.0f, 1e10f, 1e-10f, 3e38f, 0.3f, -0.7f, 1e-30f, 1e30f};
+static const float NICE_SCALES[] = {1.0f,  -1.0f, 0.125f, 0.5f,  2.0f, -2.0f, 0.0883883f, 1e-3f,
+                                    10.0f, 1e10f, 1e-10f, 3e38f, 0.3f, -0.7f, 1e-30f,     1e30f};
 static const float RANGES[] = {1.0f, 10.0f, 80.0f, 1e30f};
 
 static fuzz_case read_case(fuzz_reader *r) {
@@ -47,6 +48,7 @@ static fuzz_case read_case(fuzz_reader *r) {
     c.offset[0] = off & 15;
     c.offset[1] = off >> 4;
     c.offset[2] = off2 & 15;
+    c.repeat = off2 >> 7;
     int null_sel = (c.flags >> 2) & 7;
     c.null_index = null_sel >= 5 ? null_sel - 5 : -1;
     uint8_t s = fuzz_u8(r);
@@ -60,8 +62,10 @@ static fuzz_case read_case(fuzz_reader *r) {
     return c;
 }
 
-static void fill(fuzz_reader *r, float *x, size_t n, float range) {
-    for (size_t i = 0; i < n; i++) x[i] = fuzz_float(r, range);
+/* Random values past the end of the input, or (repeat) copies of the last one: equal values
+ * make every rounding of an accumulator err the same way, the worst case for sums. */
+static void fill(fuzz_reader *r, float *x, size_t n, float range, int repeat) {
+    for (size_t i = 0; i < n; i++) x[i] = repeat && !r->left && i ? x[i - 1] : fuzz_float(r, range);
 }
 
 static int bad_softmax_scale(float scale) { return !isfinite(scale) || scale == 0.0f; }
@@ -161,8 +165,8 @@ static void fuzz_dot(fuzz_reader *r) {
     size_t n = c.n;
     fenced a = fenced_alloc(n, c.offset[0]), b = fenced_alloc(n, c.offset[1]),
            out = fenced_alloc(1, c.offset[2]);
-    fill(r, a.p, n, c.range);
-    fill(r, b.p, n, c.range);
+    fill(r, a.p, n, c.range, c.repeat);
+    fill(r, b.p, n, c.range, c.repeat);
     const float *pb_data = c.flags & 1 ? a.p : b.p; /* a == b: the squared norm */
     const float *pa = c.null_index == 0 ? NULL : a.p, *pb = c.null_index == 1 ? NULL : pb_data;
     float *presult = c.null_index == 2 ? NULL : out.p;
@@ -195,7 +199,7 @@ static void fuzz_scale(fuzz_reader *r) {
     size_t n = c.n;
     int in_place = c.flags & 1;
     fenced y = fenced_alloc(n, c.offset[0]), x = fenced_alloc(n, c.offset[1]);
-    fill(r, x.p, n, c.range);
+    fill(r, x.p, n, c.range, c.repeat);
     float *x0 = snapshot(x.p, n);
     float *py = c.null_index == 0 ? NULL : y.p;
     const float *px = c.null_index == 1 ? NULL : in_place ? y.p : x.p;
@@ -217,8 +221,7 @@ static void fuzz_scale(fuzz_reader *r) {
             /* bit-exact: one IEEE multiply per element */
             for (size_t i = 0; i < n; i++) {
                 volatile float want = c.scale * x0[i];
-                FUZZ_CHECK(isnan(want) ? isnan(y.p[i])
-                                       : fuzz_to_bits(y.p[i]) == fuzz_to_bits(want),
+                FUZZ_CHECK(isnan(want) ? isnan(y.p[i]) : fuzz_to_bits(y.p[i]) == fuzz_to_bits(want),
                            "scale n=%zu i=%zu: %a * %a gave %a, want %a", n, i, c.scale, x0[i],
                            y.p[i], want);
             }
@@ -249,8 +252,8 @@ static void check_softmax(const float *y, const float *x, size_t n, float scale)
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
         float z = scale * x[i];
-        FUZZ_CHECK(!(y[i] != 0.0f && fabsf(y[i]) < FLT_MIN), "softmax n=%zu i=%zu: subnormal %a",
-                   n, i, y[i]);
+        FUZZ_CHECK(!(y[i] != 0.0f && fabsf(y[i]) < FLT_MIN), "softmax n=%zu i=%zu: subnormal %a", n,
+                   i, y[i]);
         if (nan) {
             FUZZ_CHECK(isnan(y[i]), "softmax n=%zu i=%zu: a NaN in the row, got %a", n, i, y[i]);
             continue;
@@ -258,16 +261,16 @@ static void check_softmax(const float *y, const float *x, size_t n, float scale)
         FUZZ_CHECK(y[i] >= 0.0f && y[i] <= 1.0f, "softmax n=%zu i=%zu: weight %a (z=%a)", n, i,
                    y[i], z);
         sum += y[i];
-        if (z == -INFINITY) FUZZ_CHECK(y[i] == 0.0f, "softmax n=%zu i=%zu: -inf got %a", n, i, y[i]);
+        if (z == -INFINITY)
+            FUZZ_CHECK(y[i] == 0.0f, "softmax n=%zu i=%zu: -inf got %a", n, i, y[i]);
         if (nonfinite_max) {
             /* +inf entries share the mass, the rest get exactly 0; a masked row is all 0 */
             FUZZ_CHECK(want[i] == 0.0 ? y[i] == 0.0f : fabs(y[i] - want[i]) <= 1e-7 * want[i],
-                       "softmax n=%zu i=%zu (non-finite max): got %a want %a", n, i, y[i],
-                       want[i]);
+                       "softmax n=%zu i=%zu (non-finite max): got %a want %a", n, i, y[i], want[i]);
         } else if (in_range) {
             if (want[i] < 2.0 * FLT_MIN)
-                FUZZ_CHECK(y[i] < 3.0 * FLT_MIN, "softmax n=%zu i=%zu: got %a want %a", n, i,
-                           y[i], want[i]);
+                FUZZ_CHECK(y[i] < 3.0 * FLT_MIN, "softmax n=%zu i=%zu: got %a want %a", n, i, y[i],
+                           want[i]);
             else
                 FUZZ_CHECK(fabs(y[i] - want[i]) <= 2e-5 * want[i],
                            "softmax n=%zu i=%zu scale=%a: got %.9g want %.9g (rel %.3g)", n, i,
@@ -276,8 +279,8 @@ static void check_softmax(const float *y, const float *x, size_t n, float scale)
     }
     /* outside the accuracy range the weights still form a distribution */
     if (!nan && !nonfinite_max && n)
-        FUZZ_CHECK(fabs(sum - 1.0) <= 1e-3, "softmax n=%zu scale=%a: weights sum to %.9g", n,
-                   scale, sum);
+        FUZZ_CHECK(fabs(sum - 1.0) <= 1e-3, "softmax n=%zu scale=%a: weights sum to %.9g", n, scale,
+                   sum);
     free(want);
 }
 
@@ -286,7 +289,7 @@ static void fuzz_softmax(fuzz_reader *r) {
     size_t n = c.n;
     int in_place = c.flags & 1;
     fenced y = fenced_alloc(n, c.offset[0]), x = fenced_alloc(n, c.offset[1]);
-    fill(r, x.p, n, c.range);
+    fill(r, x.p, n, c.range, c.repeat);
     float *x0 = snapshot(x.p, n);
     float *py = c.null_index == 0 ? NULL : y.p;
     const float *px = c.null_index == 1 ? NULL : in_place ? y.p : x.p;
@@ -340,7 +343,11 @@ static void check_backward(const float *dx, const float *y, const float *dy, siz
     double as = fabs((double)scale);
     for (size_t i = 0; i < n; i++) {
         double mag = as * fabs((double)y[i]) * (fabs((double)dy[i]) + s_abs);
-        if (mag > NO_OVERFLOW) continue;
+        /* in range: no intermediate overflows (scale * y_i with y_i > 1 may, before the
+           product with a zero dy_i - sum gives inf * 0) */
+        if (mag > NO_OVERFLOW || as * fabs((double)y[i]) > NO_OVERFLOW ||
+            fabs((double)dy[i]) + s_abs > NO_OVERFLOW)
+            continue;
         double want = (double)scale * y[i] * ((double)dy[i] - y_dot_dy);
         double bound = 1e-5 * mag + as * fabs((double)y[i]) * SUBNORMAL_SLACK(n) +
                        0x1p-149 * (fabs((double)dy[i]) + s_abs + 4.0);
@@ -356,8 +363,8 @@ static void fuzz_softmax_backward(fuzz_reader *r) {
     size_t n = c.n;
     fenced dx = fenced_alloc(n, c.offset[0]), y = fenced_alloc(n, c.offset[1]),
            dy = fenced_alloc(n, c.offset[2]);
-    fill(r, y.p, n, c.range);
-    fill(r, dy.p, n, c.range);
+    fill(r, y.p, n, c.range, c.repeat);
+    fill(r, dy.p, n, c.range, c.repeat);
     if (c.flags & 0x20) {
         /* y a softmax output, as in training, rather than arbitrary values */
         double *w = malloc((n ? n : 1) * sizeof(double));
@@ -425,8 +432,8 @@ static void fuzz_scores(fuzz_reader *r) {
     size_t k_len = n_keys == 0 ? 0 : extent > (1u << 20) ? d : (size_t)extent;
     fenced s = fenced_alloc(n_keys, c.offset[0]), q = fenced_alloc(d, c.offset[1]),
            k = fenced_alloc(k_len, c.offset[2]);
-    fill(r, q.p, d, c.range);
-    fill(r, k.p, k_len, c.range);
+    fill(r, q.p, d, c.range, c.repeat);
+    fill(r, k.p, k_len, c.range, c.repeat);
     float *q0 = snapshot(q.p, d), *k0 = snapshot(k.p, k_len);
     float *ps = c.null_index == 0 ? NULL : s.p;
     const float *pq = c.null_index == 1 ? NULL : q.p, *pk = c.null_index == 2 ? NULL : k.p;

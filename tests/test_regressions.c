@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "checks.h"
 #include "common.h"
 
 static const char *const EXP_MODES[] = {"fast", "sleef"};
@@ -59,4 +60,28 @@ BACKEND_TEST(regressions, dot_of_equal_values_within_bound) {
         cr_assert(fabs(s[0] - want) <= 1e-5 * want, "scores of %a: rel error %.3g", values[v],
                   fabs(s[0] - want) / want);
     }
+}
+
+/* fuzz_kernels, softmax, n = 2815, scale -1 (scalar backend): x = {2, -23.12, then -13.28
+ * repeated}. The max weight 1 and 2813 weights of 5.3e-5 share lane sums; adding a small weight
+ * to a sum near 1 rounds the same way every time, and with up to 1024 additions per lane (the
+ * driver's chunk was 4096) the normalised weights came out 3.14e-5 off (bound 2e-5). The driver
+ * now sums chunks of 512 in double. Also nearby values, and the same with the max in front. */
+BACKEND_TEST(regressions, softmax_many_small_equal_weights_within_bound) {
+    enum { N = 2815 };
+    static float x[N], y[N];
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+        for (int k = -8; k <= 8; k++) {
+            float c = -0x1.a914p+3f + 0.37f * (float)k;
+            for (size_t front = 0; front < 2; front++) {
+                x[0] = front ? -0x1.71f6p+4f : 2.0f;
+                x[1] = front ? 2.0f : -0x1.71f6p+4f;
+                for (size_t i = 2; i < N; i++) x[i] = c;
+                cr_assert_eq(sdpa_softmax_f32(y, x, N, -1.0f), SDPA_OK);
+                CHECK_OK(check_softmax, EXP_MODES[e], y, x, N, -1.0f);
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
 }

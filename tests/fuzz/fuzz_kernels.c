@@ -247,8 +247,12 @@ static void check_softmax(const float *y, const float *x, size_t n, float scale)
         if (isfinite(z)) nonfinite_max = 0;
         if (isfinite(z) && fabsf(z) > 80.0f) in_range = 0;
     }
-    for (size_t i = 0; i < n; i++)
-        if (scale * x[i] == INFINITY) nonfinite_max = 1;
+    float max_z = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        float z = scale * x[i];
+        if (z == INFINITY) nonfinite_max = 1;
+        max_z = z > max_z ? z : max_z;
+    }
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
         float z = scale * x[i];
@@ -273,8 +277,9 @@ static void check_softmax(const float *y, const float *x, size_t n, float scale)
                            want[i]);
             else
                 FUZZ_CHECK(fabs(y[i] - want[i]) <= 2e-5 * want[i],
-                           "softmax n=%zu i=%zu scale=%a: got %.9g want %.9g (rel %.3g)", n, i,
-                           scale, y[i], want[i], fabs(y[i] - want[i]) / want[i]);
+                           "softmax n=%zu i=%zu scale=%a z=%a max z=%a: got %.9g want %.9g (rel "
+                           "%.3g)",
+                           n, i, scale, z, max_z, y[i], want[i], fabs(y[i] - want[i]) / want[i]);
         }
     }
     /* outside the accuracy range the weights still form a distribution */

@@ -4,7 +4,12 @@
  * that backend's run (softmax: its "fast" or its "sleef" run); while backends switch, the bits
  * of one of the backends this CPU runs (a call finishes on the backend it started on).
  * Failures in threads are counted and reported by the main thread (Criterion asserts only
- * there). The first-call race in a fresh process is tests/race_init.c. */
+ * there). The first-call race in a fresh process is tests/race_init.c.
+ *
+ * Criterion's runner cannot start under ThreadSanitizer (its worker arena is mapped where TSan
+ * keeps its shadow), so the same file builds with -DTHREADS_STANDALONE into a plain program
+ * (threads_standalone) that runs both tests on every backend; scripts/test-sanitizers runs that
+ * one under TSan. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -13,8 +18,22 @@
 #include "checks.h"
 #include "common.h"
 
+#ifdef THREADS_STANDALONE
+#include <stdlib.h>
+#define REQUIRE(cond, ...)                                                                         \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+#else
+#define REQUIRE(cond, ...) cr_assert(cond, __VA_ARGS__)
+#endif
+
 #define N_WORKERS  8
-#define ITERATIONS 150
+#define ITERATIONS 1000
 #define N          1000
 #define N_KEYS     48
 #define D          64
@@ -35,7 +54,7 @@ static void make_inputs(void) {
     fill_uniform(&r, dy, N, -1.0f, 1.0f);
     fill_uniform(&r, q, D, -1.0f, 1.0f);
     fill_uniform(&r, k, N_KEYS * D, -1.0f, 1.0f);
-    cr_assert_eq(sdpa_softmax_f32(y_soft, x, N, 1.0f), SDPA_OK);
+    REQUIRE(sdpa_softmax_f32(y_soft, x, N, 1.0f) == SDPA_OK, "softmax");
 }
 
 /* Every entry point once; 0 when every status was OK. */
@@ -62,10 +81,10 @@ static const char *const EXP_MODES[] = {"fast", "sleef"};
 
 static void record(expected *e, const char *backend) {
     const char *saved = sdpa_backend();
-    cr_assert_eq(sdpa_set_backend(backend), SDPA_OK);
+    REQUIRE(sdpa_set_backend(backend) == SDPA_OK, "set_backend %s", backend);
     for (size_t m = 0; m < 2; m++) {
-        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[m]), SDPA_OK);
-        cr_assert_eq(compute_all(&e->run[e->count][m]), 0);
+        REQUIRE(sdpa_set_exp_mode(EXP_MODES[m]) == SDPA_OK, "exp mode");
+        REQUIRE(compute_all(&e->run[e->count][m]) == 0, "single-threaded run");
     }
     sdpa_set_exp_mode("fast");
     sdpa_set_backend(saved);
@@ -153,34 +172,57 @@ static void run_threads(const expected *want, int switch_backends) {
     pthread_mutex_init(&s.lock, NULL);
     pthread_t threads[N_WORKERS + 1];
     for (int i = 0; i < N_WORKERS; i++)
-        cr_assert_eq(pthread_create(&threads[i], NULL, worker, &s), 0);
-    cr_assert_eq(pthread_create(&threads[N_WORKERS], NULL, switcher, &s), 0);
+        REQUIRE(pthread_create(&threads[i], NULL, worker, &s) == 0, "pthread_create");
+    REQUIRE(pthread_create(&threads[N_WORKERS], NULL, switcher, &s) == 0, "pthread_create");
     for (int i = 0; i <= N_WORKERS; i++) pthread_join(threads[i], NULL);
     pthread_barrier_destroy(&s.start);
     pthread_mutex_destroy(&s.lock);
     sdpa_set_exp_mode("fast");
-    cr_assert_eq(atomic_load(&s.failures), 0, "%d failures; first: %s", atomic_load(&s.failures),
-                 s.first_failure);
+    REQUIRE(atomic_load(&s.failures) == 0, "%d failures; first: %s", atomic_load(&s.failures),
+            s.first_failure);
 }
 
 static expected want; /* large: static */
 
-BACKEND_TEST(threads, fixed_backend_bit_identical_while_exp_mode_flips) {
+/* One backend, results checked against the reference once, then raced. */
+static void fixed_backend(void) {
     make_inputs();
     want.count = 0;
     record(&want, sdpa_backend());
-    /* and the single-threaded run is itself right */
-    CHECK_OK(check_dot, "single-threaded", want.run[0][0].dot, a, b, (size_t)N);
-    CHECK_OK(check_softmax, "single-threaded", want.run[0][0].softmax, x, (size_t)N, 0.5f);
-    CHECK_OK(check_softmax, "single-threaded", want.run[0][1].softmax, x, (size_t)N, 0.5f);
+    char why[WHY_LEN] = "";
+    REQUIRE(!check_dot(want.run[0][0].dot, a, b, N, why), "%s", why);
+    REQUIRE(!check_softmax(want.run[0][0].softmax, x, N, 0.5f, why), "%s", why);
+    REQUIRE(!check_softmax(want.run[0][1].softmax, x, N, 0.5f, why), "%s", why);
+    REQUIRE(!check_backward(want.run[0][0].backward, y_soft, dy, N, 0.5f, why), "%s", why);
+    REQUIRE(!check_scores(want.run[0][0].scores, q, k, N_KEYS, D, D, 0.125f, why), "%s", why);
     run_threads(&want, 0);
 }
 
-Test(threads, bit_identical_to_some_backend_while_backends_switch) {
+static void switching_backends(void) {
     make_inputs();
     want.count = 0;
     for (size_t i = 0; sdpa_backend_name(i); i++)
         if (sdpa_backend_supported(sdpa_backend_name(i))) record(&want, sdpa_backend_name(i));
     run_threads(&want, 1);
-    cr_assert_eq(sdpa_set_backend("auto"), SDPA_OK);
+    REQUIRE(sdpa_set_backend("auto") == SDPA_OK, "auto");
 }
+
+#ifndef THREADS_STANDALONE
+BACKEND_TEST(threads, fixed_backend_bit_identical_while_exp_mode_flips) { fixed_backend(); }
+
+Test(threads, bit_identical_to_some_backend_while_backends_switch) { switching_backends(); }
+#else
+int main(void) {
+    for (size_t i = 0; sdpa_backend_name(i); i++) {
+        const char *name = sdpa_backend_name(i);
+        if (!sdpa_backend_supported(name)) continue;
+        REQUIRE(sdpa_set_backend(name) == SDPA_OK, "set_backend %s", name);
+        fixed_backend();
+        printf("threads: %s ok\n", name);
+    }
+    sdpa_set_backend("auto");
+    switching_backends();
+    printf("threads: switching backends ok\n");
+    return 0;
+}
+#endif

@@ -9,7 +9,13 @@ SYNTHESIS = re.compile(r"Synthesis: Tested: (\d+) \| Passing: (\d+) \| Failing: 
 SKIP = re.compile(r"^\[SKIP\]", re.M)
 
 passed = failed = skipped = 0
-for path in sys.argv[1:]:
+args = sys.argv[1:]
+if args[:1] == ["--plus"]:  # counts of tests run outside meson: --plus PASSED,FAILED
+    extra_passed, extra_failed = (int(v) for v in args[1].split(","))
+    passed += extra_passed
+    failed += extra_failed
+    args = args[2:]
+for path in args:
     with open(path) as log:
         for line in log:
             t = json.loads(line)

@@ -183,7 +183,11 @@ static inline __m256 exp_sleef_full_avx2(__m256 x) {
     return _mm256_andnot_ps(_mm256_cmp_ps(e, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), e);
 }
 
-/* Four independent exps per iteration keep both FMA pipes busy through the polynomial. */
+/* z = scale * x is rounded before the max is subtracted, as sdpa.h defines z (no fused
+ * multiply-subtract): the largest entry then gets exp(0) = 1 exactly, where a fused one gets
+ * exp of its product's rounding error, inf or 0 once |z| > ~1e9, and a NaN row
+ * (tests/test_regressions.c). One body for both exp kinds; the exp is inlined. Four
+ * independent exps per iteration keep both FMA pipes busy through the polynomial's chain. */
 #define EXP_SUM_AVX2(NAME, EXP)                                                                    \
     static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
         const __m256 vs = _mm256_set1_ps(scale), vshift = _mm256_set1_ps(shift);                   \
@@ -191,10 +195,12 @@ static inline __m256 exp_sleef_full_avx2(__m256 x) {
                s3 = _mm256_setzero_ps();                                                           \
         size_t i = 0;                                                                              \
         for (; i + 4 * W <= n; i += 4 * W) {                                                       \
-            __m256 e0 = EXP(_mm256_fmsub_ps(_mm256_loadu_ps(x + i), vs, vshift));                  \
-            __m256 e1 = EXP(_mm256_fmsub_ps(_mm256_loadu_ps(x + i + W), vs, vshift));              \
-            __m256 e2 = EXP(_mm256_fmsub_ps(_mm256_loadu_ps(x + i + 2 * W), vs, vshift));          \
-            __m256 e3 = EXP(_mm256_fmsub_ps(_mm256_loadu_ps(x + i + 3 * W), vs, vshift));          \
+            __m256 e0 = EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), vshift));     \
+            __m256 e1 = EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + W), vs), vshift)); \
+            __m256 e2 =                                                                            \
+                EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 2 * W), vs), vshift));     \
+            __m256 e3 =                                                                            \
+                EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 3 * W), vs), vshift));     \
             _mm256_storeu_ps(y + i, e0);                                                           \
             _mm256_storeu_ps(y + i + W, e1);                                                       \
             _mm256_storeu_ps(y + i + 2 * W, e2);                                                   \
@@ -206,7 +212,8 @@ static inline __m256 exp_sleef_full_avx2(__m256 x) {
         }                                                                                          \
         for (; i < n; i += W) {                                                                    \
             __m256i m = tail_mask(n - i < W ? n - i : W);                                          \
-            __m256 e = EXP(_mm256_fmsub_ps(_mm256_maskload_ps(x + i, m), vs, vshift));             \
+            __m256 e =                                                                             \
+                EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, m), vs), vshift));       \
             _mm256_maskstore_ps(y + i, m, e);                                                      \
             s0 = _mm256_add_ps(s0, _mm256_and_ps(e, _mm256_castsi256_ps(m)));                      \
         }                                                                                          \

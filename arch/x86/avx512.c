@@ -161,7 +161,10 @@ static inline __m512 exp_sleef_avx512(__m512 x, int flush) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, _mm512_set1_ps(FLT_MIN), _CMP_NLT_UQ), e);
 }
 
-/* One body for both exp kinds; the exp is inlined, so each instance is a tight loop. Four
+/* z = scale * x is rounded before the max is subtracted, as sdpa.h defines z (no fused
+ * multiply-subtract): the largest entry then gets exp(0) = 1 exactly, where a fused one gets
+ * exp of its product's rounding error, inf or 0 once |z| > ~1e9, and a NaN row
+ * (tests/test_regressions.c). One body for both exp kinds; the exp is inlined. Four
  * independent exps per iteration keep both FMA pipes busy through the polynomial's chain. */
 #define EXP_SUM_AVX512(NAME, EXP)                                                                  \
     static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
@@ -170,10 +173,13 @@ static inline __m512 exp_sleef_avx512(__m512 x, int flush) {
                s3 = _mm512_setzero_ps();                                                           \
         size_t i = 0;                                                                              \
         for (; i + 4 * W <= n; i += 4 * W) {                                                       \
-            __m512 e0 = EXP(_mm512_fmsub_ps(_mm512_loadu_ps(x + i), vs, vshift), 0);               \
-            __m512 e1 = EXP(_mm512_fmsub_ps(_mm512_loadu_ps(x + i + W), vs, vshift), 0);           \
-            __m512 e2 = EXP(_mm512_fmsub_ps(_mm512_loadu_ps(x + i + 2 * W), vs, vshift), 0);       \
-            __m512 e3 = EXP(_mm512_fmsub_ps(_mm512_loadu_ps(x + i + 3 * W), vs, vshift), 0);       \
+            __m512 e0 = EXP(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vs), vshift), 0);  \
+            __m512 e1 =                                                                            \
+                EXP(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i + W), vs), vshift), 0);      \
+            __m512 e2 =                                                                            \
+                EXP(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i + 2 * W), vs), vshift), 0);  \
+            __m512 e3 =                                                                            \
+                EXP(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i + 3 * W), vs), vshift), 0);  \
             _mm512_storeu_ps(y + i, e0);                                                           \
             _mm512_storeu_ps(y + i + W, e1);                                                       \
             _mm512_storeu_ps(y + i + 2 * W, e2);                                                   \
@@ -185,7 +191,8 @@ static inline __m512 exp_sleef_avx512(__m512 x, int flush) {
         }                                                                                          \
         for (; i < n; i += W) {                                                                    \
             __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);                       \
-            __m512 e = EXP(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, x + i), vs, vshift), 0);       \
+            __m512 e =                                                                             \
+                EXP(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs), vshift), 0); \
             _mm512_mask_storeu_ps(y + i, m, e);                                                    \
             s0 = _mm512_mask_add_ps(s0, m, s0, e);                                                 \
         }                                                                                          \

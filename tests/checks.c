@@ -1,0 +1,82 @@
+#include "checks.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reference.h"
+
+int check_dot(float got, const float *a, const float *b, size_t n, char *why) {
+    double want = ref_dot(a, b, n), bound = 1e-5 * ref_dot_abs(a, b, n) + 1e-37;
+    if (fabs(got - want) <= bound) return 0;
+    snprintf(why, WHY_LEN, "dot n=%zu: got %.9g want %.9g (bound %.3g)", n, got, want, bound);
+    return 1;
+}
+
+int check_scale(const float *y, const float *x, size_t n, float alpha, char *why) {
+    for (size_t i = 0; i < n; i++) {
+        volatile float want = alpha * x[i];
+        if (memcmp(&y[i], (const void *)&want, sizeof want) != 0) {
+            snprintf(why, WHY_LEN, "scale n=%zu i=%zu: %a * %a gave %a, want %a", n, i, alpha, x[i],
+                     y[i], want);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int check_softmax(const float *y, const float *x, size_t n, float scale, char *why) {
+    double *want = malloc((n ? n : 1) * sizeof(double));
+    if (!want) abort();
+    ref_softmax(want, x, n, scale);
+    double tol = n <= 4096 ? 2e-5 : 1e-4;
+    int bad = 0;
+    for (size_t i = 0; i < n && !bad; i++) {
+        if (y[i] != 0.0f && fabsf(y[i]) < FLT_MIN)
+            bad = snprintf(why, WHY_LEN, "softmax n=%zu i=%zu: subnormal %a", n, i, y[i]);
+        else if (isnan(want[i]))
+            bad = !isnan(y[i]) &&
+                  snprintf(why, WHY_LEN, "softmax n=%zu i=%zu: want NaN, got %g", n, i, y[i]);
+        else if (want[i] < 2.0 * FLT_MIN)
+            bad =
+                !(y[i] >= 0.0f && y[i] < 3.0 * FLT_MIN) &&
+                snprintf(why, WHY_LEN, "softmax n=%zu i=%zu: want %g, got %g", n, i, want[i], y[i]);
+        else if (!(fabs(y[i] - want[i]) <= tol * want[i]))
+            bad = snprintf(why, WHY_LEN, "softmax n=%zu i=%zu: got %.9g want %.9g (rel %.3g)", n, i,
+                           y[i], want[i], fabs(y[i] - want[i]) / want[i]);
+    }
+    free(want);
+    return bad != 0;
+}
+
+int check_backward(const float *dx, const float *y, const float *dy, size_t n, float scale,
+                   char *why) {
+    double s = ref_dot(y, dy, n), s_abs = ref_dot_abs(y, dy, n);
+    for (size_t i = 0; i < n; i++) {
+        double want = (double)scale * y[i] * (dy[i] - s);
+        double bound = 1e-5 * fabs(scale) * fabs(y[i]) * (fabs(dy[i]) + s_abs) + 1e-37;
+        if (!(fabs(dx[i] - want) <= bound)) {
+            snprintf(why, WHY_LEN, "softmax_backward n=%zu i=%zu: got %.9g want %.9g", n, i, dx[i],
+                     want);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int check_scores(const float *s, const float *q, const float *k, size_t n_keys, size_t d,
+                 size_t stride, float scale, char *why) {
+    for (size_t j = 0; j < n_keys; j++) {
+        const float *kj = k + j * stride;
+        double want = scale * ref_dot(q, kj, d);
+        double bound = 1e-5 * fabs(scale) * ref_dot_abs(q, kj, d) + 1e-37;
+        if (!(fabs(s[j] - want) <= bound)) {
+            snprintf(why, WHY_LEN, "scores n_keys=%zu d=%zu stride=%zu j=%zu: got %.9g want %.9g",
+                     n_keys, d, stride, j, s[j], want);
+            return 1;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,159 @@
+/* The caller's floating-point environment: no entry point changes the rounding mode or the
+ * flush-to-zero / denormals-are-zero bits (MXCSR on x86-64, FPCR on AArch64), and results stay
+ * within the bounds of sdpa.h under every rounding mode and with FTZ/DAZ set. Every backend,
+ * both exp modes. Inputs are normal floats: with DAZ the hardware reads subnormal inputs as 0,
+ * which is the caller's choice and not the library's. */
+#include <fenv.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checks.h"
+#include "common.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define FTZ_DAZ_BITS 0x8040u /* MXCSR: flush to zero (15), denormals are zero (6) */
+/* The control bits: exception masks, rounding, FTZ, DAZ (not the sticky exception flags,
+ * which any arithmetic sets). */
+static uint64_t control_word(void) { return _mm_getcsr() & 0xffc0u; }
+static void set_ftz_daz(int on) {
+    _mm_setcsr(on ? _mm_getcsr() | FTZ_DAZ_BITS : _mm_getcsr() & ~FTZ_DAZ_BITS);
+}
+#elif defined(__aarch64__)
+#define FPCR_FZ (1u << 24)
+static uint64_t control_word(void) {
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    return fpcr;
+}
+static void set_ftz_daz(int on) {
+    uint64_t fpcr = control_word();
+    fpcr = on ? fpcr | FPCR_FZ : fpcr & ~(uint64_t)FPCR_FZ;
+    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr));
+}
+#else
+static uint64_t control_word(void) { return 0; }
+static void set_ftz_daz(int on) { (void)on; }
+#endif
+
+typedef struct environment {
+    const char *name;
+    int round;
+    int ftz_daz;
+} environment;
+
+static const environment ENVIRONMENTS[] = {
+    {"default", FE_TONEAREST, 0},
+    {"upward", FE_UPWARD, 0},
+    {"downward", FE_DOWNWARD, 0},
+    {"toward zero", FE_TOWARDZERO, 0},
+    {"FTZ+DAZ", FE_TONEAREST, 1},
+    {"FTZ+DAZ, upward", FE_UPWARD, 1},
+    {"FTZ+DAZ, toward zero", FE_TOWARDZERO, 1},
+};
+
+/* Asserts that the environment is the one the test set, after a call. */
+static void assert_unchanged(uint64_t before, int round, const char *env, const char *call) {
+    cr_assert_eq(fegetround(), round, "%s: %s changed the rounding mode", env, call);
+    cr_assert_eq(control_word(), before, "%s: %s changed the control word %#llx -> %#llx", env,
+                 call, (unsigned long long)before, (unsigned long long)control_word());
+}
+
+static void restore_default(void) {
+    fesetround(FE_TONEAREST);
+    set_ftz_daz(0);
+}
+
+/* Every entry point, a few sizes that cover full vectors and tails, in one environment. */
+static void every_entry_point(const environment *env) {
+    static const size_t sizes[] = {1, 5, 16, 33, 100, 1000, 4096};
+    rng r = rng_seed(200);
+    cr_assert_eq(fesetround(env->round), 0);
+    set_ftz_daz(env->ftz_daz);
+    uint64_t before = control_word();
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)),
+              *y = malloc(n * sizeof(float)), *dy = malloc(n * sizeof(float)),
+              *out = malloc(n * sizeof(float));
+        cr_assert(a && b && y && dy && out);
+        fill_uniform(&r, a, n, -3.0f, 3.0f);
+        fill_uniform(&r, b, n, -3.0f, 3.0f);
+        fill_uniform(&r, dy, n, -1.0f, 1.0f);
+
+        float dot;
+        cr_assert_eq(sdpa_dot_f32(a, b, n, &dot), SDPA_OK);
+        assert_unchanged(before, env->round, env->name, "dot");
+        CHECK_OK(check_dot, env->name, dot, a, b, n);
+
+        cr_assert_eq(sdpa_scale_f32(out, a, n, -0.3f), SDPA_OK);
+        assert_unchanged(before, env->round, env->name, "scale");
+        CHECK_OK(check_scale, env->name, out, a, n, -0.3f); /* in the caller's rounding mode */
+
+        const char *modes[] = {"fast", "sleef"};
+        for (size_t e = 0; e < 2; e++) {
+            cr_assert_eq(sdpa_set_exp_mode(modes[e]), SDPA_OK);
+            /* scaled inputs up to |z| = 60: weights down to e^-120 flush to 0 */
+            cr_assert_eq(sdpa_softmax_f32(out, a, n, 20.0f), SDPA_OK);
+            assert_unchanged(before, env->round, env->name, "softmax");
+            CHECK_OK(check_softmax, env->name, out, a, n, 20.0f);
+            cr_assert_eq(sdpa_softmax_f32(y, a, n, 0.7f), SDPA_OK);
+            CHECK_OK(check_softmax, env->name, y, a, n, 0.7f);
+        }
+        sdpa_set_exp_mode("fast");
+
+        cr_assert_eq(sdpa_softmax_backward_f32(out, y, dy, n, 0.7f), SDPA_OK);
+        assert_unchanged(before, env->round, env->name, "softmax_backward");
+        CHECK_OK(check_backward, env->name, out, y, dy, n, 0.7f);
+
+        size_t d = n < 64 ? n : 64, n_keys = n / d;
+        cr_assert_eq(sdpa_scores_f32(out, a, b, n_keys, d, d, 0.125f), SDPA_OK);
+        assert_unchanged(before, env->round, env->name, "scores");
+        CHECK_OK(check_scores, env->name, out, a, b, n_keys, d, d, 0.125f);
+
+        /* errors leave it alone too */
+        cr_assert_eq(sdpa_softmax_f32(out, a, n, 0.0f), SDPA_ERR_ARG);
+        assert_unchanged(before, env->round, env->name, "softmax (error)");
+        free(a);
+        free(b);
+        free(y);
+        free(dy);
+        free(out);
+    }
+    restore_default();
+}
+
+BACKEND_TEST(fpenv, preserved_and_accurate_in_every_environment) {
+    for (size_t i = 0; i < sizeof ENVIRONMENTS / sizeof ENVIRONMENTS[0]; i++)
+        every_entry_point(&ENVIRONMENTS[i]);
+}
+
+/* Special values under directed rounding and FTZ: the rules of sdpa.h do not depend on them. */
+BACKEND_TEST(fpenv, special_values_in_every_environment) {
+    for (size_t k = 0; k < sizeof ENVIRONMENTS / sizeof ENVIRONMENTS[0]; k++) {
+        const environment *env = &ENVIRONMENTS[k];
+        fesetround(env->round);
+        set_ftz_daz(env->ftz_daz);
+        for (size_t n = 1; n <= 40; n++) {
+            float x[40], y[40];
+            for (size_t i = 0; i < n; i++) x[i] = -INFINITY;
+            cr_assert_eq(sdpa_softmax_f32(y, x, n, 1.0f), SDPA_OK);
+            for (size_t i = 0; i < n; i++) cr_assert_eq(y[i], 0.0f, "%s: masked row", env->name);
+            for (size_t i = 0; i < n; i++) x[i] = i % 3 ? -INFINITY : (float)i;
+            x[n - 1] = NAN;
+            cr_assert_eq(sdpa_softmax_f32(y, x, n, 1.0f), SDPA_OK);
+            for (size_t i = 0; i < n; i++) cr_assert(isnan(y[i]), "%s: NaN row", env->name);
+            /* equal maxima share the mass, the rest is exactly 0 */
+            if (n < 2) continue;
+            for (size_t i = 0; i < n; i++) x[i] = i % 2 ? 1e30f : -1e30f;
+            cr_assert_eq(sdpa_softmax_f32(y, x, n, 1.0f), SDPA_OK);
+            double share = 1.0 / (double)(n / 2);
+            for (size_t i = 0; i < n; i++)
+                cr_assert(i % 2 ? fabs(y[i] - share) <= 1e-6 * share : y[i] == 0.0f,
+                          "%s: n=%zu i=%zu got %a", env->name, n, i, y[i]);
+        }
+        restore_default();
+    }
+}

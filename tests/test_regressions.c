@@ -1,0 +1,87 @@
+/* Inputs the fuzzers (tests/fuzz/, scripts/fuzz) found to break the contract of sdpa.h, one
+ * test each, named after what broke; every backend, both exp modes where softmax is involved. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "checks.h"
+#include "common.h"
+
+static const char *const EXP_MODES[] = {"fast", "sleef"};
+
+/* fuzz_kernels, softmax, n=4, scale ~ -4e31: with a fused multiply-subtract, exp_sum computed
+ * scale * x_i - max exactly instead of from the rounded z_i = fl(scale * x_i), so the largest
+ * entry got exp(rounding error of its product) = exp(+-1e22) = inf or 0 instead of exp(0) = 1,
+ * and the row came out NaN (inf * 0 or 0 * inf in the normalisation). Finite inputs whose
+ * scaled values are beyond the accuracy range must still give a distribution. */
+BACKEND_TEST(regressions, softmax_huge_scaled_inputs_are_not_nan) {
+    const float x[] = {0.1f, 0.7f, 0.3f, -0.5f, 0.69999999f, 0.123456f, -0.9f, 0.33f, 0.7f};
+    const float scales[] = {1e30f, -4e31f, 3.3e37f, 1e-30f * 1e20f};
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+        for (size_t s = 0; s < sizeof scales / sizeof scales[0]; s++) {
+            for (size_t n = 1; n <= sizeof x / sizeof x[0]; n++) {
+                float y[16];
+                cr_assert_eq(sdpa_softmax_f32(y, x, n, scales[s]), SDPA_OK);
+                double sum = 0.0;
+                for (size_t i = 0; i < n; i++) {
+                    cr_assert(y[i] >= 0.0f && y[i] <= 1.0f, "exp %s scale %g n=%zu i=%zu: %a",
+                              EXP_MODES[e], scales[s], n, i, y[i]);
+                    sum += y[i];
+                }
+                cr_assert(fabs(sum - 1.0) <= 1e-6, "exp %s scale %g n=%zu: sum %.9g", EXP_MODES[e],
+                          scales[s], n, sum);
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}
+
+/* Equal values in a long row: every rounding of a lane accumulator errs the same way, so the
+ * scalar backend's dot (four lanes of 1024 additions at n = 4096) reached a relative error of
+ * 1.53e-5 against the documented 1e-5 * sum |a_i b_i| (found by a scan of constant rows after
+ * the fuzzer's "repeat" mode was added). Both entry points built on the dot are checked. */
+BACKEND_TEST(regressions, dot_of_equal_values_within_bound) {
+    enum { N = 4096 };
+    static float a[N], b[N];
+    const float values[] = {0x1.03aap+0f, 1.1f, 0.7f, 0.1f, 3.1f, 0x1.f8b58p+0f};
+    for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
+        for (size_t i = 0; i < N; i++) {
+            a[i] = values[v];
+            b[i] = 1.0f;
+        }
+        double want = (double)N * values[v];
+        float got;
+        cr_assert_eq(sdpa_dot_f32(a, b, N, &got), SDPA_OK);
+        cr_assert(fabs(got - want) <= 1e-5 * want, "dot of %a: rel error %.3g", values[v],
+                  fabs(got - want) / want);
+        float s[2];
+        cr_assert_eq(sdpa_scores_f32(s, b, a, 1, N, N, 1.0f), SDPA_OK);
+        cr_assert(fabs(s[0] - want) <= 1e-5 * want, "scores of %a: rel error %.3g", values[v],
+                  fabs(s[0] - want) / want);
+    }
+}
+
+/* fuzz_kernels, softmax, n = 2815, scale -1 (scalar backend): x = {2, -23.12, then -13.28
+ * repeated}. The max weight 1 and 2813 weights of 5.3e-5 share lane sums; adding a small weight
+ * to a sum near 1 rounds the same way every time, and with up to 1024 additions per lane (the
+ * driver's chunk was 4096) the normalised weights came out 3.14e-5 off (bound 2e-5). The driver
+ * now sums chunks of 512 in double. Also nearby values, and the same with the max in front. */
+BACKEND_TEST(regressions, softmax_many_small_equal_weights_within_bound) {
+    enum { N = 2815 };
+    static float x[N], y[N];
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+        for (int k = -8; k <= 8; k++) {
+            float c = -0x1.a914p+3f + 0.37f * (float)k;
+            for (size_t front = 0; front < 2; front++) {
+                x[0] = front ? -0x1.71f6p+4f : 2.0f;
+                x[1] = front ? 2.0f : -0x1.71f6p+4f;
+                for (size_t i = 2; i < N; i++) x[i] = c;
+                cr_assert_eq(sdpa_softmax_f32(y, x, N, -1.0f), SDPA_OK);
+                CHECK_OK(check_softmax, EXP_MODES[e], y, x, N, -1.0f);
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}

@@ -160,10 +160,10 @@ static inline __m256 exp_fast_full_avx2(__m256 x) {
  * n as a float and, shifted into the exponent field, 2^n; p * 2^n keeps a NaN (adding exponent
  * bits to p could turn a NaN with payload bits into a number). */
 static inline __m256 exp_fast_avx2(__m256 x) {
-    const __m256 bias = _mm256_set1_ps(0x1.8p23f);
     x = _mm256_max_ps(_mm256_set1_ps(SDPA_EXP_X_CLAMP_LO), x); /* -inf -> 0 after normalize */
-    __m256 biased = _mm256_fmadd_ps(x, _mm256_set1_ps(SDPA_EXP_LOG2E), bias);
-    __m256 n = _mm256_sub_ps(biased, bias);
+    /* an explicit rounding mode: the caller's (MXCSR) must not move n (tests/test_fpenv.c) */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SDPA_EXP_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP_LN2_HI), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP_LN2_LO), r);
     __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(SDPA_EXP_C5), r, _mm256_set1_ps(SDPA_EXP_C4));
@@ -171,8 +171,9 @@ static inline __m256 exp_fast_avx2(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SDPA_EXP_C2));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i two_n = _mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(biased), 23),
-                                     _mm256_set1_epi32(127 << 23));
+    /* n is integral, so the conversion is exact in any rounding mode; n >= -126: 2^n is normal */
+    __m256i two_n =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }
 

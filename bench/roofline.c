@@ -15,8 +15,8 @@ const char *const ROOF_LEVEL_NAMES[ROOF_LEVELS] = {"L1", "L2", "L3", "DRAM"};
 
 static const size_t PROBE_BYTES[ROOF_LEVELS] = {16u << 10, 512u << 10, 8u << 20, 256u << 20};
 /* bytes read per timed trial, and trials per level: about 5-20 ms each */
-static const double TRIAL_BYTES[ROOF_LEVELS] = {2e9, 1e9, 5e8, 256.0 * (1 << 20)};
-static const int TRIALS[ROOF_LEVELS] = {7, 7, 5, 3};
+static const double TRIAL_BYTES[ROOF_LEVELS] = {1e9, 5e8, 5e8, 256.0 * (1 << 20)};
+static const int TRIALS[ROOF_LEVELS] = {15, 11, 5, 3};
 
 #define CHAINS 12 /* FMA latency (4 cycles on Zen 4/5) times pipes (2), with room */
 
@@ -42,10 +42,13 @@ static double flops_per_ns_scalar(size_t iters) {
     return (double)iters * CHAINS * 2 / t;
 }
 
-static float read_sum_scalar(const float *p, size_t n) {
+/* The read probes sum p[0..n) reps times into independent accumulators that stay in registers
+ * across the repetitions, so a small working set pays no per-pass reduction. */
+static float read_sum_scalar(const float *p, size_t n, size_t reps) {
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i + 4 <= n; i += 4)
-        s0 += p[i], s1 += p[i + 1], s2 += p[i + 2], s3 += p[i + 3];
+    for (size_t r = 0; r < reps; r++)
+        for (size_t i = 0; i + 4 <= n; i += 4)
+            s0 += p[i], s1 += p[i + 1], s2 += p[i + 2], s3 += p[i + 3];
     return s0 + s1 + s2 + s3;
 }
 
@@ -103,30 +106,33 @@ __attribute__((target("sse4.1"))) static double flops_per_ns_sse(size_t iters) {
     return (double)iters * CHAINS * 4 * 2 / t;
 }
 
-__attribute__((target("avx512f"))) static float read_sum_avx512(const float *p, size_t n) {
+__attribute__((target("avx512f"))) static float read_sum_avx512(const float *p, size_t n,
+                                                                size_t reps) {
     __m512 s[8];
     for (int k = 0; k < 8; k++) s[k] = _mm512_setzero_ps();
-    for (size_t i = 0; i + 128 <= n; i += 128)
-        for (int k = 0; k < 8; k++) s[k] = _mm512_add_ps(s[k], _mm512_load_ps(p + i + 16 * k));
+    for (size_t r = 0; r < reps; r++)
+        for (size_t i = 0; i + 128 <= n; i += 128)
+            for (int k = 0; k < 8; k++) s[k] = _mm512_add_ps(s[k], _mm512_load_ps(p + i + 16 * k));
     for (int k = 1; k < 8; k++) s[0] = _mm512_add_ps(s[0], s[k]);
     return _mm512_reduce_add_ps(s[0]);
 }
 
-__attribute__((target("avx2"))) static float read_sum_avx2(const float *p, size_t n) {
+__attribute__((target("avx2"))) static float read_sum_avx2(const float *p, size_t n, size_t reps) {
     __m256 s[8];
     for (int k = 0; k < 8; k++) s[k] = _mm256_setzero_ps();
-    for (size_t i = 0; i + 64 <= n; i += 64)
-        for (int k = 0; k < 8; k++) s[k] = _mm256_add_ps(s[k], _mm256_load_ps(p + i + 8 * k));
+    for (size_t r = 0; r < reps; r++)
+        for (size_t i = 0; i + 64 <= n; i += 64)
+            for (int k = 0; k < 8; k++) s[k] = _mm256_add_ps(s[k], _mm256_load_ps(p + i + 8 * k));
     for (int k = 1; k < 8; k++) s[0] = _mm256_add_ps(s[0], s[k]);
     float out[8];
     _mm256_storeu_ps(out, s[0]);
     return out[0] + out[7];
 }
 
-static float read_sum(const float *p, size_t n, const char **isa) {
-    if (__builtin_cpu_supports("avx512f")) return *isa = "avx512", read_sum_avx512(p, n);
-    if (__builtin_cpu_supports("avx2")) return *isa = "avx2", read_sum_avx2(p, n);
-    return *isa = "scalar", read_sum_scalar(p, n);
+static float read_sum(const float *p, size_t n, size_t reps, const char **isa) {
+    if (__builtin_cpu_supports("avx512f")) return *isa = "avx512", read_sum_avx512(p, n, reps);
+    if (__builtin_cpu_supports("avx2")) return *isa = "avx2", read_sum_avx2(p, n, reps);
+    return *isa = "scalar", read_sum_scalar(p, n, reps);
 }
 
 static double flops_per_ns(const char *isa, size_t iters, const char **used) {
@@ -211,11 +217,12 @@ static double flops_per_ns_neon(size_t iters) {
     return (double)iters * CHAINS * 4 * 2 / t;
 }
 
-static float read_sum(const float *p, size_t n, const char **isa) {
+static float read_sum(const float *p, size_t n, size_t reps, const char **isa) {
     float32x4_t s[8];
     for (int k = 0; k < 8; k++) s[k] = vdupq_n_f32(0);
-    for (size_t i = 0; i + 32 <= n; i += 32)
-        for (int k = 0; k < 8; k++) s[k] = vaddq_f32(s[k], vld1q_f32(p + i + 4 * k));
+    for (size_t r = 0; r < reps; r++)
+        for (size_t i = 0; i + 32 <= n; i += 32)
+            for (int k = 0; k < 8; k++) s[k] = vaddq_f32(s[k], vld1q_f32(p + i + 4 * k));
     for (int k = 1; k < 8; k++) s[0] = vaddq_f32(s[0], s[k]);
     *isa = "neon";
     return vaddvq_f32(s[0]);
@@ -235,9 +242,9 @@ float roof_load_sum(const float *a, const float *b, size_t n) {
 #else
 static double clock_ghz_once(void) { return 0; }
 
-static float read_sum(const float *p, size_t n, const char **isa) {
+static float read_sum(const float *p, size_t n, size_t reps, const char **isa) {
     *isa = "scalar";
-    return read_sum_scalar(p, n);
+    return read_sum_scalar(p, n, reps);
 }
 
 static double flops_per_ns(const char *isa, size_t iters, const char **used) {
@@ -301,10 +308,10 @@ roofline roofline_measure(const char *isa) {
         size_t reps = (size_t)(TRIAL_BYTES[l] / (double)PROBE_BYTES[l]);
         if (reps < 1) reps = 1;
         r.probe_bytes[l] = PROBE_BYTES[l];
-        s += read_sum(buf, n, &r.read_isa); /* brings the working set into its level */
+        s += read_sum(buf, n, 1, &r.read_isa); /* brings the working set into its level */
         for (int t = 0; t < TRIALS[l]; t++) {
             double t0 = cpu_ns();
-            for (size_t k = 0; k < reps; k++) s += read_sum(buf, n, &r.read_isa);
+            s += read_sum(buf, n, reps, &r.read_isa);
             double bw = (double)reps * (double)PROBE_BYTES[l] / (cpu_ns() - t0);
             if (bw > r.read_gbytes_per_s[l]) r.read_gbytes_per_s[l] = bw;
         }

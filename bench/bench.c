@@ -534,7 +534,9 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
         if (peers)
             for (int p = 0; p < 2; p++)
                 if (j->op->peers[p] != KIND_NONE) print_ratio(stdout, vs[p]);
-        printf("%s\n", im->checked_ok ? "" : "  WRONG RESULT");
+        printf("%s\n", im->checked_ok          ? ""
+                       : im->kind == KIND_SDPA ? "  WRONG RESULT"
+                                               : "  INACCURATE (outside sdpa's tolerance)");
         bench_record rec = {.n = j->n,
                             .d = j->d,
                             .ns = ns,
@@ -565,12 +567,17 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
                 fprintf(csv, ",%s",
                         j->op->peers[p] == KIND_NONE ? "" : KIND_NAMES[j->op->peers[p]]);
             }
-            fprintf(csv, ",%s\n", im->checked_ok ? "ok" : "wrong");
+            fprintf(csv, ",%s\n",
+                    im->checked_ok          ? "ok"
+                    : im->kind == KIND_SDPA ? "wrong"
+                                            : "inaccurate");
         }
     }
 }
 
 /* ---- one (op, size) group: prepare, check, calibrate, time, print ---- */
+
+static int inaccurate_peers;
 
 static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FILE *csv) {
     job j = {.op = op, .n = n, .d = d};
@@ -603,7 +610,12 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
     for (size_t i = 0; i < n_impls; i++) {
         impl *im = &ims[i];
         im->checked_ok = check(im, &j);
-        failures += !im->checked_ok;
+        /* a wrong sdpa result fails the run; a peer outside sdpa's documented tolerance (the
+           naive loop's and oneDNN's float sums drift on rows of millions) is flagged and timed */
+        if (im->kind == KIND_SDPA)
+            failures += !im->checked_ok;
+        else
+            inaccurate_peers += !im->checked_ok;
         im->iters = o->smoke ? 1 : (select_impl(im), calibrate(im, &j, o->min_ms));
     }
     for (int r = 0; r < o->reps; r++)
@@ -857,7 +869,11 @@ int main(int argc, char **argv) {
                          .roof = have_roof ? &roof : NULL};
     if (o.json && write_json(o.json, &ctx) != 0) failures++;
     if (o.plot && write_plots(o.plot) != 0) failures++;
+    if (inaccurate_peers)
+        printf("\n%d peer results differ from the scalar backend beyond sdpa's documented "
+               "tolerance (flagged INACCURATE; their times are still shown)\n",
+               inaccurate_peers);
     if (failures)
-        printf("\n%d results differ from the scalar backend beyond tolerance\n", failures);
+        printf("\n%d sdpa results differ from the scalar backend beyond tolerance\n", failures);
     return failures ? 1 : 0;
 }

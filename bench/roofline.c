@@ -225,6 +225,7 @@ static float read_sum(const float *p, size_t n, size_t reps, const char **isa) {
             for (int k = 0; k < 8; k++) s[k] = vaddq_f32(s[k], vld1q_f32(p + i + 4 * k));
     for (int k = 1; k < 8; k++) s[0] = vaddq_f32(s[0], s[k]);
     *isa = "neon";
+    (void)read_sum_scalar;
     return vaddvq_f32(s[0]);
 }
 

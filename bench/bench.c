@@ -646,8 +646,10 @@ static void set_peer_environment(int argc, char **argv) {
     setenv("SDPA_BENCH_CORETYPE_WAS", was ? was : "(unset)", 1);
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--openblas-core") == 0) core = argv[i + 1];
+#if defined(__x86_64__)
     __builtin_cpu_init();
     if (!core && __builtin_cpu_supports("avx512f")) core = "SkylakeX";
+#endif
     if (core) setenv("OPENBLAS_CORETYPE", core, 1);
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     setenv("OMP_NUM_THREADS", "1", 1);

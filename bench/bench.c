@@ -89,6 +89,8 @@ typedef struct op_def {
     int (*verify)(const job *j, int exp_index);
     /* arithmetic (FMA-pipe flops; 0 when not the limit), bytes moved, bytes the call touches */
     void (*cost)(const job *j, double *flops, double *bytes, double *working_set);
+    /* frees what prepare() kept in j->extra; NULL when it kept nothing there */
+    void (*release)(job *j);
 } op_def;
 
 typedef struct options {
@@ -332,16 +334,19 @@ static void scores_cost(const job *j, double *flops, double *bytes, double *work
 
 /* ---- the ops table ----
  * Sizes: powers of 4 from 16 to 2^24 floats (64 MiB per array), so each op walks from L1 through
- * L2 and L3 to DRAM; softmax adds 128 (a target of issue 2).
+ * L2 and L3 to DRAM; softmax adds 128 (a target of issue 2); scores walks 16 to 2^18 keys
+ * (K is 128 MiB at 2^18 x 128).
  *
  * ATTENTION GOES HERE. After the attention branch is merged, attention joins this table as one
  * more entry (bench/attention.c next to this file): sizes index a table of shapes in the
  * benchdnn style (decode b1h8q1k4096d128, prefill, GQA prefill, causal prefill; --shape adds
  * one), prepare() builds Q/K/V and a sdpa_mha_desc, fills size_label with the shape name and
- * keeps its state in job->extra, run() calls sdpa_mha_f32, verify() compares with the scalar
- * backend's output, cost() counts 4 * len_q * len_kv * d flops per head (FMA-bound) and the
- * bytes of Q, K, V and out; peers: the OpenBLAS sgemm + softmax + sgemm composite (a new
- * KIND) and none. Nothing else in this file needs to change. */
+ * keeps its state in job->extra (freed by release()), run() calls sdpa_mha_f32, verify() compares
+ * with the scalar backend's output, cost() counts 4 * len_q * len_kv * d flops per head (FMA-bound)
+ * and the bytes of Q, K, V and out; peers: the OpenBLAS sgemm + softmax + sgemm composite (a new
+ * KIND, described in the header like the others) and none. Besides that KIND and a --shape
+ * option, nothing else in this file needs to change: timing, checks, roof%, csv, json and plots
+ * are driven by this table. */
 static const op_def OPS[] = {
     {"dot",
      {16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1u << 20, 1u << 22, 1u << 24},
@@ -353,7 +358,8 @@ static const op_def OPS[] = {
      dot_prepare,
      dot_run,
      dot_verify,
-     dot_cost},
+     dot_cost,
+     NULL},
     {"scale",
      {16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1u << 20, 1u << 22, 1u << 24},
      {16, 129},
@@ -364,7 +370,8 @@ static const op_def OPS[] = {
      scale_prepare,
      scale_run,
      scale_verify,
-     scale_cost},
+     scale_cost,
+     NULL},
     {"softmax",
      {16, 64, 128, 256, 1024, 4096, 16384, 65536, 262144, 1u << 20, 1u << 22, 1u << 24},
      {129},
@@ -375,7 +382,8 @@ static const op_def OPS[] = {
      softmax_prepare,
      softmax_run,
      softmax_verify,
-     softmax_cost},
+     softmax_cost,
+     NULL},
     {"scores",
      {16, 64, 256, 1024, 4096, 16384, 65536, 262144},
      {5, 33},
@@ -386,7 +394,8 @@ static const op_def OPS[] = {
      scores_prepare,
      scores_run,
      scores_verify,
-     scores_cost},
+     scores_cost,
+     NULL},
 };
 #define N_OPS (sizeof OPS / sizeof OPS[0])
 
@@ -628,7 +637,8 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
     fflush(stdout);
 
     peer_dnnl_softmax_destroy(j.dnnl);
-    free(j.a), free(j.b), free(j.x), free(j.y), free(j.ref), free(j.bound), free(j.extra);
+    if (op->release) op->release(&j);
+    free(j.a), free(j.b), free(j.x), free(j.y), free(j.ref), free(j.bound);
     return failures;
 }
 

@@ -24,3 +24,16 @@ void naive_softmax(float *y, const float *x, size_t n, float scale) {
     float r = 1.0f / s;
     for (size_t i = 0; i < n; i++) y[i] *= r;
 }
+
+void naive_scale(float *y, const float *x, size_t n, float alpha) {
+    for (size_t i = 0; i < n; i++) y[i] = alpha * x[i];
+}
+
+void naive_scores(float *s, const float *q, const float *k, size_t n_keys, size_t d,
+                  size_t k_stride, float scale) {
+    for (size_t j = 0; j < n_keys; j++) {
+        float acc = 0.0f;
+        for (size_t i = 0; i < d; i++) acc += q[i] * k[j * k_stride + i];
+        s[j] = scale * acc;
+    }
+}

@@ -32,10 +32,10 @@ int write_json(const char *path, const bench_context *c) {
         fprintf(stderr, "bench: cannot write %s\n", path);
         return -1;
     }
-    const char *keys[] = {"date",     "cpu",    "compiler", "sleef",
-                          "openblas", "onednn", "naive",    "clock"};
-    const char *values[] = {c->date,     c->cpu,    c->compiler, c->sleef,
-                            c->openblas, c->onednn, c->naive,    c->clock};
+    const char *keys[] = {"date",  "cpu",      "active_backend", "compiler", "flags",
+                          "sleef", "openblas", "onednn",         "naive",    "clock"};
+    const char *values[] = {c->date,  c->cpu,      c->backend, c->compiler, c->flags,
+                            c->sleef, c->openblas, c->onednn,  c->naive,    c->clock};
     fprintf(f, "{\n  \"context\": {\n");
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         fprintf(f, "    \"%s\": ", keys[i]);
@@ -45,17 +45,36 @@ int write_json(const char *path, const bench_context *c) {
             fprintf(f, "null");
         fprintf(f, ",\n");
     }
-    fprintf(f, "    \"clock_ghz\": %.3f,\n    \"l1_load_gbytes_per_s\": %.1f\n  },\n", c->clock_ghz,
-            c->l1_gbytes_per_s);
+    if (c->roof) {
+        const roofline *r = c->roof;
+        fprintf(
+            f,
+            "    \"roofline\": {\"clock_ghz\": %.3f, \"fma_isa\": \"%s\", \"fma_gflops\": %.1f, "
+            "\"read_isa\": \"%s\", \"read_gbytes_per_s\": {",
+            r->clock_ghz, r->fma_isa, r->fma_gflops, r->read_isa);
+        for (int l = 0; l < ROOF_LEVELS; l++)
+            fprintf(f, "\"%s\": %.1f%s", ROOF_LEVEL_NAMES[l], r->read_gbytes_per_s[l],
+                    l + 1 < ROOF_LEVELS ? ", " : "");
+        fprintf(f, "}}\n  },\n");
+    } else {
+        fprintf(f, "    \"roofline\": null\n  },\n");
+    }
     fprintf(f, "  \"rows\": [\n");
     for (size_t i = 0; i < n_records; i++) {
         const bench_record *r = &records[i];
-        fprintf(f,
-                "    {\"op\": \"%s\", \"n\": %zu, \"impl\": \"%s\", \"ns_median\": %.4f, "
-                "\"ns_min\": %.4f, \"ns_max\": %.4f, \"ns_per_element\": %.6f, \"%s\": %.4f, "
-                "\"vs_scalar\": %.4f, \"check\": \"%s\"}%s\n",
-                r->op, r->n, r->impl, r->ns, r->ns_min, r->ns_max, r->ns / (double)r->n,
-                strcmp(r->op, "dot") == 0 ? "gflops" : "gelements_per_s", r->per_ns, r->vs_scalar,
+        fprintf(
+            f,
+            "    {\"op\": \"%s\", \"n\": %zu, \"d\": %zu, \"impl\": \"%s\", \"ns_median\": %.4f, "
+            "\"ns_min\": %.4f, \"ns_max\": %.4f, \"ns_per_element\": %.6f, \"gflops\": %.4f, "
+            "\"gbytes_per_s\": %.4f, ",
+            r->op, r->n, r->d, r->impl, r->ns, r->ns_min, r->ns_max, r->ns / (double)r->n,
+            r->gflops, r->gbytes_per_s);
+        if (r->roof_percent >= 0)
+            fprintf(f, "\"roof_percent\": %.1f, \"roof_limit\": \"%s\", ", r->roof_percent,
+                    r->limit);
+        else
+            fprintf(f, "\"roof_percent\": null, \"roof_limit\": null, ");
+        fprintf(f, "\"vs_scalar\": %.4f, \"check\": \"%s\"}%s\n", r->vs_scalar,
                 r->ok ? "ok" : "wrong", i + 1 < n_records ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
@@ -71,9 +90,20 @@ int write_plots(const char *dir) {
         return -1;
     }
     mkdir(dir, 0777);
-    const char *ops[] = {"dot", "softmax"};
-    const char *ylabel[] = {"GFLOP/s", "G elements/s"};
-    for (int o = 0; o < 2; o++) {
+    /* operations in order of first appearance */
+    const char *ops[64];
+    const char *ylabel[64];
+    size_t n_ops = 0;
+    for (size_t i = 0; i < n_records; i++) {
+        size_t k = 0;
+        while (k < n_ops && strcmp(ops[k], records[i].op) != 0) k++;
+        if (k == n_ops && n_ops < 64) ops[n_ops] = records[i].op, ylabel[n_ops++] = records[i].unit;
+    }
+    for (size_t o = 0; o < n_ops; o++) {
+        char file[32]; /* "scores d128" -> "scores_d128" */
+        snprintf(file, sizeof file, "%s", ops[o]);
+        for (char *c = file; *c; c++)
+            if (*c == ' ') *c = '_';
         /* implementation labels in order of first appearance */
         const char *labels[64];
         size_t n_labels = 0;
@@ -85,9 +115,9 @@ int write_plots(const char *dir) {
         }
         if (!n_labels) continue;
         char path[4096], script[4096];
-        snprintf(path, sizeof path, "%s/%s.dat", dir, ops[o]);
+        snprintf(path, sizeof path, "%s/%s.dat", dir, file);
         FILE *d = fopen(path, "w");
-        snprintf(script, sizeof script, "%s/%s.gp", dir, ops[o]);
+        snprintf(script, sizeof script, "%s/%s.gp", dir, file);
         FILE *g = fopen(script, "w");
         if (!d || !g) {
             fprintf(stderr, "bench: cannot write in %s\n", dir);
@@ -106,9 +136,10 @@ int write_plots(const char *dir) {
         fprintf(g,
                 "set terminal pngcairo size 1000,600\nset output '%s/%s.png'\n"
                 "set title 'sdpa %s: throughput against size (higher is better)'\n"
-                "set logscale x 2\nset format x '2^{%%L}'\nset xlabel 'n (floats)'\n"
+                "set logscale x 2\nset format x '2^{%%L}'\nset xlabel '%s'\n"
                 "set ylabel '%s'\nset key outside right\nset grid\nplot ",
-                dir, ops[o], ops[o], ylabel[o]);
+                dir, file, ops[o], strncmp(ops[o], "scores", 6) == 0 ? "keys" : "n (floats)",
+                ylabel[o]);
         for (size_t l = 0; l < n_labels; l++)
             fprintf(g, "%s'%s' index %zu with linespoints title '%s'", l ? ", " : "", path, l,
                     labels[l]);
@@ -120,7 +151,7 @@ int write_plots(const char *dir) {
             fprintf(stderr, "bench: gnuplot failed on %s\n", script);
             return -1;
         }
-        printf("plot: %s/%s.png\n", dir, ops[o]);
+        printf("plot: %s/%s.png\n", dir, file);
     }
     return 0;
 }

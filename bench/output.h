@@ -5,20 +5,27 @@
 
 #include <stddef.h>
 
+#include "roofline.h"
+
 typedef struct bench_record {
-    const char *op;            /* "dot", "softmax" */
-    size_t n;                  /* elements */
+    char op[32];               /* "dot", "softmax", "scores d128", ... */
+    size_t n;                  /* elements (scores: keys) */
+    size_t d;                  /* scores: floats per key; 0 otherwise */
     char impl[24];             /* "avx512 fast", "openblas", ... */
     double ns, ns_min, ns_max; /* per call: median and spread of the rounds */
-    double per_ns;    /* the plotted throughput: GFLOP/s for dot, G elements/s for softmax */
-    double vs_scalar; /* scalar median / this median; 0 when not measured */
-    int ok;           /* result matched the scalar backend */
+    double gflops, gbytes_per_s;
+    double per_ns;       /* the plotted throughput, in unit */
+    const char *unit;    /* "GFLOP/s" or "GB/s" */
+    double roof_percent; /* of the binding limit; < 0 when not measured */
+    char limit[8];       /* "L1" .. "DRAM", "FMA" or "-" */
+    double vs_scalar;    /* scalar median / this median; 0 when not measured */
+    int ok;              /* result matched the scalar backend */
 } bench_record;
 
 /* The run's context, written at the top of the JSON file. */
 typedef struct bench_context {
-    const char *date, *cpu, *compiler, *sleef, *openblas, *onednn, *naive, *clock;
-    double clock_ghz, l1_gbytes_per_s;
+    const char *date, *cpu, *backend, *compiler, *flags, *sleef, *openblas, *onednn, *naive, *clock;
+    const roofline *roof; /* NULL when not measured */
 } bench_context;
 
 void record_add(const bench_record *r);

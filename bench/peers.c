@@ -24,11 +24,21 @@ const char *peer_openblas_describe(void) {
 float peer_openblas_sdot(const float *a, const float *b, size_t n) {
     return cblas_sdot((blasint)n, a, 1, b, 1);
 }
+
+void peer_openblas_scores(float *s, const float *q, const float *k, size_t n_keys, size_t d,
+                          size_t k_stride, float scale) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)n_keys, (blasint)d, scale, k,
+                (blasint)k_stride, q, 1, 0.0f, s, 1);
+}
 #else
 const char *peer_openblas_describe(void) { return NULL; }
 float peer_openblas_sdot(const float *a, const float *b, size_t n) {
     (void)a, (void)b, (void)n;
     return 0.0f;
+}
+void peer_openblas_scores(float *s, const float *q, const float *k, size_t n_keys, size_t d,
+                          size_t k_stride, float scale) {
+    (void)s, (void)q, (void)k, (void)n_keys, (void)d, (void)k_stride, (void)scale;
 }
 #endif
 

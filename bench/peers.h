@@ -9,6 +9,10 @@
  * the environment that chose them; NULL when not built in. */
 const char *peer_openblas_describe(void);
 float peer_openblas_sdot(const float *a, const float *b, size_t n);
+/* s = scale * K q through cblas_sgemv (row-major K of n_keys rows, k_stride floats apart): the
+ * BLAS way to score one query against a cache of keys. */
+void peer_openblas_scores(float *s, const float *q, const float *k, size_t n_keys, size_t d,
+                          size_t k_stride, float scale);
 
 /* oneDNN's softmax primitive (forward inference, accurate, axis 1 of a 1 x n f32 tensor), bound
  * to fixed x and y buffers. create() returns NULL when oneDNN is absent or refuses the shape. */
@@ -21,6 +25,9 @@ void peer_dnnl_softmax_destroy(peer_dnnl_softmax *p);
 /* The loops a user would write, compiled with -O3 -march=native -ffast-math (naive.c). */
 float naive_dot(const float *a, const float *b, size_t n);
 void naive_softmax(float *y, const float *x, size_t n, float scale);
+void naive_scale(float *y, const float *x, size_t n, float alpha);
+void naive_scores(float *s, const float *q, const float *k, size_t n_keys, size_t d,
+                  size_t k_stride, float scale);
 extern const char NAIVE_FLAGS[];
 
 #endif

@@ -65,7 +65,9 @@ int main(int argc, char **argv) {
 
     /* the reference: softmax of 0.25 x and x . x in double */
     double m = -INFINITY, sum = 0.0, dot = 0.0;
-    for (size_t i = 0; i < N; i++) m = fmax(m, 0.25f * x[i]);
+    /* a compare, not fmax: gcc 12 for aarch64 dies vectorising an fmax reduction (ICE in
+       vect_transform_reduction) */
+    for (size_t i = 0; i < N; i++) m = 0.25f * x[i] > m ? 0.25f * x[i] : m;
     for (size_t i = 0; i < N; i++) sum += exp((double)(0.25f * x[i]) - m);
     for (size_t i = 0; i < N; i++) dot += (double)x[i] * x[i];
     int failures = 0;

@@ -173,27 +173,30 @@ static inline float32x4_t exp_sleef_neon(float32x4_t x) {
 
 /* z = scale * x - shift with one rounding, as the FMA backends on x86 do. The tail's padding
  * lanes are left out of the sum, whatever exp makes of them. */
+/* z = scale * x is rounded before the max is subtracted, as sdpa.h defines z (no fused
+ * multiply-subtract): the largest entry then gets exp(0) = 1 exactly, where a fused one gets
+ * exp of its product's rounding error, inf or 0 once |z| > ~1e9 (tests/test_regressions.c). */
 #define EXP_SUM_NEON(NAME, EXP)                                                                    \
     static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
-        const float32x4_t vs = vdupq_n_f32(scale), vneg = vdupq_n_f32(-shift);                     \
+        const float32x4_t vs = vdupq_n_f32(scale), vshift = vdupq_n_f32(shift);                    \
         float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;                                               \
         size_t i = 0;                                                                              \
         for (; i + 2 * W <= n; i += 2 * W) {                                                       \
-            float32x4_t e0 = EXP(vfmaq_f32(vneg, vld1q_f32(x + i), vs));                           \
-            float32x4_t e1 = EXP(vfmaq_f32(vneg, vld1q_f32(x + i + W), vs));                       \
+            float32x4_t e0 = EXP(vsubq_f32(vmulq_f32(vld1q_f32(x + i), vs), vshift));              \
+            float32x4_t e1 = EXP(vsubq_f32(vmulq_f32(vld1q_f32(x + i + W), vs), vshift));          \
             vst1q_f32(y + i, e0);                                                                  \
             vst1q_f32(y + i + W, e1);                                                              \
             s0 = vaddq_f32(s0, e0);                                                                \
             s1 = vaddq_f32(s1, e1);                                                                \
         }                                                                                          \
         if (i + W <= n) {                                                                          \
-            float32x4_t e = EXP(vfmaq_f32(vneg, vld1q_f32(x + i), vs));                            \
+            float32x4_t e = EXP(vsubq_f32(vmulq_f32(vld1q_f32(x + i), vs), vshift));               \
             vst1q_f32(y + i, e);                                                                   \
             s0 = vaddq_f32(s0, e);                                                                 \
             i += W;                                                                                \
         }                                                                                          \
         if (i < n) {                                                                               \
-            float32x4_t e = EXP(vfmaq_f32(vneg, load_partial(x + i, n - i), vs));                  \
+            float32x4_t e = EXP(vsubq_f32(vmulq_f32(load_partial(x + i, n - i), vs), vshift));     \
             store_partial(y + i, e, n - i);                                                        \
             s1 = vaddq_f32(s1, zero_where_not(lanes_below(n - i), e));                             \
         }                                                                                          \

@@ -216,7 +216,7 @@ static void expect_head(const fcase *c, const head_view *h, head_expect *e) {
         d->scale == SDPA_DEFAULT_SCALE ? (double)(float)(1.0 / sqrt((double)d_k)) : d->scale;
     e->kind = malloc(len_q ? len_q : 1);
     e->bound = malloc((len_q ? len_q : 1) * sizeof(double));
-    e->ref = malloc((len_q * d_v ? len_q * d_v : 1) * sizeof(double));
+    e->ref = malloc((len_q * d_v + 1) * sizeof(double));
     if (!e->kind || !e->bound || !e->ref) abort();
     for (size_t i = 0; i < len_q; i++) {
         const float *qi = h->q + i * h->qs, *mi = h->mask ? h->mask + i * h->ms : NULL;

@@ -124,9 +124,11 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTE
  *   - A mask entry of -inf removes that key exactly: the key's values are never read into the
  *     sum, so NaN or inf in a removed key's V does not reach the output. Other mask entries are
  *     added to the scaled scores (a NaN there gives a NaN row).
- *   - NaN in a query row, or in the k of a key the row sees, gives a NaN output row (so does inf,
- *     which makes the scores non-finite); NaN in the v of a key the row sees gives NaN in the
- *     output columns where that v holds NaN.
+ *   - NaN in a query row, or in the k of a key the row sees, gives a NaN output row; so does an
+ *     inf there that makes a score NaN or +inf. A score of -inf (an inf in q or k can make one)
+ *     gives its key weight 0, as in softmax, and a row whose scores are all -inf is zeros. NaN in
+ *     the v of a key the row sees with a finite score gives NaN in the output columns where that
+ *     v holds NaN.
  *   - out must not overlap q, k, v or the mask. Work is single-threaded per call; concurrent
  *     calls are fine.
  * Errors (checked before any work; out is untouched on error):

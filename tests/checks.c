@@ -80,3 +80,34 @@ int check_scores(const float *s, const float *q, const float *k, size_t n_keys, 
     }
     return 0;
 }
+
+int check_attention(const float *out, size_t out_stride, const float *q, size_t q_stride,
+                    const float *k, size_t k_stride, const float *v, size_t v_stride,
+                    const float *mask, size_t mask_stride, size_t len_q, size_t len_kv, size_t d_k,
+                    size_t d_v, float scale, int causal, char *why) {
+    double s = scale == 0.0f ? 1.0 / sqrt((double)d_k) : (double)scale;
+    double *want = malloc((len_q * d_v + 1) * sizeof(double));
+    if (!want) abort();
+    ref_attention(want, d_v, q, q_stride, k, k_stride, v, v_stride, mask, mask_stride, len_q,
+                  len_kv, d_k, d_v, s, causal);
+    double max_v = 0.0;
+    for (size_t j = 0; j < len_kv; j++)
+        for (size_t c = 0; c < d_v; c++)
+            if (fabs((double)v[j * v_stride + c]) > max_v)
+                max_v = fabs((double)v[j * v_stride + c]);
+    double bound = 1e-5 * max_v + 1e-37;
+    int bad = 0;
+    for (size_t i = 0; i < len_q && !bad; i++) {
+        for (size_t c = 0; c < d_v && !bad; c++) {
+            float got = out[i * out_stride + c];
+            if (!(fabs(got - want[i * d_v + c]) <= bound))
+                bad = snprintf(why, WHY_LEN,
+                               "attention len_q=%zu len_kv=%zu d_k=%zu d_v=%zu causal=%d mask=%d "
+                               "[%zu][%zu]: got %.9g want %.9g (bound %.3g)",
+                               len_q, len_kv, d_k, d_v, causal, mask != NULL, i, c, got,
+                               want[i * d_v + c], bound) > 0;
+        }
+    }
+    free(want);
+    return bad;
+}

@@ -17,6 +17,13 @@ int check_backward(const float *dx, const float *y, const float *dy, size_t n, f
                    char *why);
 int check_scores(const float *s, const float *q, const float *k, size_t n_keys, size_t d,
                  size_t stride, float scale, char *why);
+/* One head of attention (rows *_stride floats apart; mask NULL or [len_q][mask_stride]) against
+ * ref_attention: |out - ref| <= 1e-5 * max|v| per output (finite inputs of moderate size).
+ * scale is the argument as passed (SDPA_DEFAULT_SCALE means 1/sqrt(d_k)). */
+int check_attention(const float *out, size_t out_stride, const float *q, size_t q_stride,
+                    const float *k, size_t k_stride, const float *v, size_t v_stride,
+                    const float *mask, size_t mask_stride, size_t len_q, size_t len_kv, size_t d_k,
+                    size_t d_v, float scale, int causal, char *why);
 
 /* Fails the current Criterion test unless fn(args..., why) passes: CHECK_OK(check_dot, "ctx", got,
  * a, b, n). */

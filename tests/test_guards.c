@@ -136,5 +136,112 @@ BACKEND_TEST(guards, scores_every_tail_both_sides) {
     }
 }
 
-/* TODO(attention): the same for sdpa's attention entry points (Q, K, V and the output each
- * against a guard, every head-dimension tail 0..32), when they land. */
+/* ---- attention ---- */
+
+typedef struct guard_case {
+    size_t heads_q, heads_kv, len_q, len_kv, d_k, d_v;
+    int causal, mha, masked;
+    unsigned sides; /* bit i: GUARD_BEFORE for array i (q, k, v, out, mask) */
+} guard_case;
+
+static enum guard_side side_of(const guard_case *c, unsigned i) {
+    return (c->sides >> i) & 1 ? GUARD_BEFORE : GUARD_AFTER;
+}
+
+/* q[heads_q][len_q][d_k], k[heads_kv][len_kv][d_k], v[heads_kv][len_kv][d_v],
+ * out[heads_q][len_q][d_v] and mask[len_q][len_kv] (broadcast over heads), each against a
+ * guard page; through sdpa_attention_f32 (one head) or sdpa_mha_f32 (dense descriptor). */
+static void guarded_attention(rng *r, const guard_case *c) {
+    const size_t nq = c->heads_q * c->len_q * c->d_k, nk = c->heads_kv * c->len_kv * c->d_k;
+    const size_t nv = c->heads_kv * c->len_kv * c->d_v, no = c->heads_q * c->len_q * c->d_v;
+    const size_t nm = c->masked ? c->len_q * c->len_kv : 0;
+    guarded q = guard_alloc(nq, side_of(c, 0)), k = guard_alloc(nk, side_of(c, 1)),
+            v = guard_alloc(nv, side_of(c, 2)), out = guard_alloc(no, side_of(c, 3)),
+            mask = guard_alloc(nm, side_of(c, 4));
+    fill_uniform(r, q.p, nq, -1.0f, 1.0f);
+    fill_uniform(r, k.p, nk, -1.0f, 1.0f);
+    fill_uniform(r, v.p, nv, -2.0f, 2.0f);
+    fill_uniform(r, mask.p, nm, -1.0f, 1.0f);
+    for (size_t i = 0; i < nm; i += 3) mask.p[i] = -INFINITY; /* some keys removed */
+    for (size_t i = 0; i < no; i++) out.p[i] = SENTINEL;
+    sdpa_status st;
+    if (c->mha) {
+        sdpa_mha_desc desc;
+        cr_assert_eq(sdpa_mha_desc_dense(&desc, 1, c->heads_q, c->heads_kv, c->len_q, c->len_kv,
+                                         c->d_k, c->d_v, SDPA_DEFAULT_SCALE,
+                                         c->causal ? SDPA_CAUSAL : 0),
+                     SDPA_OK);
+        if (c->masked)
+            cr_assert_eq(sdpa_mha_desc_set_mask(&desc, mask.p, 0, 0, c->len_kv), SDPA_OK);
+        st = sdpa_mha_f32(&desc, out.p, q.p, k.p, v.p);
+    } else {
+        st = sdpa_attention_f32(out.p, q.p, k.p, v.p, c->len_q, c->len_kv, c->d_k, c->d_v,
+                                SDPA_DEFAULT_SCALE, c->causal ? SDPA_CAUSAL : 0);
+    }
+    if (c->len_q && (c->d_k == 0 || c->d_v == 0)) {
+        cr_assert_eq(st, SDPA_ERR_SIZE, "d_k %zu d_v %zu", c->d_k, c->d_v);
+        for (size_t i = 0; i < no; i++) cr_assert_eq(out.p[i], SENTINEL);
+    } else {
+        cr_assert_eq(st, SDPA_OK);
+        const size_t group = c->heads_q / c->heads_kv;
+        for (size_t h = 0; h < c->heads_q; h++) {
+            const size_t hk = h / group;
+            CHECK_OK(check_attention, c->mha ? "guarded mha" : "guarded attention",
+                     out.p + h * c->len_q * c->d_v, c->d_v, q.p + h * c->len_q * c->d_k, c->d_k,
+                     k.p + hk * c->len_kv * c->d_k, c->d_k, v.p + hk * c->len_kv * c->d_v, c->d_v,
+                     c->masked ? mask.p : NULL, c->len_kv, c->len_q, c->len_kv, c->d_k, c->d_v,
+                     0.0f, c->causal);
+        }
+    }
+    guard_free(&q);
+    guard_free(&k);
+    guard_free(&v);
+    guard_free(&out);
+    guard_free(&mask);
+}
+
+/* Every head-dimension tail 0..32 of d_k and d_v (alone and together), each array ending at a
+ * guard or starting right after one, single head, MHA, GQA and the grouped decode path, causal
+ * or not, with and without a mask; then every tail of the mask rows (len_kv 0..33). */
+BACKEND_TEST(guards, attention_every_head_tail_both_sides) {
+    rng r = rng_seed(106);
+    const char *modes[] = {"fast", "sleef"};
+    for (size_t t = 0; t <= MAX_TAIL; t++) {
+        const size_t dims[3][2] = {{t, 7}, {9, t}, {t, t}};
+        for (size_t dd = 0; dd < 3; dd++) {
+            for (unsigned s = 0; s < 4; s++) {
+                guard_case c = {0};
+                c.d_k = dims[dd][0];
+                c.d_v = dims[dd][1];
+                c.mha = s >= 2;
+                c.heads_kv = c.mha ? 1 + (t & 1) : 1;
+                c.heads_q = c.mha ? 2 * c.heads_kv : 1;
+                c.len_q = s == 3 ? 1 : 1 + (t + dd) % 6; /* s == 3: the grouped decode path */
+                c.len_kv = 1 + (t * 7 + dd) % 37;
+                c.causal = (t + s) & 1;
+                c.masked = c.mha && (t + dd) % 2;
+                /* all after, all before, and two mixes */
+                const unsigned patterns[4] = {0x00, 0x1f, 0x15, 0x0a};
+                c.sides = patterns[(s + dd + t) % 4];
+                cr_assert_eq(sdpa_set_exp_mode(modes[(t + s) & 1]), SDPA_OK);
+                guarded_attention(&r, &c);
+            }
+        }
+    }
+    for (size_t len_kv = 0; len_kv <= MAX_TAIL + 1; len_kv++) {
+        for (unsigned s = 0; s < 2; s++) {
+            guard_case c = {.heads_q = 2,
+                            .heads_kv = 1,
+                            .len_q = 3,
+                            .len_kv = len_kv,
+                            .d_k = 5,
+                            .d_v = 4,
+                            .causal = (int)s,
+                            .mha = 1,
+                            .masked = 1,
+                            .sides = s ? 0x1f : 0x00};
+            guarded_attention(&r, &c);
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}

@@ -85,3 +85,39 @@ BACKEND_TEST(regressions, softmax_many_small_equal_weights_within_bound) {
     }
     sdpa_set_exp_mode("fast");
 }
+
+/* fuzz_attention: an inf in q or k that makes a score -inf. The header said that inf in q or in
+ * a seen key's k gives a NaN row "(which makes the scores non-finite)"; the library (in line with
+ * softmax's rules, sdpa.h) gives a -inf score weight 0, and a row whose scores are all -inf
+ * zeros; only NaN or +inf scores give a NaN row. The header now says so; this pins it. */
+BACKEND_TEST(regressions, attention_minus_inf_scores_get_weight_zero) {
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+        /* d_k = 2: q . k_j = q0 k_j0 + q1 k_j1 */
+        const float v[3] = {3.0f, 4.0f, 5.0f};
+        float out[2];
+        /* q0 = -inf, every k_j0 > 0: every score -inf, the row is zeros */
+        const float q_all[4] = {-INFINITY, 1.0f};
+        const float k_all[6] = {1.0f, 0.5f, 2.0f, -1.0f, 0.25f, 0.0f};
+        cr_assert_eq(sdpa_attention_f32(out, q_all, k_all, v, 1, 3, 2, 1, 1.0f, 0), SDPA_OK);
+        cr_assert(out[0] == 0.0f && !signbit(out[0]), "all -inf scores: %a", out[0]);
+        /* one key's k0 = -inf with q0 > 0: that key drops out, the others share the weight */
+        const float q_one[2] = {1.0f, 0.5f};
+        const float k_one[6] = {-INFINITY, 1.0f, 0.5f, 0.5f, 0.5f, 0.5f};
+        cr_assert_eq(sdpa_attention_f32(out, q_one, k_one, v, 1, 3, 2, 1, 1.0f, 0), SDPA_OK);
+        cr_assert(fabsf(out[0] - 4.5f) <= 1e-5f, "one -inf score: %a, want 4.5", out[0]);
+        /* a +inf score: NaN row (exp(inf - inf)) */
+        const float k_plus[6] = {INFINITY, 1.0f, 0.5f, 0.5f, 0.5f, 0.5f};
+        cr_assert_eq(sdpa_attention_f32(out, q_one, k_plus, v, 1, 3, 2, 1, 1.0f, 0), SDPA_OK);
+        cr_assert(isnan(out[0]), "+inf score: %a, want NaN", out[0]);
+        /* the same through mha with a causal row that sees only the -inf-score key */
+        sdpa_mha_desc desc;
+        cr_assert_eq(sdpa_mha_desc_dense(&desc, 1, 1, 1, 2, 2, 2, 1, 1.0f, SDPA_CAUSAL), SDPA_OK);
+        const float q2[4] = {1.0f, 0.5f, 1.0f, 0.5f};
+        float out2[2];
+        cr_assert_eq(sdpa_mha_f32(&desc, out2, q2, k_one, v), SDPA_OK);
+        cr_assert(out2[0] == 0.0f && !signbit(out2[0]), "causal row 0, -inf score: %a", out2[0]);
+        cr_assert(fabsf(out2[1] - 4.0f) <= 1e-5f, "causal row 1: %a, want 4", out2[1]);
+    }
+    sdpa_set_exp_mode("fast");
+}

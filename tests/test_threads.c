@@ -1,15 +1,17 @@
-/* Many threads at once: every entry point from 8 threads on shared read-only inputs while
- * another thread switches the exp mode (and, in the second test, the backend) in a loop. Every
- * result must be bit-identical to a single-threaded run: on a fixed backend, the same bits as
- * that backend's run (softmax: its "fast" or its "sleef" run); while backends switch, the bits
- * of one of the backends this CPU runs (a call finishes on the backend it started on).
- * Failures in threads are counted and reported by the main thread (Criterion asserts only
- * there). The first-call race in a fresh process is tests/race_init.c.
+/* Many threads at once: every entry point (attention: a causal head, and GQA with a mask) from 8
+ * threads on shared read-only inputs while another thread switches the exp mode (and, in the second
+ * test, the backend) in a loop. Every result must be bit-identical to a single-threaded run: on a
+ * fixed backend, the same bits as that backend's run (softmax and attention: its "fast" or its
+ * "sleef" run); while backends switch, the bits of one of the backends this CPU runs (a call
+ * finishes on the backend it started on). Failures in threads are counted and reported by the main
+ * thread (Criterion asserts only there). The first-call race in a fresh process is
+ * tests/race_init.c.
  *
  * Criterion's runner cannot start under ThreadSanitizer (its worker arena is mapped where TSan
  * keeps its shadow), so the same file builds with -DTHREADS_STANDALONE into a plain program
  * (threads_standalone) that runs both tests on every backend; scripts/test-sanitizers runs that
  * one under TSan. */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -37,13 +39,22 @@
 #define N          1000
 #define N_KEYS     48
 #define D          64
+/* attention: one causal head, and GQA (4 query heads on 2 kv heads) with a mask */
+#define LQ 24
+#define LK 40
+#define DA 32
+#define HQ 4
+#define HK 2
 
 /* The shared inputs, written once before any thread starts. */
 static float a[N], b[N], x[N], y_soft[N], dy[N], q[D], k[N_KEYS * D];
+static float aq[HQ * LQ * DA], ak[HK * LK * DA], av[HK * LK * DA], amask[LQ * LK];
+static sdpa_mha_desc adesc;
 
 typedef struct results {
     float dot;
     float scale[N], softmax[N], backward[N], scores[N_KEYS];
+    float attention[LQ * DA], mha[HQ * LQ * DA];
 } results;
 
 static void make_inputs(void) {
@@ -55,6 +66,15 @@ static void make_inputs(void) {
     fill_uniform(&r, q, D, -1.0f, 1.0f);
     fill_uniform(&r, k, N_KEYS * D, -1.0f, 1.0f);
     REQUIRE(sdpa_softmax_f32(y_soft, x, N, 1.0f) == SDPA_OK, "softmax");
+    fill_uniform(&r, aq, HQ * LQ * DA, -1.0f, 1.0f);
+    fill_uniform(&r, ak, HK * LK * DA, -1.0f, 1.0f);
+    fill_uniform(&r, av, HK * LK * DA, -1.0f, 1.0f);
+    fill_uniform(&r, amask, LQ * LK, -2.0f, 2.0f);
+    for (size_t i = 0; i < LQ * LK; i += 5) amask[i] = -INFINITY;
+    REQUIRE(sdpa_mha_desc_dense(&adesc, 1, HQ, HK, LQ, LK, DA, DA, SDPA_DEFAULT_SCALE,
+                                SDPA_CAUSAL) == SDPA_OK,
+            "desc");
+    REQUIRE(sdpa_mha_desc_set_mask(&adesc, amask, 0, 0, LK) == SDPA_OK, "mask");
 }
 
 /* Every entry point once; 0 when every status was OK. */
@@ -65,7 +85,9 @@ static int compute_all(results *out) {
     bad |= sdpa_softmax_f32(out->softmax, x, N, 0.5f) != SDPA_OK;
     bad |= sdpa_softmax_backward_f32(out->backward, y_soft, dy, N, 0.5f) != SDPA_OK;
     bad |= sdpa_scores_f32(out->scores, q, k, N_KEYS, D, D, 0.125f) != SDPA_OK;
-    /* TODO(attention): the attention entry points, once merged, with their own fields here. */
+    bad |= sdpa_attention_f32(out->attention, aq, ak, av, LQ, LK, DA, DA, 0.2f, SDPA_CAUSAL) !=
+           SDPA_OK;
+    bad |= sdpa_mha_f32(&adesc, out->mha, aq, ak, av) != SDPA_OK;
     return bad;
 }
 
@@ -94,22 +116,27 @@ static void record(expected *e, const char *backend) {
 /* Each output matches some recorded backend (and, for softmax, exp mode), independently:
  * the backend may change between two calls of one compute_all. */
 static const char *mismatch(const expected *e, const results *got) {
-    int dot = 0, scale = 0, softmax = 0, backward = 0, scores = 0;
+    int dot = 0, scale = 0, softmax = 0, backward = 0, scores = 0, attention = 0, mha = 0;
     for (size_t i = 0; i < e->count; i++) {
         const results *r = &e->run[i][0];
         dot |= same(&got->dot, &r->dot, sizeof r->dot);
         scale |= same(got->scale, r->scale, sizeof r->scale);
         backward |= same(got->backward, r->backward, sizeof r->backward);
         scores |= same(got->scores, r->scores, sizeof r->scores);
-        for (size_t m = 0; m < 2; m++)
+        for (size_t m = 0; m < 2; m++) {
             softmax |= same(got->softmax, e->run[i][m].softmax, sizeof got->softmax);
+            attention |= same(got->attention, e->run[i][m].attention, sizeof got->attention);
+            mha |= same(got->mha, e->run[i][m].mha, sizeof got->mha);
+        }
     }
-    return !dot        ? "dot"
-           : !scale    ? "scale"
-           : !softmax  ? "softmax"
-           : !backward ? "softmax_backward"
-           : !scores   ? "scores"
-                       : NULL;
+    return !dot         ? "dot"
+           : !scale     ? "scale"
+           : !softmax   ? "softmax"
+           : !backward  ? "softmax_backward"
+           : !scores    ? "scores"
+           : !attention ? "attention"
+           : !mha       ? "mha"
+                        : NULL;
 }
 
 typedef struct shared {
@@ -195,6 +222,17 @@ static void fixed_backend(void) {
     REQUIRE(!check_softmax(want.run[0][1].softmax, x, N, 0.5f, why), "%s", why);
     REQUIRE(!check_backward(want.run[0][0].backward, y_soft, dy, N, 0.5f, why), "%s", why);
     REQUIRE(!check_scores(want.run[0][0].scores, q, k, N_KEYS, D, D, 0.125f, why), "%s", why);
+    for (size_t m = 0; m < 2; m++) {
+        const results *r = &want.run[0][m];
+        REQUIRE(!check_attention(r->attention, DA, aq, DA, ak, DA, av, DA, NULL, 0, LQ, LK, DA, DA,
+                                 0.2f, 1, why),
+                "%s", why);
+        for (size_t h = 0; h < HQ; h++)
+            REQUIRE(!check_attention(r->mha + h * LQ * DA, DA, aq + h * LQ * DA, DA,
+                                     ak + h / (HQ / HK) * LK * DA, DA, av + h / (HQ / HK) * LK * DA,
+                                     DA, amask, LK, LQ, LK, DA, DA, 0.0f, 1, why),
+                    "%s", why);
+    }
     run_threads(&want, 0);
 }
 

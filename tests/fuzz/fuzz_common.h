@@ -1,5 +1,5 @@
-/* Shared pieces of the differential fuzzers (one file per entry-point family: fuzz_kernels.c,
- * and fuzz_attention.c when attention lands): a reader that turns fuzz bytes into sizes, flags
+/* Shared pieces of the differential fuzzers (one file per entry-point family: fuzz_kernels.c
+ * and fuzz_attention.c): a reader that turns fuzz bytes into sizes, flags
  * and float bit patterns; fenced buffers whose surroundings AddressSanitizer poisons and whose
  * canaries are checked after every call; the loop over every backend this CPU runs.
  *

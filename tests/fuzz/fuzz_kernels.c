@@ -466,10 +466,7 @@ static void fuzz_scores(fuzz_reader *r) {
     fenced_free(&k);
 }
 
-/* TODO(attention): the attention family gets its own fuzzer, tests/fuzz/fuzz_attention.c, on
- * the same pieces (fuzz_common.h: reader, fenced buffers, next_backend; tests/reference.c for
- * the double reference); scripts/fuzz builds every tests/fuzz/fuzz_*.c and runs each with its
- * corpus in tests/fuzz/corpus/<name>/. */
+/* The attention family has its own fuzzer, tests/fuzz/fuzz_attention.c, on the same pieces. */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -434,7 +434,9 @@ static void run_case(fuzz_reader *r) {
                     FUZZ_CHECK(fuzz_to_bits(o.p[i]) == CANARY_BITS,
                                "out[%zu] written (%s, status %d)", i,
                                error ? "on error" : "outside the view", (int)st);
-            if (error) continue;
+            /* no rows: nothing to check, and strides of empty views may be anything (even
+             * huge), so no view pointers are formed from them */
+            if (error || !d->len_q) continue;
             for (size_t b = 0; b < d->batch; b++) {
                 for (size_t h = 0; h < d->heads_q; h++) {
                     size_t hk = h / (d->heads_q / d->heads_kv);

@@ -34,11 +34,12 @@
 #define REQUIRE(cond, ...) cr_assert(cond, __VA_ARGS__)
 #endif
 
-#define N_WORKERS  8
-#define ITERATIONS 1000 /* per worker; a tenth under emulation (the races are native's and TSan's job) */
-#define N          1000
-#define N_KEYS     48
-#define D          64
+#define N_WORKERS 8
+#define ITERATIONS                                                                                 \
+    1000 /* per worker; a tenth under emulation (the races are native's and TSan's job) */
+#define N      1000
+#define N_KEYS 48
+#define D      64
 /* attention: one causal head, and GQA (4 query heads on 2 kv heads) with a mask */
 #define LQ 24
 #define LK 40

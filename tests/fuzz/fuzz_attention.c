@@ -231,6 +231,7 @@ static void expect_head(const fcase *c, const head_view *h, head_expect *e) {
         /* which keys the row sees, and what its scores are */
         int any = 0, nan_row = 0, finite_max = 0, wild = 0, minus_inf_bad_v = 0;
         double max_abs_s = 0.0, max_v = 0.0; /* max_v over finite values */
+        double max_terms = 0.0;              /* max_j |scale| sum_p |q_p k_jp| */
         for (size_t j = 0; j < seen; j++) {
             if (mi && mi[j] == -INFINITY) continue;
             any = 1;
@@ -242,6 +243,7 @@ static void expect_head(const fcase *c, const head_view *h, head_expect *e) {
             }
             /* float partial sums of finite products may overflow: the row is unspecified */
             if (fabs(scale) * finite_abs > 1e37) wild = 1;
+            if (fabs(scale) * finite_abs > max_terms) max_terms = fabs(scale) * finite_abs;
             double s = scale * ref_dot(qi, kj, d_k) + (mi ? mi[j] : 0.0);
             if (isnan(s) || s == INFINITY) nan_row = 1;
             if (isfinite(s)) {
@@ -272,10 +274,14 @@ static void expect_head(const fcase *c, const head_view *h, head_expect *e) {
             e->kind[i] = ROW_VALUES;
             ref_attention(e->ref + i * d_v, 0, qi, 0, h->k, h->ks, h->v, h->vs, mi, 0, 1, seen, d_k,
                           d_v, scale, 0);
-            /* The rounding of scores to float moves each weight by about |s| 2^-24 relative (a
-               few roundings: the dot, the scale, the mask); the kernels' own error is
-               1e-5 max|v|. */
-            e->bound[i] = max_v * (1e-5 + 8.0 * 0x1p-24 * max_abs_s) + 0x1p-126;
+            /* An absolute error delta in the scores moves each weight by about delta relative,
+               and the output by at most 2 max|v| max delta. A float dot of d_k terms is within
+               d_k 2^-24 sum |q_p k_p| (more than |s| where terms cancel: found by the fuzzer at
+               d_k 257, scale 2); the scale and mask roundings add a few |s| 2^-24; the kernels'
+               own error is 1e-5 max|v|. */
+            e->bound[i] = max_v * (1e-5 + 8.0 * 0x1p-24 * max_abs_s +
+                                   2.0 * (double)(d_k + 2) * 0x1p-24 * max_terms) +
+                          0x1p-126;
         }
     }
 }

@@ -45,7 +45,7 @@ static float uniform(uint64_t *s, float lo, float hi) {
 
 /* ---- One set of small inputs with double-precision expectations. ---- */
 
-enum { MAX_N = 100, D = 24, N_KEYS = 7, K_STRIDE = 29 };
+enum { MAX_N = 100, D = 24, N_KEYS = 7, K_STRIDE = 29, LQ = 3 };
 
 typedef struct problem {
     size_t n;
@@ -56,6 +56,10 @@ typedef struct problem {
     float y[MAX_N]; /* softmax(a * SCALE) rounded, the input of the backward check */
     double dx[MAX_N], dx_bound[MAX_N];
     double scores[N_KEYS], scores_abs[N_KEYS];
+    /* attention: LQ query rows of D (the first LQ*D of a), keys k (rows K_STRIDE apart, and a
+       dense copy kd), values v; causal, scale 1/sqrt(D) */
+    float kd[N_KEYS * D], v[N_KEYS * K_STRIDE], vd[N_KEYS * D];
+    double att[LQ * D], v_max;
 } problem;
 
 static const float SCALE = 0.7f;
@@ -63,7 +67,8 @@ static const float SCALE = 0.7f;
 static void make_problem(problem *p, size_t n, uint64_t seed) {
     uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
     p->n = n;
-    for (size_t i = 0; i < n; i++) {
+    /* all MAX_N entries: scores reads D of them whatever n is */
+    for (size_t i = 0; i < MAX_N; i++) {
         p->a[i] = uniform(&s, -3, 3);
         p->b[i] = uniform(&s, -3, 3);
         p->dy[i] = uniform(&s, -1, 1);
@@ -82,6 +87,16 @@ static void make_problem(problem *p, size_t n, uint64_t seed) {
         p->dx[i] = SCALE * (double)p->y[i] * (p->dy[i] - y_dot_dy);
         p->dx_bound[i] = 1e-5 * SCALE * p->y[i] * (fabs(p->dy[i]) + y_abs_dy) + 1e-30;
     }
+    p->v_max = 0;
+    for (size_t j = 0; j < N_KEYS; j++)
+        for (size_t c = 0; c < D; c++) {
+            p->v[j * K_STRIDE + c] = uniform(&s, -2, 2);
+            p->kd[j * D + c] = p->k[j * K_STRIDE + c];
+            p->vd[j * D + c] = p->v[j * K_STRIDE + c];
+            p->v_max = fmax(p->v_max, fabs(p->vd[j * D + c]));
+        }
+    ref_attention(p->att, D, p->a, D, p->kd, D, p->vd, D, NULL, 0, LQ, N_KEYS, D, D,
+                  (double)(float)(1 / sqrt((double)D)), 1);
     for (size_t j = 0; j < N_KEYS; j++) {
         p->scores[j] = SCALE * ref_dot(p->a, p->k + j * K_STRIDE, D);
         p->scores_abs[j] = SCALE * ref_dot_abs(p->a, p->k + j * K_STRIDE, D);
@@ -93,7 +108,7 @@ static void make_problem(problem *p, size_t n, uint64_t seed) {
 static int run_kernels(const sdpa_api *api, const problem *p, int quiet) {
     int bad = 0;
     size_t n = p->n;
-    float out[MAX_N], y[MAX_N], s[N_KEYS], r = 0;
+    float out[MAX_N], y[MAX_N], s[N_KEYS], att[LQ * D], r = 0;
 #define EXPECT(cond, ...)                                                                          \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
@@ -127,7 +142,25 @@ static int run_kernels(const sdpa_api *api, const problem *p, int quiet) {
     for (size_t j = 0; j < N_KEYS; j++)
         EXPECT(fabs(s[j] - p->scores[j]) <= 1e-5 * p->scores_abs[j] + 1e-30,
                "scores[%zu] %.9g, expected %.9g", j, s[j], p->scores[j]);
-        /* Attention functions, once in the table, are checked here too. */
+
+    /* attention: the dense call, then mha_f32 on strided k and v from a desc the table made */
+    EXPECT(api->attention_f32(att, p->a, p->kd, p->vd, LQ, N_KEYS, D, D, SDPA_DEFAULT_SCALE,
+                              SDPA_CAUSAL) == SDPA_OK,
+           "attention status");
+    for (size_t i = 0; i < LQ * D; i++)
+        EXPECT(fabs(att[i] - p->att[i]) <= 1e-5 * p->v_max, "attention[%zu] %.9g, expected %.9g", i,
+               att[i], p->att[i]);
+    sdpa_mha_desc desc;
+    EXPECT(api->mha_desc_dense(&desc, 1, 1, 1, LQ, N_KEYS, D, D, SDPA_DEFAULT_SCALE, SDPA_CAUSAL) ==
+               SDPA_OK,
+           "mha_desc_dense status");
+    desc.k_stride[2] = desc.v_stride[2] = K_STRIDE;
+    memset(att, 0, sizeof att);
+    EXPECT(api->mha_f32(&desc, att, p->a, p->k, p->v) == SDPA_OK, "mha status");
+    for (size_t i = 0; i < LQ * D; i++)
+        EXPECT(fabs(att[i] - p->att[i]) <= 1e-5 * p->v_max, "mha[%zu] %.9g, expected %.9g", i,
+               att[i], p->att[i]);
+    EXPECT(api->mha_f32(NULL, att, p->a, p->k, p->v) == SDPA_ERR_NULL, "mha(NULL desc) status");
 #undef EXPECT
     return bad;
 }
@@ -168,6 +201,8 @@ static void check_table(const sdpa_api *api, get_api_fn get) {
     CHECK(api->struct_size >= sizeof(sdpa_api), "struct_size %u < %zu", api->struct_size,
           sizeof(sdpa_api));
     CHECK(SDPA_API_HAS(api, set_exp_mode), "SDPA_API_HAS(set_exp_mode)");
+    CHECK(SDPA_API_HAS(api, mha_desc_set_mask),
+          "SDPA_API_HAS(mha_desc_set_mask): attention in the table");
     CHECK(get(SDPA_ABI_VERSION) == api, "sdpa_get_api returns one table");
     CHECK(get(0) == NULL, "sdpa_get_api(0) must be NULL");
     CHECK(get(SDPA_ABI_VERSION + 1) == NULL, "sdpa_get_api(%u) must be NULL", SDPA_ABI_VERSION + 1);

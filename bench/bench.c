@@ -8,10 +8,12 @@
  * table gives the median time per call, the spread (min and max) of the rounds, and ratios of
  * medians measured in this same run.
  *
- * Ops (the OPS table below): dot, scale, softmax (both exp modes), scores; each row also says
+ * Ops (the OPS table below): dot, scale, softmax (both exp modes), scores, attention (shapes in
+ * the benchdnn style: decode, prefill, causal, MHA and GQA); each row also says
  * how close it came to the limit that binds it (roofline.h, measured at start-up).
  *
- *   bench [--op NAME]... [--backend NAME]... [--n N]... [--d D]... [--reps R] [--min-ms MS]
+ *   bench [--op NAME]... [--backend NAME]... [--n N]... [--d D]... [--shape SHAPE]...
+ *         [--reps R] [--min-ms MS]
  *         [--cpu C] [--wall] [--no-peers] [--no-roofline] [--openblas-core NAME]
  *         [--csv FILE] [--json FILE] [--plot DIR] [--smoke]
  */
@@ -57,7 +59,8 @@ typedef struct job {
     float scale;
     float sink;
     peer_dnnl_softmax *dnnl;
-    void *extra; /* state of ops that need more (attention) */
+    size_t y_len; /* floats check() poisons at y when not n (attention: the output) */
+    void *extra;  /* state of ops that need more (attention) */
 } job;
 
 typedef struct impl {
@@ -95,6 +98,8 @@ typedef struct op_def {
 
 typedef struct options {
     int ops[8];
+    size_t shape_sizes[MAX_SIZES]; /* --shape: 1-based indices into attention_shapes */
+    size_t n_shapes;
     const char *backends[8];
     size_t n_backends;
     size_t sizes[MAX_SIZES];
@@ -275,8 +280,13 @@ static int softmax_verify(const job *j, int exp_index) {
 /* One float read and one written (the extra passes over y are its own cost, not traffic); its
  * exp is about ten FMA-pipe operations per element, but those are not FMAs of the peak's kind,
  * so only memory is taken as its limit. */
+/* Softmax is bound by its exp pass, not by a flop count: per vector, the fast exp needs ten
+ * operations of the FMA/multiply pipes (z = x*scale - shift, the multiply by log2 e, two for
+ * the Cody-Waite reduction, five for the polynomial, the 2^n scaling) and normalize one more.
+ * Counting each as an FMA's two flops per lane gives 22 flop-equivalents per element, the
+ * limit against the FMA peak (docs/performance.md, "What bounds softmax"). */
 static void softmax_cost(const job *j, double *flops, double *bytes, double *working_set) {
-    *flops = 0;
+    *flops = 22.0 * (double)j->n;
     *bytes = *working_set = 8.0 * (double)j->n;
 }
 
@@ -332,21 +342,151 @@ static void scores_cost(const job *j, double *flops, double *bytes, double *work
     *bytes = *working_set = 4 * (n * d + d + n);
 }
 
+/* ---- attention: sdpa_mha_f32 on a shape in the benchdnn style ----
+ * b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal], d_k = d_v = d, dense
+ * [batch][head][row][col] tensors, scale 1/sqrt(d), exp "fast". The op's sizes are 1-based
+ * indices into attention_shapes; --shape replaces the defaults. */
+
+typedef struct att_shape {
+    char name[40];
+    size_t batch, heads_q, heads_kv, len_q, len_kv, d;
+    uint32_t flags;
+} att_shape;
+
+#define MAX_SHAPES (MAX_SIZES - 1)
+static att_shape attention_shapes[MAX_SHAPES] = {
+    {"b1h1q1k4096d128", 1, 1, 1, 1, 4096, 128, 0},       /* decode, one head */
+    {"b1h8q1k4096d128", 1, 8, 8, 1, 4096, 128, 0},       /* decode, MHA */
+    {"b1h32kv8q1k1024d128", 1, 32, 8, 1, 1024, 128, 0},  /* decode, GQA */
+    {"b1h1q1024k1024d64", 1, 1, 1, 1024, 1024, 64, 0},   /* prefill */
+    {"b1h1q1024k1024d128", 1, 1, 1, 1024, 1024, 128, 0}, /* prefill */
+    {"b1h1q1024k1024d128causal", 1, 1, 1, 1024, 1024, 128, SDPA_CAUSAL},
+    {"b1h8q512k512d128", 1, 8, 8, 512, 512, 128, 0},            /* MHA prefill */
+    {"b1h8kv2q512k512d128", 1, 8, 2, 512, 512, 128, 0},         /* GQA prefill */
+    {"b2h4kv2q3k33d17causal", 2, 4, 2, 3, 33, 17, SDPA_CAUSAL}, /* --smoke: tails */
+    {"b1h2kv1q1k70d8", 1, 2, 1, 1, 70, 8, 0},                   /* --smoke: grouped decode */
+};
+static size_t n_attention_shapes = 10;
+enum { ATT_SMOKE_FIRST = 9 }; /* 1-based index of the first smoke shape */
+
+/* Parses "b1h8kv2q512k512d128causal" into s; 0 if it is not one. */
+static int parse_shape(const char *text, att_shape *s) {
+    memset(s, 0, sizeof *s);
+    const char *p = text;
+    size_t *field[] = {&s->batch, &s->heads_q, &s->heads_kv, &s->len_q, &s->len_kv, &s->d};
+    static const char *const tags[] = {"b", "h", "kv", "q", "k", "d"};
+    for (int f = 0; f < 6; f++) {
+        size_t len = strlen(tags[f]);
+        if (strncmp(p, tags[f], len) != 0) {
+            if (f == 2) continue; /* kv is optional: heads_kv = heads_q */
+            return 0;
+        }
+        p += len;
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (end == p || errno || v == 0 || v > (1u << 24)) return 0;
+        *field[f] = (size_t)v;
+        p = end;
+    }
+    if (!s->heads_kv) s->heads_kv = s->heads_q;
+    if (strcmp(p, "causal") == 0)
+        s->flags = SDPA_CAUSAL;
+    else if (*p)
+        return 0;
+    if (s->heads_q % s->heads_kv) return 0;
+    snprintf(s->name, sizeof s->name, "%s", text);
+    return 1;
+}
+
+typedef struct att_state {
+    const att_shape *shape;
+    sdpa_mha_desc desc;
+    float *q, *k, *v, *scores; /* scores: the OpenBLAS composite's len_q x len_kv matrix */
+    size_t n_out;
+    double pairs; /* (query, key) pairs computed, per head: causal skips the rest */
+} att_state;
+
+static void attention_prepare(job *j) {
+    att_state *st = calloc(1, sizeof *st);
+    if (!st) exit(2);
+    const att_shape *s = st->shape = &attention_shapes[j->n - 1];
+    j->extra = st;
+    snprintf(j->size_label, sizeof j->size_label, "%s", s->name);
+    size_t nq = s->batch * s->heads_q * s->len_q * s->d;
+    size_t nkv = s->batch * s->heads_kv * s->len_kv * s->d;
+    st->q = xalloc(nq), st->k = xalloc(nkv), st->v = xalloc(nkv);
+    st->scores = xalloc(s->len_q * s->len_kv);
+    fill(st->q, nq, -1, 1), fill(st->k, nkv, -1, 1), fill(st->v, nkv, -1, 1);
+    st->n_out = nq;
+    j->y = xalloc(nq), j->ref = xalloc(nq), j->y_len = nq;
+    sdpa_mha_desc_dense(&st->desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->d,
+                        s->d, SDPA_DEFAULT_SCALE, s->flags);
+    for (size_t i = 0; i < s->len_q; i++) {
+        double seen = (double)s->len_kv;
+        if (s->flags & SDPA_CAUSAL) {
+            seen = (double)(i + 1 + s->len_kv) - (double)s->len_q;
+            seen = seen < 0 ? 0 : seen > (double)s->len_kv ? (double)s->len_kv : seen;
+        }
+        st->pairs += seen;
+    }
+    /* ns/elem is per (query, key) pair of every head */
+    j->n = (size_t)st->pairs * s->batch * s->heads_q;
+    sdpa_set_exp_mode("fast");
+    use_scalar();
+    if (sdpa_mha_f32(&st->desc, j->ref, st->q, st->k, st->v) != SDPA_OK) {
+        fprintf(stderr, "bench: sdpa_mha_f32 refused %s\n", s->name);
+        exit(2);
+    }
+}
+
+static void attention_run(enum kind kind, job *j, size_t iters) {
+    att_state *st = j->extra;
+    const att_shape *s = st->shape;
+    switch (kind) {
+    case KIND_SDPA:
+        for (size_t i = 0; i < iters; i++) sdpa_mha_f32(&st->desc, j->y, st->q, st->k, st->v);
+        break;
+    case KIND_OPENBLAS:
+        for (size_t i = 0; i < iters; i++)
+            peer_openblas_attention(j->y, st->q, st->k, st->v, st->scores, s->batch, s->heads_q,
+                                    s->heads_kv, s->len_q, s->len_kv, s->d,
+                                    (s->flags & SDPA_CAUSAL) != 0);
+        break;
+    default: break;
+    }
+    j->sink += j->y[0];
+}
+
+/* Twice the documented bound (1e-5 max|v|, v in [-1, 1)) against the scalar backend. */
+static int attention_verify(const job *j, int exp_index) {
+    (void)exp_index;
+    const att_state *st = j->extra;
+    for (size_t i = 0; i < st->n_out; i++)
+        if (!(fabs((double)j->y[i] - j->ref[i]) <= 2e-5)) return 0;
+    return 1;
+}
+
+/* Two FMAs per (query, key) pair and column (Q K^T and P V); Q, K, V and out are the traffic. */
+static void attention_cost(const job *j, double *flops, double *bytes, double *working_set) {
+    const att_state *st = j->extra;
+    const att_shape *s = st->shape;
+    double heads = (double)(s->batch * s->heads_q);
+    *flops = 4 * heads * st->pairs * (double)s->d;
+    *bytes = *working_set =
+        4.0 * (double)(2 * st->n_out + 2 * s->batch * s->heads_kv * s->len_kv * s->d);
+}
+
+static void attention_release(job *j) {
+    att_state *st = j->extra;
+    free(st->q), free(st->k), free(st->v), free(st->scores), free(st);
+}
+
 /* ---- the ops table ----
  * Sizes: powers of 4 from 16 to 2^24 floats (64 MiB per array), so each op walks from L1 through
  * L2 and L3 to DRAM; softmax adds 128 (a target of issue 2); scores walks 16 to 2^18 keys
  * (K is 128 MiB at 2^18 x 128).
- *
- * ATTENTION GOES HERE. After the attention branch is merged, attention joins this table as one
- * more entry (bench/attention.c next to this file): sizes index a table of shapes in the
- * benchdnn style (decode b1h8q1k4096d128, prefill, GQA prefill, causal prefill; --shape adds
- * one), prepare() builds Q/K/V and a sdpa_mha_desc, fills size_label with the shape name and
- * keeps its state in job->extra (freed by release()), run() calls sdpa_mha_f32, verify() compares
- * with the scalar backend's output, cost() counts 4 * len_q * len_kv * d flops per head (FMA-bound)
- * and the bytes of Q, K, V and out; peers: the OpenBLAS sgemm + softmax + sgemm composite (a new
- * KIND, described in the header like the others) and none. Besides that KIND and a --shape
- * option, nothing else in this file needs to change: timing, checks, roof%, csv, json and plots
- * are driven by this table. */
+ * (K is 128 MiB at 2^18 x 128); attention indexes ATTENTION_SHAPES (1-based). */
 static const op_def OPS[] = {
     {"dot",
      {16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1u << 20, 1u << 22, 1u << 24},
@@ -396,13 +536,29 @@ static const op_def OPS[] = {
      scores_verify,
      scores_cost,
      NULL},
+    {"attention",
+     {1, 2, 3, 4, 5, 6, 7, 8},
+     {ATT_SMOKE_FIRST, ATT_SMOKE_FIRST + 1},
+     {0},
+     {KIND_OPENBLAS, KIND_NONE},
+     1,
+     "GFLOP/s",
+     attention_prepare,
+     attention_run,
+     attention_verify,
+     attention_cost,
+     attention_release},
 };
 #define N_OPS (sizeof OPS / sizeof OPS[0])
 
 /* ---- timing ---- */
 
 static void select_impl(const impl *im) {
-    if (im->kind != KIND_SDPA) return;
+    if (im->kind != KIND_SDPA) { /* peers that call sdpa (the attention composite's softmax) */
+        sdpa_set_backend("auto");
+        sdpa_set_exp_mode("fast");
+        return;
+    }
     if (sdpa_set_backend(im->backend) != SDPA_OK ||
         (im->exp && sdpa_set_exp_mode(im->exp) != SDPA_OK)) {
         fprintf(stderr, "bench: cannot select %s\n", im->label);
@@ -430,7 +586,7 @@ static size_t calibrate(const impl *im, job *j, double min_ms) {
 /* One call on poisoned outputs (NaN: a kernel that writes nothing fails), then the op's check. */
 static int check(const impl *im, job *j) {
     select_impl(im);
-    if (j->y) memset(j->y, 0xff, j->n * sizeof(float));
+    if (j->y) memset(j->y, 0xff, (j->y_len ? j->y_len : j->n) * sizeof(float));
     j->result = NAN;
     j->op->run(im->kind, j, 1);
     return j->op->verify(j, im->exp && strcmp(im->exp, "sleef") == 0);
@@ -498,9 +654,13 @@ static void op_display_name(const job *j, char *out, size_t len) {
         snprintf(out, len, "%s", j->op->name);
 }
 
+/* Width of the size column: attention's are shape names. */
+static int size_width(const op_def *op) { return op->run == attention_run ? 26 : 9; }
+
 static void print_header_row(const op_def *op, int peers) {
-    printf("\n%-12s %9s %-13s %10s %17s %9s %8s %8s %6s %-5s %10s", "op", "n", "impl", "ns/call",
-           "spread min..max", "ns/elem", "GFLOP/s", "GB/s", "roof%", "limit", "vs scalar");
+    printf("\n%-12s %*s %-13s %10s %17s %9s %8s %8s %6s %-5s %10s", "op", size_width(op),
+           op->run == attention_run ? "shape" : "n", "impl", "ns/call", "spread min..max",
+           "ns/elem", "GFLOP/s", "GB/s", "roof%", "limit", "vs scalar");
     if (peers)
         for (int p = 0; p < 2; p++)
             if (op->peers[p] != KIND_NONE) printf(" vs %-7s", KIND_NAMES[op->peers[p]]);
@@ -525,7 +685,8 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
         char spread[40];
         snprintf(spread, sizeof spread, "%+.1f%%..%+.1f%%", 100 * (im->min / ns - 1),
                  100 * (im->max / ns - 1));
-        printf("%-12s %9s %-13s %10.*f %17s %9.4f ", name, j->size_label, im->label,
+        printf("%-12s %*s %-13s %10.*f %17s %9.4f ", name, size_width(j->op), j->size_label,
+               im->label,
                ns < 100   ? 2
                : ns < 1e5 ? 1
                           : 0,
@@ -557,6 +718,7 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
                             .vs_scalar = ratio(scalar, im),
                             .ok = im->checked_ok};
         snprintf(rec.op, sizeof rec.op, "%s", name);
+        snprintf(rec.size, sizeof rec.size, "%s", j->size_label);
         snprintf(rec.impl, sizeof rec.impl, "%s", im->label);
         snprintf(rec.limit, sizeof rec.limit, "%s", limit);
         rec.per_ns = strcmp(j->op->plot_unit, "GFLOP/s") == 0 ? rec.gflops : rec.gbytes_per_s;
@@ -693,17 +855,21 @@ static void cpu_model(char *out, size_t len) {
 }
 
 static void usage(int status) {
-    fprintf(status ? stderr : stdout,
-            "usage: bench [--op NAME]... [--backend NAME]... [--n N]... [--d D]...\n"
-            "             [--reps R] [--min-ms MS] [--cpu C] [--wall] [--no-peers]\n"
-            "             [--no-roofline] [--openblas-core NAME] [--csv FILE] [--json FILE]\n"
-            "             [--plot DIR] [--smoke]\n"
-            "ops:");
+    fprintf(
+        status ? stderr : stdout,
+        "usage: bench [--op NAME]... [--backend NAME]... [--n N]... [--d D]...\n"
+        "             [--shape SHAPE]... [--reps R] [--min-ms MS] [--cpu C] [--wall] [--no-peers]\n"
+        "             [--no-roofline] [--openblas-core NAME] [--csv FILE] [--json FILE]\n"
+        "             [--plot DIR] [--smoke]\n"
+        "ops:");
     for (size_t i = 0; i < N_OPS; i++) fprintf(status ? stderr : stdout, " %s", OPS[i].name);
     fprintf(status ? stderr : stdout,
             " (default: all)\n"
             "--n: elements (scores: keys), replacing each op's sizes; --d: scores' key length\n"
-            "(default 64 and 128); --smoke: tiny sizes, one round, no roofline\n");
+            "(default 64 and 128); --shape: an attention shape in the benchdnn style,\n"
+            "b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal], for example\n"
+            "b1h8kv2q512k512d128causal (replacing the default shapes; alone, it selects the\n"
+            "attention op); --smoke: tiny sizes, one round, no roofline\n");
     exit(status);
 }
 
@@ -729,6 +895,13 @@ static options parse(int argc, char **argv) {
             while (k < N_OPS && strcmp(v, OPS[k].name) != 0) k++;
             if (k == N_OPS) usage(2);
             o.ops[k] = any_op = 1;
+        } else if (strcmp(a, "--shape") == 0 && o.n_shapes < MAX_SHAPES) {
+            if (!parse_shape(v, &attention_shapes[o.n_shapes])) {
+                fprintf(stderr, "bench: bad shape %s (example: b1h8kv2q512k512d128causal)\n", v);
+                exit(2);
+            }
+            o.shape_sizes[o.n_shapes] = o.n_shapes + 1;
+            o.n_shapes++;
         } else if (strcmp(a, "--backend") == 0 && o.n_backends < 8) {
             if (!sdpa_backend_supported(v)) {
                 fprintf(stderr, "bench: backend %s cannot run here\n", v);
@@ -759,7 +932,8 @@ static options parse(int argc, char **argv) {
     if (o.smoke) o.reps = 1, o.roofline = 0;
     if (o.reps < 1 || o.reps > MAX_REPS) usage(2);
     if (!any_op)
-        for (size_t k = 0; k < N_OPS; k++) o.ops[k] = 1;
+        for (size_t k = 0; k < N_OPS; k++) o.ops[k] = !o.n_shapes || OPS[k].run == attention_run;
+    if (o.n_shapes) n_attention_shapes = o.n_shapes;
     if (!o.n_backends) {
         /* scalar is always measured: it is the baseline of every ratio */
         for (size_t i = 0; sdpa_backend_name(i); i++)
@@ -803,7 +977,8 @@ static void print_roofline(void) {
            roof.level_bytes[ROOF_L3] >> 20, roof.level_source);
     printf("roof%%: the time the binding limit allows over the row's median: bytes moved / "
            "bandwidth of the level the working set lives in, or flops / FMA peak, whichever is "
-           "longer (limit column); softmax and scale are counted by bytes only\n");
+           "longer (limit column); scale is counted by bytes only, softmax by bytes and its exp's "
+           "FMA-pipe work\n");
 }
 
 int main(int argc, char **argv) {
@@ -834,7 +1009,11 @@ int main(int argc, char **argv) {
            "ns per call, spread = min..max round vs median; vs X = X's median / this median "
            "(> 1: faster than X); inputs 64-byte aligned; ns/elem per element (scores: per key); "
            "softmax scale 1, scale alpha 0.125, scores scale 1/sqrt(d); \"L1 loads\": the dot's "
-           "inputs read with the widest vectors and nothing else\n",
+           "inputs read with the widest vectors and nothing else; softmax GFLOP/s counts FMA-pipe "
+           "work (22 flop-equivalents per element: 11 two-pipe operations per vector in its fast "
+           "exp and normalize); attention: sdpa_mha_f32, exp fast, scale 1/sqrt(d), GFLOP/s "
+           "counts 4 d flops per (query, key) pair computed (causal skips hidden pairs), ns/elem "
+           "is per pair; its peer is OpenBLAS sgemm (sgemv) + sdpa softmax + sgemm (sgemv)\n",
            o.reps, o.smoke ? 0.0 : o.min_ms);
 
     if (o.roofline) roof = roofline_measure(sdpa_backend()), have_roof = 1;
@@ -857,6 +1036,8 @@ int main(int argc, char **argv) {
         if (!o.ops[k]) continue;
         print_header_row(op, o.peers);
         const size_t *sizes = o.n_sizes ? o.sizes : o.smoke ? op->smoke_sizes : op->sizes;
+        if (op->run == attention_run) /* sizes are shapes: --n does not apply */
+            sizes = o.n_shapes ? o.shape_sizes : o.smoke ? op->smoke_sizes : op->sizes;
         const size_t *dims = op->dims[0] && o.n_dims ? o.dims : op->dims;
         static const size_t NO_DIM[] = {0, 0};
         if (!dims[0]) dims = NO_DIM;

@@ -62,13 +62,13 @@ int write_json(const char *path, const bench_context *c) {
     fprintf(f, "  \"rows\": [\n");
     for (size_t i = 0; i < n_records; i++) {
         const bench_record *r = &records[i];
-        fprintf(
-            f,
-            "    {\"op\": \"%s\", \"n\": %zu, \"d\": %zu, \"impl\": \"%s\", \"ns_median\": %.4f, "
-            "\"ns_min\": %.4f, \"ns_max\": %.4f, \"ns_per_element\": %.6f, \"gflops\": %.4f, "
-            "\"gbytes_per_s\": %.4f, ",
-            r->op, r->n, r->d, r->impl, r->ns, r->ns_min, r->ns_max, r->ns / (double)r->n,
-            r->gflops, r->gbytes_per_s);
+        fprintf(f,
+                "    {\"op\": \"%s\", \"size\": \"%s\", \"n\": %zu, \"d\": %zu, \"impl\": \"%s\", "
+                "\"ns_median\": %.4f, "
+                "\"ns_min\": %.4f, \"ns_max\": %.4f, \"ns_per_element\": %.6f, \"gflops\": %.4f, "
+                "\"gbytes_per_s\": %.4f, ",
+                r->op, r->size, r->n, r->d, r->impl, r->ns, r->ns_min, r->ns_max,
+                r->ns / (double)r->n, r->gflops, r->gbytes_per_s);
         if (r->roof_percent >= 0)
             fprintf(f, "\"roof_percent\": %.1f, \"roof_limit\": \"%s\", ", r->roof_percent,
                     r->limit);
@@ -82,7 +82,7 @@ int write_json(const char *path, const bench_context *c) {
 }
 
 /* One data file and one gnuplot script per operation; gnuplot draws throughput against n on a
- * log2 axis, one line per implementation. */
+ * log2 axis, one line per implementation (attention: against the shapes, in the order run). */
 int write_plots(const char *dir) {
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
         fprintf(stderr, "bench: --plot needs gnuplot (Debian: apt-get install gnuplot-nox); "
@@ -125,24 +125,32 @@ int write_plots(const char *dir) {
             if (g) fclose(g);
             return -1;
         }
+        int shapes = strncmp(ops[o], "attention", 9) == 0;
         for (size_t l = 0; l < n_labels; l++) {
             fprintf(d, "# %s\n", labels[l]);
+            size_t shape = 0; /* attention: the shapes in order, for every implementation */
             for (size_t i = 0; i < n_records; i++)
                 if (strcmp(records[i].op, ops[o]) == 0 && strcmp(records[i].impl, labels[l]) == 0)
-                    fprintf(d, "%zu %.6f\n", records[i].n, records[i].per_ns);
+                    fprintf(d, "%zu %.6f %s\n", shapes ? shape++ : records[i].n, records[i].per_ns,
+                            records[i].size);
             fprintf(d, "\n\n");
         }
         fclose(d);
-        fprintf(g,
-                "set terminal pngcairo size 1000,600\nset output '%s/%s.png'\n"
-                "set title 'sdpa %s: throughput against size (higher is better)'\n"
-                "set logscale x 2\nset format x '2^{%%L}'\nset xlabel '%s'\n"
-                "set ylabel '%s'\nset key outside right\nset grid\nplot ",
-                dir, file, ops[o], strncmp(ops[o], "scores", 6) == 0 ? "keys" : "n (floats)",
-                ylabel[o]);
+        fprintf(g, "set terminal pngcairo size 1000,600\nset output '%s/%s.png'\n", dir, file);
+        if (shapes)
+            fprintf(g,
+                    "set title 'sdpa %s: throughput per shape (higher is better)'\n"
+                    "set xtics rotate by -30\nset xlabel 'shape'\nset offsets 0.5, 0.5, 0, 0\n",
+                    ops[o]);
+        else
+            fprintf(g,
+                    "set title 'sdpa %s: throughput against size (higher is better)'\n"
+                    "set logscale x 2\nset format x '2^{%%L}'\nset xlabel '%s'\n",
+                    ops[o], strncmp(ops[o], "scores", 6) == 0 ? "keys" : "n (floats)");
+        fprintf(g, "set ylabel '%s'\nset key outside right\nset grid\nplot ", ylabel[o]);
         for (size_t l = 0; l < n_labels; l++)
-            fprintf(g, "%s'%s' index %zu with linespoints title '%s'", l ? ", " : "", path, l,
-                    labels[l]);
+            fprintf(g, "%s'%s' index %zu using 1:2%s with linespoints title '%s'", l ? ", " : "",
+                    path, l, shapes ? ":xtic(3)" : "", labels[l]);
         fprintf(g, "\n");
         fclose(g);
         char cmd[8300];

@@ -9,7 +9,8 @@
 
 typedef struct bench_record {
     char op[32];               /* "dot", "softmax", "scores d128", ... */
-    size_t n;                  /* elements (scores: keys) */
+    size_t n;                  /* elements (scores: keys; attention: (query, key) pairs) */
+    char size[40];             /* the size as printed: n, or an attention shape's name */
     size_t d;                  /* scores: floats per key; 0 otherwise */
     char impl[24];             /* "avx512 fast", "openblas", ... */
     double ns, ns_min, ns_max; /* per call: median and spread of the rounds */

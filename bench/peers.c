@@ -1,9 +1,11 @@
 /* OpenBLAS and oneDNN behind the small interface of peers.h; each compiled in only when meson
  * found it (BENCH_HAVE_OPENBLAS, BENCH_HAVE_DNNL). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "peers.h"
+#include "sdpa.h"
 
 #ifdef BENCH_HAVE_OPENBLAS
 #include <cblas.h>
@@ -30,8 +32,48 @@ void peer_openblas_scores(float *s, const float *q, const float *k, size_t n_key
     cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)n_keys, (blasint)d, scale, k,
                 (blasint)k_stride, q, 1, 0.0f, s, 1);
 }
+
+void peer_openblas_attention(float *out, const float *q, const float *k, const float *v,
+                             float *scores, size_t batch, size_t heads_q, size_t heads_kv,
+                             size_t len_q, size_t len_kv, size_t d, int causal) {
+    const float scale = (float)(1.0 / sqrt((double)d));
+    const size_t group = heads_q / heads_kv;
+    const blasint m = (blasint)len_q, n = (blasint)len_kv, dd = (blasint)d;
+    for (size_t b = 0; b < batch; b++)
+        for (size_t h = 0; h < heads_q; h++) {
+            const float *qh = q + (b * heads_q + h) * len_q * d;
+            const float *kh = k + (b * heads_kv + h / group) * len_kv * d;
+            const float *vh = v + (b * heads_kv + h / group) * len_kv * d;
+            float *oh = out + (b * heads_q + h) * len_q * d;
+            if (m == 1)
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, n, dd, scale, kh, dd, qh, 1, 0.0f, scores,
+                            1);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, dd, scale, qh, dd, kh,
+                            dd, 0.0f, scores, n);
+            for (size_t i = 0; i < len_q; i++) {
+                float *row = scores + i * len_kv;
+                if (causal) /* bottom-right aligned, as sdpa: row i sees j <= i + len_kv - len_q */
+                    for (size_t j = i + len_kv >= len_q ? i + len_kv - len_q + 1 : 0; j < len_kv;
+                         j++)
+                        row[j] = -INFINITY;
+                sdpa_softmax_f32(row, row, len_kv, 1.0f);
+            }
+            if (m == 1)
+                cblas_sgemv(CblasRowMajor, CblasTrans, n, dd, 1.0f, vh, dd, scores, 1, 0.0f, oh, 1);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, dd, n, 1.0f, scores, n,
+                            vh, dd, 0.0f, oh, dd);
+        }
+}
 #else
 const char *peer_openblas_describe(void) { return NULL; }
+void peer_openblas_attention(float *out, const float *q, const float *k, const float *v,
+                             float *scores, size_t batch, size_t heads_q, size_t heads_kv,
+                             size_t len_q, size_t len_kv, size_t d, int causal) {
+    (void)out, (void)q, (void)k, (void)v, (void)scores, (void)batch, (void)heads_q;
+    (void)heads_kv, (void)len_q, (void)len_kv, (void)d, (void)causal;
+}
 float peer_openblas_sdot(const float *a, const float *b, size_t n) {
     (void)a, (void)b, (void)n;
     return 0.0f;

@@ -13,6 +13,13 @@ float peer_openblas_sdot(const float *a, const float *b, size_t n);
  * BLAS way to score one query against a cache of keys. */
 void peer_openblas_scores(float *s, const float *q, const float *k, size_t n_keys, size_t d,
                           size_t k_stride, float scale);
+/* The attention an engine writes without sdpa, on dense [batch][head][row][col] tensors with
+ * d_k = d_v = d and scale 1/sqrt(d): per head, S = scale Q K^T by cblas_sgemm (cblas_sgemv for
+ * one query), a softmax per row (sdpa_softmax_f32 on the best backend; causal: the hidden keys
+ * set to -inf), O = S V by sgemm (sgemv). scores holds len_q * len_kv floats. */
+void peer_openblas_attention(float *out, const float *q, const float *k, const float *v,
+                             float *scores, size_t batch, size_t heads_q, size_t heads_kv,
+                             size_t len_q, size_t len_kv, size_t d, int causal);
 
 /* oneDNN's softmax primitive (forward inference, accurate, axis 1 of a 1 x n f32 tensor), bound
  * to fixed x and y buffers. create() returns NULL when oneDNN is absent or refuses the shape. */

@@ -17,6 +17,9 @@ enum sdpa_exp_kind { SDPA_EXP_FAST = 0, SDPA_EXP_SLEEF = 1, SDPA_EXP_KINDS = 2 }
 #define SDPA_ATTN_MAX_BLOCK_KV 128
 #define SDPA_ATTN_PACK_MAX_D   128 /* largest d_k for pack_q / scores_packed */
 
+/* The longest row softmax_short takes. */
+#define SDPA_SOFTMAX_SHORT 256
+
 /* The innermost loops of attention, one set per backend; the shared driver does the tiling,
  * the online softmax (with the table's max_scaled, exp_sum and scale), masks and causality. */
 typedef struct sdpa_attention_kernels {
@@ -70,6 +73,13 @@ typedef struct sdpa_kernels {
     /* dx[i] = scale * y[i] * (dy[i] - y_dot_dy); dx may equal y or dy */
     void (*softmax_backward)(float *dx, const float *y, const float *dy, size_t n, float scale,
                              float y_dot_dy);
+    /* optional (NULL: the three passes above): the whole softmax of a row of at most
+       SDPA_SOFTMAX_SHORT floats in one call, for rows where calls and the latency between
+       passes cost more than the work. Returns the max of scale * x[i]; when that is not finite
+       (a NaN in x may or may not show in it), nothing has been written and the caller handles
+       the row. Otherwise y = softmax(scale * x) with weights below FLT_MIN flushed to 0, as
+       max_scaled + exp_sum + normalize would give up to rounding; y may equal x. */
+    float (*softmax_short[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale);
     /* y[i] = exp(x[i]); for tests of the exp itself */
     void (*exp[SDPA_EXP_KINDS])(float *y, const float *x, size_t n);
     /* attention microkernels; NULL makes the driver use the scalar backend's */
@@ -85,12 +95,12 @@ extern const sdpa_kernels sdpa_kernels_neon;
 /* arch/arm/neon_attention.c; neon.c's table sets .attention = &sdpa_attention_kernels_neon */
 extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
 
-/* The "fast" exp, shared by every backend: e^x = 2^n * p(r), n = round(x / ln 2),
- * r = x - n ln 2 in two steps (Cody-Waite), p a degree-5 polynomial fitted for minimal
- * relative error on [-ln2/2, ln2/2] (scripts/fit_exp.c; max relative error 1.05e-7 before
- * rounding). 2^n is added to p's exponent bits, which is exact for n in [-125, 128]; x is first
- * clamped to [EXP_X_CLAMP_LO, EXP_X_CLAMP_HI] so n stays in [-126, 128], then results below
- * FLT_MIN become 0 and x >= EXP_X_OVERFLOW gives +inf. */
+/* The "fast" exp of the scalar, sse and neon backends: e^x = 2^n * p(r), n = round(x / ln 2),
+ * r = x - n ln 2 in two steps (Cody-Waite), p a degree-5 polynomial fitted for minimal relative
+ * error on [-ln2/2, ln2/2] (scripts/fit_exp.py 0 5; max relative error 1.06e-7 before rounding).
+ * 2^n is added to p's exponent bits, which is exact for n in [-125, 128]; x is first clamped to
+ * [EXP_X_CLAMP_LO, EXP_X_CLAMP_HI] so n stays in [-126, 128], then results below FLT_MIN become 0
+ * and x >= EXP_X_OVERFLOW gives +inf. */
 #define SDPA_EXP_LOG2E  0x1.715476p+0f
 #define SDPA_EXP_LN2_HI 0x1.62e43p-1f
 #define SDPA_EXP_LN2_LO -0x1.05c61p-29f
@@ -104,5 +114,36 @@ extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
 #define SDPA_EXP_X_CLAMP_LO   -87.5f
 #define SDPA_EXP_X_CLAMP_HI   88.8f
 #define SDPA_EXP_X_OVERFLOW   0x1.62e43p+6f /* float(ln FLT_MAX), whose exp exceeds FLT_MAX */
+
+/* The "fast" exp of the avx512 (K = 16) and avx2 (K = 8) backends, where one permute looks up a
+ * table held in a register: e^x = 2^(N/K) e^r with N = round(x K / ln 2) and
+ * |r| = |x - N ln2 / K| <= ln2 / 2K, so that a cubic e^r ~ 1 + r + C2 r^2 + C3 r^3 suffices
+ * (scripts/fit_exp.py 4 3 and 3 3: max relative error 1.6e-9 for K = 16, 2.6e-8 for K = 8).
+ * The result is T p(r) with T = 2^(j/K) 2^(N div K), j = N mod K: seven operations on the FMA
+ * pipes where the degree-5 form takes nine, and an input NaN reaches the result through r,
+ * whatever the integer arithmetic did to T (p stays near 1, so nothing underflows before the
+ * last multiply, which matters when the caller has FTZ set). N comes from an
+ * explicit round-to-nearest, never the caller's MXCSR mode. 2^(N div K) is added to T's exponent
+ * bits, exact while N div K >= -126 (x >= -87.33); below, down to EXP_X_CLAMP_LO, T turns into a
+ * number below 2^-126 and so does the result: the callers' flush makes it 0, as it must. */
+#define SDPA_EXP16_SCALE  0x1.715476p+4f  /* 16 / ln2 */
+#define SDPA_EXP16_LN2_HI 0x1.62e43p-5f   /* ln2 / 16, rounded */
+#define SDPA_EXP16_LN2_LO -0x1.05c61p-33f /* what the rounding left out */
+#define SDPA_EXP16_C2     0x1.00021ep-1f
+#define SDPA_EXP16_C3     0x1.55559ap-3f
+/* 2^(j/16), j = 0..15, rounded to float */
+#define SDPA_EXP2_SIXTEENTHS                                                                       \
+    0x1p+0f, 0x1.0b5586p+0f, 0x1.172b84p+0f, 0x1.2387a6p+0f, 0x1.306fep+0f, 0x1.3dea64p+0f,        \
+        0x1.4bfdaep+0f, 0x1.5ab07ep+0f, 0x1.6a09e6p+0f, 0x1.7a1148p+0f, 0x1.8ace54p+0f,            \
+        0x1.9c4918p+0f, 0x1.ae89fap+0f, 0x1.c199bep+0f, 0x1.d5818ep+0f, 0x1.ea4afap+0f
+#define SDPA_EXP8_SCALE  0x1.715476p+3f  /* 8 / ln2 */
+#define SDPA_EXP8_LN2_HI 0x1.62e43p-4f   /* ln2 / 8, rounded */
+#define SDPA_EXP8_LN2_LO -0x1.05c61p-32f /* what the rounding left out */
+#define SDPA_EXP8_C2     0x1.000874p-1f
+#define SDPA_EXP8_C3     0x1.555656p-3f
+/* 2^(j/8), j = 0..7, rounded to float */
+#define SDPA_EXP2_EIGHTHS                                                                          \
+    0x1p+0f, 0x1.172b84p+0f, 0x1.306fep+0f, 0x1.4bfdaep+0f, 0x1.6a09e6p+0f, 0x1.8ace54p+0f,        \
+        0x1.ae89fap+0f, 0x1.d5818ep+0f
 
 #endif

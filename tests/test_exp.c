@@ -2,7 +2,9 @@
  * range (every 61st bit pattern, plus 2^20 steps over [-88, 0]; in quick mode every 6101st
  * pattern and 2^14 steps).
  * Contract (sdpa.h): "fast" within 3 ULP and "sleef" within 1 ULP where the result is a
- * normal float; no subnormal result; overflow gives +inf; NaN stays NaN; exp(-inf) = 0. */
+ * normal float; no subnormal result; overflow gives +inf; NaN stays NaN; exp(-inf) = 0.
+ * Then the exp that softmax and attention run, inside exp_sum (arguments <= 0, kernels.h),
+ * with the same bound, and results below FLT_MIN below it (the flush after makes them 0). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -90,7 +92,58 @@ static void check_exp(const char *backend, int kind, double max_ulp) {
     free(y);
 }
 
+/* exp_sum(y, x, n, scale, 0) over [-88, 0] densely, every float of [-0.5, 0] sampled, -inf
+ * and NaN, once with scale 1 (its own path in some backends) and once with scale 0.5 on
+ * doubled inputs (the products are exact, so the same exps are expected). */
+static void check_exp_sum(const char *backend, int kind, double max_ulp) {
+    const sdpa_kernels *k = sdpa_backend_kernels(backend);
+    if (!k) cr_skip_test("backend %s is not compiled in or not supported by this CPU", backend);
+    const size_t n = test_quick() ? (size_t)1 << 14 : (size_t)1 << 20; /* a multiple of 512 */
+    float *x = malloc((n + 3) * sizeof(float)), *y = malloc((n + 3) * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        x[i] = i % 2 ? -88.0f * (float)i / (float)n : -from_bits(0x3f000000u - (uint32_t)i * 61);
+    x[n] = -INFINITY, x[n + 1] = NAN, x[n + 2] = -0.0f;
+    for (int pass = 0; pass < 2; pass++) {
+        const float scale = pass ? 0.5f : 1.0f;
+        if (pass)
+            for (size_t i = 0; i < n + 3; i++) x[i] *= 2.0f;
+        float sum = k->exp_sum[kind](y, x, n + 3, scale, 0.0f);
+        cr_assert(isnan(sum), "%s exp_sum: a NaN input must make the sum NaN", backend);
+        cr_assert(isnan(y[n + 1]) && y[n] >= 0.0f && y[n] < FLT_MIN && y[n + 2] == 1.0f,
+                  "%s exp_sum: exp(-inf) = %a, exp(NaN) = %a, exp(0) = %a", backend, y[n], y[n + 1],
+                  y[n + 2]);
+        /* the sum, in blocks of 512 as softmax asks for it (src/kernels_api.c) */
+        for (size_t i = 0; i < n; i += 512) {
+            sum = k->exp_sum[kind](y + i, x + i, 512, scale, 0.0f);
+            double total = 0.0;
+            for (size_t j = i; j < i + 512; j++) total += y[j];
+            cr_assert(fabs(sum - total) <= 1e-5 * total,
+                      "%s exp_sum: returned %.9g, its outputs sum to %.9g", backend, sum, total);
+        }
+        double worst = 0.0;
+        float worst_x = 0.0f;
+        for (size_t i = 0; i < n; i++) {
+            double z = (double)x[i] * scale, want = exp(z);
+            if (want < FLT_MIN) {
+                cr_assert(y[i] >= 0.0f && y[i] < FLT_MIN,
+                          "%s exp_sum: exp(%a) = %a, want < FLT_MIN", backend, (float)z, y[i]);
+                continue;
+            }
+            double err = ulp_error(y[i], want);
+            if (err > worst) worst = err, worst_x = (float)z;
+        }
+        cr_log_info("%s exp_sum %s, scale %g: max error %.3f ULP at %a", backend,
+                    kind ? "sleef" : "fast", scale, worst, worst_x);
+        cr_assert(worst <= max_ulp, "%s exp_sum (scale %g): %.3f ULP at %a", backend, scale, worst,
+                  worst_x);
+    }
+    free(x);
+    free(y);
+}
+
 #define EXP_TESTS(b)                                                                               \
     Test(exp, fast_##b) { check_exp(#b, SDPA_EXP_FAST, 3.0); }                                     \
-    Test(exp, sleef_##b) { check_exp(#b, SDPA_EXP_SLEEF, 1.0); }
+    Test(exp, sleef_##b) { check_exp(#b, SDPA_EXP_SLEEF, 1.0); }                                   \
+    Test(exp, sum_fast_##b) { check_exp_sum(#b, SDPA_EXP_FAST, 3.0); }                             \
+    Test(exp, sum_sleef_##b) { check_exp_sum(#b, SDPA_EXP_SLEEF, 1.0); }
 FOR_EACH_BACKEND(EXP_TESTS)

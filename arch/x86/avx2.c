@@ -131,77 +131,83 @@ static float max_scaled_avx2(const float *x, size_t n, float scale) {
     return hmax(_mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
 }
 
-/* The shared "fast" exp (kernels.h) on the whole float range: 2^n goes into p's exponent bits. */
-static inline __m256 exp_fast_full_avx2(__m256 x) {
-    /* max/min return their second operand when either is NaN: NaN passes through */
-    x = _mm256_min_ps(_mm256_set1_ps(SDPA_EXP_X_CLAMP_HI),
-                      _mm256_max_ps(_mm256_set1_ps(SDPA_EXP_X_CLAMP_LO), x));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SDPA_EXP_LOG2E)),
+/* The table of the "fast" exp (kernels.h), 2^(j/8) for lane j, with j << 20 taken off its bits:
+ * adding N << 20 then adds (N div 8) << 23, 2^(N div 8) in the exponent, and puts j << 20 back
+ * for j = N mod 8, the lane vpermps picks with N's low bits. */
+static const float EXP2_EIGHTHS[8] = {SDPA_EXP2_EIGHTHS};
+static inline __m256 exp_table_avx2(void) {
+    return _mm256_castsi256_ps(
+        _mm256_sub_epi32(_mm256_castps_si256(_mm256_loadu_ps(EXP2_EIGHTHS)),
+                         _mm256_slli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), 20)));
+}
+
+/* The shared "fast" exp (kernels.h). full = 0, for exp_sum, whose arguments are <= 0
+ * (kernels.h): no upper clamp, and results below FLT_MIN are left below it for normalize's
+ * flush. full = 1, the exp entry: the whole float range, where 2^(N div 8) can reach 2^128:
+ * positive x take one power of two off T and multiply it back at the end (to +inf on overflow),
+ * and subnormal results become 0. max/min return their second operand when either is NaN, so
+ * NaN passes the clamps (and becomes INT_MIN in N, an index like any other). N is rounded with
+ * an explicit mode: the caller's MXCSR must not move it (tests/test_fpenv.c); it is integral,
+ * so the conversion is exact in any mode. */
+static inline __m256 exp_fast_avx2(__m256 x, __m256 table, int full) {
+    x = _mm256_max_ps(_mm256_set1_ps(SDPA_EXP_X_CLAMP_LO), x);
+    if (full) x = _mm256_min_ps(_mm256_set1_ps(SDPA_EXP_X_CLAMP_HI), x);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SDPA_EXP8_SCALE)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP_LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP_LN2_LO), r);
-    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(SDPA_EXP_C5), r, _mm256_set1_ps(SDPA_EXP_C4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SDPA_EXP_C3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SDPA_EXP_C2));
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP8_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP8_LN2_LO), r);
+    __m256i tbits = _mm256_add_epi32(_mm256_castps_si256(_mm256_permutevar8x32_ps(table, ni)),
+                                     _mm256_slli_epi32(ni, 20));
+    __m256 positive = _mm256_setzero_ps();
+    if (full) {
+        positive = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GT_OQ);
+        tbits = _mm256_sub_epi32(
+            tbits, _mm256_and_si256(_mm256_castps_si256(positive), _mm256_set1_epi32(1 << 23)));
+    }
+    /* T p(r), so that nothing underflows before the last multiply (kernels.h) */
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(SDPA_EXP8_C3), r, _mm256_set1_ps(SDPA_EXP8_C2));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i bits =
-        _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
-    __m256 e = _mm256_castsi256_ps(bits);
+    __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(tbits));
+    if (!full) return e;
+    e = _mm256_mul_ps(e, _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(2.0f), positive));
     /* drop results below FLT_MIN (not NaN: the ordered compare is false for it) */
-    e = _mm256_andnot_ps(_mm256_cmp_ps(e, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), e);
-    return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY),
-                            _mm256_cmp_ps(x, _mm256_set1_ps(SDPA_EXP_X_OVERFLOW), _CMP_GE_OQ));
+    return _mm256_andnot_ps(_mm256_cmp_ps(e, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), e);
 }
 
-/* The same exp for exp_sum, whose arguments are <= 0 up to rounding (kernels.h): no overflow
- * handling, and subnormal results are left to normalize. n = round(x log2 e) comes from the
- * magic-bias trick (adding 1.5 * 2^23 leaves n in the low mantissa bits), so one register gives
- * n as a float and, shifted into the exponent field, 2^n; p * 2^n keeps a NaN (adding exponent
- * bits to p could turn a NaN with payload bits into a number). */
-static inline __m256 exp_fast_avx2(__m256 x) {
-    x = _mm256_max_ps(_mm256_set1_ps(SDPA_EXP_X_CLAMP_LO), x); /* -inf -> 0 after normalize */
-    /* an explicit rounding mode: the caller's (MXCSR) must not move n (tests/test_fpenv.c) */
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SDPA_EXP_LOG2E)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP_LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP_LN2_LO), r);
-    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(SDPA_EXP_C5), r, _mm256_set1_ps(SDPA_EXP_C4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SDPA_EXP_C3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SDPA_EXP_C2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    /* n is integral, so the conversion is exact in any rounding mode; n >= -126: 2^n is normal */
-    __m256i two_n =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
-}
-
-static inline __m256 exp_sleef_avx2(__m256 x) { return Sleef_expf8_u10avx2(x); }
-
-static inline __m256 exp_sleef_full_avx2(__m256 x) {
+static inline __m256 exp_sleef_avx2(__m256 x, __m256 table, int full) {
+    (void)table;
     __m256 e = Sleef_expf8_u10avx2(x);
+    if (!full) return e;
     return _mm256_andnot_ps(_mm256_cmp_ps(e, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), e);
 }
 
 /* z = scale * x is rounded before the max is subtracted, as sdpa.h defines z (no fused
  * multiply-subtract): the largest entry then gets exp(0) = 1 exactly, where a fused one gets
  * exp of its product's rounding error, inf or 0 once |z| > ~1e9, and a NaN row
- * (tests/test_regressions.c). One body for both exp kinds; the exp is inlined. Four
- * independent exps per iteration keep both FMA pipes busy through the polynomial's chain. */
+ * (tests/test_regressions.c). With scale 1 z = x and the multiply is skipped: the same results,
+ * one operation fewer on the FMA pipes. One body for both exp kinds; the exp is inlined. Four
+ * independent exps per iteration keep both FMA pipes busy through the exp's dependency chain. */
 #define EXP_SUM_AVX2(NAME, EXP)                                                                    \
-    static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
+    static inline __attribute__((always_inline)) float NAME##_body(                                \
+        float *y, const float *x, size_t n, float scale, float shift, int unit) {                  \
         const __m256 vs = _mm256_set1_ps(scale), vshift = _mm256_set1_ps(shift);                   \
+        const __m256 table = exp_table_avx2();                                                     \
         __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),       \
                s3 = _mm256_setzero_ps();                                                           \
         size_t i = 0;                                                                              \
         for (; i + 4 * W <= n; i += 4 * W) {                                                       \
-            __m256 e0 = EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), vshift));     \
-            __m256 e1 = EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + W), vs), vshift)); \
-            __m256 e2 =                                                                            \
-                EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 2 * W), vs), vshift));     \
-            __m256 e3 =                                                                            \
-                EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 3 * W), vs), vshift));     \
+            __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + W);                   \
+            __m256 x2 = _mm256_loadu_ps(x + i + 2 * W), x3 = _mm256_loadu_ps(x + i + 3 * W);       \
+            if (!unit) {                                                                           \
+                x0 = _mm256_mul_ps(x0, vs), x1 = _mm256_mul_ps(x1, vs);                            \
+                x2 = _mm256_mul_ps(x2, vs), x3 = _mm256_mul_ps(x3, vs);                            \
+            }                                                                                      \
+            __m256 e0 = EXP(_mm256_sub_ps(x0, vshift), table, 0);                                  \
+            __m256 e1 = EXP(_mm256_sub_ps(x1, vshift), table, 0);                                  \
+            __m256 e2 = EXP(_mm256_sub_ps(x2, vshift), table, 0);                                  \
+            __m256 e3 = EXP(_mm256_sub_ps(x3, vshift), table, 0);                                  \
             _mm256_storeu_ps(y + i, e0);                                                           \
             _mm256_storeu_ps(y + i + W, e1);                                                       \
             _mm256_storeu_ps(y + i + 2 * W, e2);                                                   \
@@ -213,25 +219,31 @@ static inline __m256 exp_sleef_full_avx2(__m256 x) {
         }                                                                                          \
         for (; i < n; i += W) {                                                                    \
             __m256i m = tail_mask(n - i < W ? n - i : W);                                          \
-            __m256 e =                                                                             \
-                EXP(_mm256_sub_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, m), vs), vshift));       \
+            __m256 xi = _mm256_maskload_ps(x + i, m);                                              \
+            if (!unit) xi = _mm256_mul_ps(xi, vs);                                                 \
+            __m256 e = EXP(_mm256_sub_ps(xi, vshift), table, 0);                                   \
             _mm256_maskstore_ps(y + i, m, e);                                                      \
             s0 = _mm256_add_ps(s0, _mm256_and_ps(e, _mm256_castsi256_ps(m)));                      \
         }                                                                                          \
         return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));                  \
+    }                                                                                              \
+    static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
+        return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, shift, 1)                                \
+                             : NAME##_body(y, x, n, scale, shift, 0);                              \
     }
 EXP_SUM_AVX2(exp_sum_fast_avx2, exp_fast_avx2)
 EXP_SUM_AVX2(exp_sum_sleef_avx2, exp_sleef_avx2)
 
 #define EXP_ARRAY_AVX2(NAME, EXP)                                                                  \
     static void NAME(float *y, const float *x, size_t n) {                                         \
+        const __m256 table = exp_table_avx2();                                                     \
         for (size_t i = 0; i < n; i += W) {                                                        \
             __m256i m = tail_mask(n - i < W ? n - i : W);                                          \
-            _mm256_maskstore_ps(y + i, m, EXP(_mm256_maskload_ps(x + i, m)));                      \
+            _mm256_maskstore_ps(y + i, m, EXP(_mm256_maskload_ps(x + i, m), table, 1));            \
         }                                                                                          \
     }
-EXP_ARRAY_AVX2(exp_fast_array_avx2, exp_fast_full_avx2)
-EXP_ARRAY_AVX2(exp_sleef_array_avx2, exp_sleef_full_avx2)
+EXP_ARRAY_AVX2(exp_fast_array_avx2, exp_fast_avx2)
+EXP_ARRAY_AVX2(exp_sleef_array_avx2, exp_sleef_avx2)
 
 static inline __m256 flush_below_min(__m256 w) {
     return _mm256_andnot_ps(_mm256_cmp_ps(w, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), w);

@@ -9,6 +9,8 @@
 
 #define W 16
 
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
 /* lanes [0, remaining) set, for remaining <= W */
 static inline __mmask16 tail_mask(size_t remaining) { return (__mmask16)((1u << remaining) - 1u); }
 
@@ -130,56 +132,85 @@ static float max_scaled_avx512(const float *x, size_t n, float scale) {
     return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
 }
 
-/* The shared "fast" exp (kernels.h); scalef applies 2^n with IEEE overflow to +inf, so only the
- * clamp (which also keeps +-inf from turning into NaN) and the flush of subnormals remain.
- * flush is a constant at every call: exp_sum (arguments <= 0, kernels.h) leaves the flush to
- * normalize and skips the upper clamp, which saves three of the loop's fifteen vector operations.
- */
-static inline __m512 exp_fast_avx512(__m512 x, int flush) {
-    /* max/min return their second operand when either is NaN: NaN passes through. exp_sum's
-       arguments are <= 0 (kernels.h): only the full exp needs the upper clamp. */
+/* The table of the "fast" exp (kernels.h), 2^(j/16) for lane j, with j << 19 taken off its bits:
+ * t's bits are 1.5 * 2^23 + N, so adding t << 19 adds (N div 16) << 23, 2^(N div 16) in the
+ * exponent, and puts j << 19 back for j = N mod 16, the lane vpermps picks with t's low bits. */
+static const float EXP2_SIXTEENTHS[16] = {SDPA_EXP2_SIXTEENTHS};
+static inline __m512 exp_table_avx512(void) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_castsi512_ps(_mm512_sub_epi32(
+        _mm512_castps_si512(_mm512_loadu_ps(EXP2_SIXTEENTHS)), _mm512_slli_epi32(lane, 19)));
+}
+
+/* The shared "fast" exp (kernels.h). full = 0, for exp_sum and exp_tile, whose arguments are
+ * <= 0 (kernels.h): no upper clamp, and results below FLT_MIN are left below it for the callers'
+ * flush. full = 1, the exp entry: the whole float range, where 2^(N div 16) can reach 2^128:
+ * positive x take one power of two off T and multiply it back at the end (to +inf on overflow),
+ * and subnormal results become 0. max/min return their second operand when either is NaN, so
+ * NaN passes the clamps; the FMA that forms N rounds to nearest whatever MXCSR says. */
+static inline __m512 exp_fast_avx512(__m512 x, __m512 table, int full) {
+    const __m512 magic = _mm512_set1_ps(0x1.8p23f);
     x = _mm512_max_ps(_mm512_set1_ps(SDPA_EXP_X_CLAMP_LO), x);
-    if (flush) x = _mm512_min_ps(_mm512_set1_ps(SDPA_EXP_X_CLAMP_HI), x);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(SDPA_EXP_LOG2E)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SDPA_EXP_LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SDPA_EXP_LN2_LO), r);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(SDPA_EXP_C5), r, _mm512_set1_ps(SDPA_EXP_C4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SDPA_EXP_C3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SDPA_EXP_C2));
+    if (full) x = _mm512_min_ps(_mm512_set1_ps(SDPA_EXP_X_CLAMP_HI), x);
+    __m512 t = _mm512_fmadd_round_ps(x, _mm512_set1_ps(SDPA_EXP16_SCALE), magic,
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 n = _mm512_sub_ps(t, magic);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SDPA_EXP16_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SDPA_EXP16_LN2_LO), r);
+    __m512i ti = _mm512_castps_si512(t);
+    __m512i tbits = _mm512_add_epi32(_mm512_castps_si512(_mm512_permutexvar_ps(ti, table)),
+                                     _mm512_slli_epi32(ti, 19));
+    __mmask16 positive = 0;
+    if (full) {
+        positive = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
+        tbits = _mm512_mask_sub_epi32(tbits, positive, tbits, _mm512_set1_epi32(1 << 23));
+    }
+    __m512 T = _mm512_castsi512_ps(tbits);
+    /* T p(r), not T + (r T) q(r): r T underflows for T near 2^-126, and with FTZ set it
+       vanishes (tests/test_fpenv.c caught 1.4% off at 2e-37) */
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(SDPA_EXP16_C3), r, _mm512_set1_ps(SDPA_EXP16_C2));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512 e = _mm512_scalef_ps(p, n);
-    if (!flush) return e;
+    __m512 e = _mm512_mul_ps(p, T);
+    if (!full) return e;
+    e = _mm512_mask_mul_ps(e, positive, e, _mm512_set1_ps(2.0f));
     /* keep e where it is >= FLT_MIN or NaN (unordered): subnormal results become 0 */
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, _mm512_set1_ps(FLT_MIN), _CMP_NLT_UQ), e);
 }
 
-static inline __m512 exp_sleef_avx512(__m512 x, int flush) {
+static inline __m512 exp_sleef_avx512(__m512 x, __m512 table, int full) {
+    (void)table;
     __m512 e = Sleef_expf16_u10avx512f(x);
-    if (!flush) return e;
+    if (!full) return e;
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, _mm512_set1_ps(FLT_MIN), _CMP_NLT_UQ), e);
 }
 
 /* z = scale * x is rounded before the max is subtracted, as sdpa.h defines z (no fused
  * multiply-subtract): the largest entry then gets exp(0) = 1 exactly, where a fused one gets
  * exp of its product's rounding error, inf or 0 once |z| > ~1e9, and a NaN row
- * (tests/test_regressions.c). One body for both exp kinds; the exp is inlined. Four
- * independent exps per iteration keep both FMA pipes busy through the polynomial's chain. */
+ * (tests/test_regressions.c). With scale 1 (rows already scaled, attention's tiles) z = x and
+ * the multiply is skipped: the same results, one operation fewer on the FMA pipes. One body for
+ * both exp kinds; the exp is inlined. Four independent exps per iteration keep both FMA pipes
+ * busy through the exp's dependency chain. */
 #define EXP_SUM_AVX512(NAME, EXP)                                                                  \
-    static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
+    ALWAYS_INLINE float NAME##_body(float *y, const float *x, size_t n, float scale, float shift,  \
+                                    int unit) {                                                    \
         const __m512 vs = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift);                   \
+        const __m512 table = exp_table_avx512();                                                   \
         __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),       \
                s3 = _mm512_setzero_ps();                                                           \
         size_t i = 0;                                                                              \
         for (; i + 4 * W <= n; i += 4 * W) {                                                       \
-            __m512 e0 = EXP(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vs), vshift), 0);  \
-            __m512 e1 =                                                                            \
-                EXP(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i + W), vs), vshift), 0);      \
-            __m512 e2 =                                                                            \
-                EXP(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i + 2 * W), vs), vshift), 0);  \
-            __m512 e3 =                                                                            \
-                EXP(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i + 3 * W), vs), vshift), 0);  \
+            __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + W);                   \
+            __m512 x2 = _mm512_loadu_ps(x + i + 2 * W), x3 = _mm512_loadu_ps(x + i + 3 * W);       \
+            if (!unit) {                                                                           \
+                x0 = _mm512_mul_ps(x0, vs), x1 = _mm512_mul_ps(x1, vs);                            \
+                x2 = _mm512_mul_ps(x2, vs), x3 = _mm512_mul_ps(x3, vs);                            \
+            }                                                                                      \
+            __m512 e0 = EXP(_mm512_sub_ps(x0, vshift), table, 0);                                  \
+            __m512 e1 = EXP(_mm512_sub_ps(x1, vshift), table, 0);                                  \
+            __m512 e2 = EXP(_mm512_sub_ps(x2, vshift), table, 0);                                  \
+            __m512 e3 = EXP(_mm512_sub_ps(x3, vshift), table, 0);                                  \
             _mm512_storeu_ps(y + i, e0);                                                           \
             _mm512_storeu_ps(y + i + W, e1);                                                       \
             _mm512_storeu_ps(y + i + 2 * W, e2);                                                   \
@@ -191,28 +222,24 @@ static inline __m512 exp_sleef_avx512(__m512 x, int flush) {
         }                                                                                          \
         for (; i < n; i += W) {                                                                    \
             __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);                       \
-            __m512 e =                                                                             \
-                EXP(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs), vshift), 0); \
+            __m512 xi = _mm512_maskz_loadu_ps(m, x + i);                                           \
+            if (!unit) xi = _mm512_mul_ps(xi, vs);                                                 \
+            __m512 e = EXP(_mm512_sub_ps(xi, vshift), table, 0);                                   \
             _mm512_mask_storeu_ps(y + i, m, e);                                                    \
             s0 = _mm512_mask_add_ps(s0, m, s0, e);                                                 \
         }                                                                                          \
         return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));  \
+    }                                                                                              \
+    static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
+        return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, shift, 1)                                \
+                             : NAME##_body(y, x, n, scale, shift, 0);                              \
     }
 EXP_SUM_AVX512(exp_sum_fast_avx512, exp_fast_avx512)
 EXP_SUM_AVX512(exp_sum_sleef_avx512, exp_sleef_avx512)
 
-#define EXP_ARRAY_AVX512(NAME, EXP)                                                                \
-    static void NAME(float *y, const float *x, size_t n) {                                         \
-        for (size_t i = 0; i < n; i += W) {                                                        \
-            __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);                       \
-            _mm512_mask_storeu_ps(y + i, m, EXP(_mm512_maskz_loadu_ps(m, x + i), 1));              \
-        }                                                                                          \
-    }
-EXP_ARRAY_AVX512(exp_fast_array_avx512, exp_fast_avx512)
-EXP_ARRAY_AVX512(exp_sleef_array_avx512, exp_sleef_avx512)
-
-static void normalize_avx512(float *y, size_t n, float factor) {
-    const __m512 vf = _mm512_set1_ps(factor), vmin = _mm512_set1_ps(FLT_MIN);
+/* y[i] *= factor; weights below FLT_MIN become exactly 0 (NaN stays: the compare is unordered) */
+ALWAYS_INLINE void normalize_avx512_inline(float *y, size_t n, __m512 vf) {
+    const __m512 vmin = _mm512_set1_ps(FLT_MIN);
     size_t i = 0;
     for (; i + 2 * W <= n; i += 2 * W) {
         __m512 w0 = _mm512_mul_ps(_mm512_loadu_ps(y + i), vf);
@@ -229,6 +256,105 @@ static void normalize_avx512(float *y, size_t n, float factor) {
     }
 }
 
+static void normalize_avx512(float *y, size_t n, float factor) {
+    normalize_avx512_inline(y, n, _mm512_set1_ps(factor));
+}
+
+/* Lane-wise max and sum of all 16 lanes, in every lane: four exchange steps, two across 128-bit
+ * chunks and two inside them, with no trip through a scalar register (the result feeds vector
+ * code at once). */
+ALWAYS_INLINE __m512 allmax_avx512(__m512 v) {
+    v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
+    v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+    v = _mm512_max_ps(v, _mm512_permute_ps(v, 0x4E));
+    return _mm512_max_ps(v, _mm512_permute_ps(v, 0xB1));
+}
+ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
+    return _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
+}
+
+/* A short row's softmax in one call (kernels.h): the three passes of the long path without the
+ * calls between them, the max and the sum reduced in registers, and 1 / sum in float (a sum of at
+ * most 256 weights in 64 partial sums loses nothing a double would keep). z = scale * x is
+ * rounded before the max is subtracted, as in exp_sum; with scale 1 the multiply is skipped. */
+#define SOFTMAX_SHORT_AVX512(NAME, EXP)                                                            \
+    ALWAYS_INLINE float NAME##_body(float *y, const float *x, size_t n, float scale, int unit) {   \
+        const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);                 \
+        __m512 m0 = ninf, m1 = ninf;                                                               \
+        size_t i = 0;                                                                              \
+        for (; i + 2 * W <= n; i += 2 * W) {                                                       \
+            __m512 z0 = _mm512_loadu_ps(x + i), z1 = _mm512_loadu_ps(x + i + W);                   \
+            if (!unit) z0 = _mm512_mul_ps(z0, vs), z1 = _mm512_mul_ps(z1, vs);                     \
+            m0 = _mm512_max_ps(z0, m0), m1 = _mm512_max_ps(z1, m1);                                \
+        }                                                                                          \
+        if (i < n) {                                                                               \
+            __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);                       \
+            __m512 z = _mm512_maskz_loadu_ps(m, x + i);                                            \
+            if (!unit) z = _mm512_mul_ps(z, vs);                                                   \
+            m0 = _mm512_mask_max_ps(m0, m, z, m0);                                                 \
+            if (n - i > W) {                                                                       \
+                m = tail_mask(n - i - W);                                                          \
+                z = _mm512_maskz_loadu_ps(m, x + i + W);                                           \
+                if (!unit) z = _mm512_mul_ps(z, vs);                                               \
+                m1 = _mm512_mask_max_ps(m1, m, z, m1);                                             \
+            }                                                                                      \
+        }                                                                                          \
+        const __m512 vmax = allmax_avx512(_mm512_max_ps(m0, m1));                                  \
+        const float max = _mm512_cvtss_f32(vmax);                                                  \
+        if (!isfinite(max)) return max;                                                            \
+        const __m512 table = exp_table_avx512();                                                   \
+        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                                \
+        for (i = 0; i + 4 * W <= n; i += 4 * W) {                                                  \
+            __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + W);                   \
+            __m512 x2 = _mm512_loadu_ps(x + i + 2 * W), x3 = _mm512_loadu_ps(x + i + 3 * W);       \
+            if (!unit) {                                                                           \
+                x0 = _mm512_mul_ps(x0, vs), x1 = _mm512_mul_ps(x1, vs);                            \
+                x2 = _mm512_mul_ps(x2, vs), x3 = _mm512_mul_ps(x3, vs);                            \
+            }                                                                                      \
+            __m512 e0 = EXP(_mm512_sub_ps(x0, vmax), table, 0);                                    \
+            __m512 e1 = EXP(_mm512_sub_ps(x1, vmax), table, 0);                                    \
+            __m512 e2 = EXP(_mm512_sub_ps(x2, vmax), table, 0);                                    \
+            __m512 e3 = EXP(_mm512_sub_ps(x3, vmax), table, 0);                                    \
+            _mm512_storeu_ps(y + i, e0), _mm512_storeu_ps(y + i + W, e1);                          \
+            _mm512_storeu_ps(y + i + 2 * W, e2), _mm512_storeu_ps(y + i + 3 * W, e3);              \
+            s0 = _mm512_add_ps(s0, e0), s1 = _mm512_add_ps(s1, e1);                                \
+            s2 = _mm512_add_ps(s2, e2), s3 = _mm512_add_ps(s3, e3);                                \
+        }                                                                                          \
+        for (; i < n; i += W) {                                                                    \
+            __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);                       \
+            __m512 xi = _mm512_maskz_loadu_ps(m, x + i);                                           \
+            if (!unit) xi = _mm512_mul_ps(xi, vs);                                                 \
+            __m512 e = EXP(_mm512_sub_ps(xi, vmax), table, 0);                                     \
+            _mm512_mask_storeu_ps(y + i, m, e);                                                    \
+            s1 = _mm512_mask_add_ps(s1, m, s1, e);                                                 \
+        }                                                                                          \
+        /* the sum is >= 1 (the max gives exp(0)), or NaN when x holds a NaN: so is every y */     \
+        const __m512 sum =                                                                         \
+            allsum_avx512(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));            \
+        normalize_avx512_inline(y, n, _mm512_div_ps(_mm512_set1_ps(1.0f), sum));                   \
+        return max;                                                                                \
+    }                                                                                              \
+    static float NAME(float *y, const float *x, size_t n, float scale) {                           \
+        return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, 1) : NAME##_body(y, x, n, scale, 0);     \
+    }
+
+SOFTMAX_SHORT_AVX512(softmax_short_fast_avx512, exp_fast_avx512)
+SOFTMAX_SHORT_AVX512(softmax_short_sleef_avx512, exp_sleef_avx512)
+
+#define EXP_ARRAY_AVX512(NAME, EXP)                                                                \
+    static void NAME(float *y, const float *x, size_t n) {                                         \
+        const __m512 table = exp_table_avx512();                                                   \
+        for (size_t i = 0; i < n; i += W) {                                                        \
+            __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);                       \
+            _mm512_mask_storeu_ps(y + i, m, EXP(_mm512_maskz_loadu_ps(m, x + i), table, 1));       \
+        }                                                                                          \
+    }
+EXP_ARRAY_AVX512(exp_fast_array_avx512, exp_fast_avx512)
+EXP_ARRAY_AVX512(exp_sleef_array_avx512, exp_sleef_avx512)
+
 static void softmax_backward_avx512(float *dx, const float *y, const float *dy, size_t n,
                                     float scale, float y_dot_dy) {
     const __m512 vs = _mm512_set1_ps(scale), vd = _mm512_set1_ps(y_dot_dy);
@@ -241,8 +367,6 @@ static void softmax_backward_avx512(float *dx, const float *y, const float *dy, 
 }
 
 /* ---- Attention microkernels (the tiling driver is src/attention.c) ---- */
-
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* Two 128-bit-chunked partial sums of four vectors: chunk k of the result holds, in lane i,
  * the sum over chunk k of the lanes of the i-th input. */
@@ -525,16 +649,17 @@ static void pv_tile_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_
 #define EXP_TILE_AVX512(NAME, EXP)                                                                 \
     static void NAME(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift,              \
                      float *sums) {                                                                \
+        const __m512 table = exp_table_avx512();                                                   \
         for (size_t i = 0; i < nq; i++) {                                                          \
             float *row = s + i * ld_s;                                                             \
             const __m512 vshift = _mm512_set1_ps(shift[i]);                                        \
             __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                            \
             size_t j = 0;                                                                          \
             for (; j + 4 * W <= nk; j += 4 * W) {                                                  \
-                __m512 e0 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j), vshift));                  \
-                __m512 e1 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j + W), vshift));              \
-                __m512 e2 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j + 2 * W), vshift));          \
-                __m512 e3 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j + 3 * W), vshift));          \
+                __m512 e0 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j), vshift), table);           \
+                __m512 e1 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j + W), vshift), table);       \
+                __m512 e2 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j + 2 * W), vshift), table);   \
+                __m512 e3 = EXP(_mm512_sub_ps(_mm512_loadu_ps(row + j + 3 * W), vshift), table);   \
                 _mm512_storeu_ps(row + j, e0);                                                     \
                 _mm512_storeu_ps(row + j + W, e1);                                                 \
                 _mm512_storeu_ps(row + j + 2 * W, e2);                                             \
@@ -544,7 +669,7 @@ static void pv_tile_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_
             }                                                                                      \
             for (; j < nk; j += W) {                                                               \
                 __mmask16 m = nk - j >= W ? (__mmask16)0xFFFF : tail_mask(nk - j);                 \
-                __m512 e = EXP(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vshift));          \
+                __m512 e = EXP(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vshift), table);   \
                 _mm512_mask_storeu_ps(row + j, m, e);                                              \
                 t0 = _mm512_mask_add_ps(t0, m, t0, e);                                             \
             }                                                                                      \
@@ -553,8 +678,12 @@ static void pv_tile_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_
         }                                                                                          \
     }
 /* a tile's arguments are <= 0 (scores minus their row's max): the light exp of exp_sum */
-static inline __m512 exp_tile_fast_arg(__m512 x) { return exp_fast_avx512(x, 0); }
-static inline __m512 exp_tile_sleef_arg(__m512 x) { return exp_sleef_avx512(x, 0); }
+static inline __m512 exp_tile_fast_arg(__m512 x, __m512 table) {
+    return exp_fast_avx512(x, table, 0);
+}
+static inline __m512 exp_tile_sleef_arg(__m512 x, __m512 table) {
+    return exp_sleef_avx512(x, table, 0);
+}
 EXP_TILE_AVX512(exp_tile_fast_avx512, exp_tile_fast_arg)
 EXP_TILE_AVX512(exp_tile_sleef_avx512, exp_tile_sleef_arg)
 
@@ -696,6 +825,7 @@ const sdpa_kernels sdpa_kernels_avx512 = {
     .exp_sum = {exp_sum_fast_avx512, exp_sum_sleef_avx512},
     .normalize = normalize_avx512,
     .softmax_backward = softmax_backward_avx512,
+    .softmax_short = {softmax_short_fast_avx512, softmax_short_sleef_avx512},
     .exp = {exp_fast_array_avx512, exp_sleef_array_avx512},
     .attention = &attention_avx512,
 };

@@ -724,9 +724,10 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
         rec.unit = j->op->plot_unit;
         record_add(&rec);
         if (csv) {
-            fprintf(csv, "%s,%zu,%zu,%s,%s,%s,%s,%.3f,%.3f,%.3f,%.5f,%.3f,%.3f", j->op->name, j->d,
-                    j->n, im->label, KIND_NAMES[im->kind], im->kind == KIND_SDPA ? im->backend : "",
-                    im->exp ? im->exp : "", ns, im->min, im->max, ns / n, flops / ns, bytes / ns);
+            fprintf(csv, "%s,%zu,%zu,%s,%s,%s,%s,%s,%.3f,%.3f,%.3f,%.5f,%.3f,%.3f", j->op->name,
+                    j->d, j->n, j->size_label, im->label, KIND_NAMES[im->kind],
+                    im->kind == KIND_SDPA ? im->backend : "", im->exp ? im->exp : "", ns, im->min,
+                    im->max, ns / n, flops / ns, bytes / ns);
             if (roof_pct >= 0)
                 fprintf(csv, ",%.1f,%s", roof_pct, limit);
             else
@@ -1025,7 +1026,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench: cannot write %s\n", o.csv);
             return 2;
         }
-        fprintf(csv, "op,d,n,impl,kind,backend,exp,ns_median,ns_min,ns_max,ns_per_elem,gflops,"
+        fprintf(csv, "op,d,n,size,impl,kind,backend,exp,ns_median,ns_min,ns_max,ns_per_elem,gflops,"
                      "gbytes_per_s,roof_percent,roof_limit,vs_scalar,vs_peer1,peer1,vs_peer2,"
                      "peer2,check\n");
     }

@@ -81,39 +81,6 @@ static void scale_avx512(float *y, const float *x, size_t n, float alpha) {
     }
 }
 
-/* Four keys at a time share each load of q. */
-static void scores_avx512(float *s, const float *q, const float *k, size_t n_keys, size_t d,
-                          size_t k_stride, float scale) {
-    size_t j = 0;
-    for (; j + 4 <= n_keys; j += 4) {
-        const float *k0 = k + j * k_stride, *k1 = k0 + k_stride, *k2 = k1 + k_stride,
-                    *k3 = k2 + k_stride;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
-               a3 = _mm512_setzero_ps();
-        size_t i = 0;
-        for (; i + W <= d; i += W) {
-            __m512 vq = _mm512_loadu_ps(q + i);
-            a0 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k0 + i), a0);
-            a1 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k1 + i), a1);
-            a2 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k2 + i), a2);
-            a3 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k3 + i), a3);
-        }
-        if (i < d) {
-            __mmask16 m = tail_mask(d - i);
-            __m512 vq = _mm512_maskz_loadu_ps(m, q + i);
-            a0 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k0 + i), a0);
-            a1 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k1 + i), a1);
-            a2 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k2 + i), a2);
-            a3 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k3 + i), a3);
-        }
-        s[j] = scale * _mm512_reduce_add_ps(a0);
-        s[j + 1] = scale * _mm512_reduce_add_ps(a1);
-        s[j + 2] = scale * _mm512_reduce_add_ps(a2);
-        s[j + 3] = scale * _mm512_reduce_add_ps(a3);
-    }
-    for (; j < n_keys; j++) s[j] = scale * dot_avx512(q, k + j * k_stride, d);
-}
-
 static float max_scaled_avx512(const float *x, size_t n, float scale) {
     const __m512 vs = _mm512_set1_ps(scale);
     __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
@@ -468,6 +435,44 @@ ALWAYS_INLINE void scores_1x16_avx512(float *s, const float *q, const float *k, 
     _mm512_storeu_ps(s, _mm512_mul_ps(hsum16_avx512(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10,
                                                     a11, a12, a13, a14, a15),
                                       vscale));
+}
+
+/* Sixteen keys at a time share each load of q and their sums come out of one transpose-and-add
+ * tree (one add a key, where a reduction of its own costs eight operations: as much as the FMAs
+ * at d = 64); then four at a time, then one. */
+static void scores_avx512(float *s, const float *q, const float *k, size_t n_keys, size_t d,
+                          size_t k_stride, float scale) {
+    size_t j = 0;
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (; j + 16 <= n_keys; j += 16)
+        scores_1x16_avx512(s + j, q, k + j * k_stride, k_stride, d, vscale);
+    for (; j + 4 <= n_keys; j += 4) {
+        const float *k0 = k + j * k_stride, *k1 = k0 + k_stride, *k2 = k1 + k_stride,
+                    *k3 = k2 + k_stride;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
+               a3 = _mm512_setzero_ps();
+        size_t i = 0;
+        for (; i + W <= d; i += W) {
+            __m512 vq = _mm512_loadu_ps(q + i);
+            a0 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k0 + i), a0);
+            a1 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k1 + i), a1);
+            a2 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k2 + i), a2);
+            a3 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k3 + i), a3);
+        }
+        if (i < d) {
+            __mmask16 m = tail_mask(d - i);
+            __m512 vq = _mm512_maskz_loadu_ps(m, q + i);
+            a0 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k0 + i), a0);
+            a1 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k1 + i), a1);
+            a2 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k2 + i), a2);
+            a3 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k3 + i), a3);
+        }
+        s[j] = scale * _mm512_reduce_add_ps(a0);
+        s[j + 1] = scale * _mm512_reduce_add_ps(a1);
+        s[j + 2] = scale * _mm512_reduce_add_ps(a2);
+        s[j + 3] = scale * _mm512_reduce_add_ps(a3);
+    }
+    for (; j < n_keys; j++) s[j] = scale * dot_avx512(q, k + j * k_stride, d);
 }
 
 static void scores_tile_avx512(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,

@@ -48,6 +48,17 @@ typedef struct sdpa_attention_kernels {
     void (*pack_q)(float *qt, const float *q, size_t q_stride, size_t nq, size_t d, float scale);
     void (*scores_packed)(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
                           size_t k_stride, size_t nk, size_t d);
+    /* optional, with pack_q: one whole step of the online softmax for a block of nq queries
+       (qt from pack_q, scale included) against nk keys that every one of them sees, with no
+       mask. With s the scores of the tile, for each row i < nq: m_new = max(m[i], max_j s_ij),
+       alpha = exp(m[i] - m_new), p_ij = exp(s_ij - m_new), l[i] = l[i] alpha + sum_j p_ij,
+       acc_i = acc_i alpha + sum_j p_ij v_j, m[i] = m_new. Returns 1 when done; returns 0,
+       having written nothing, when some m_new is not finite (+inf in the scores, or a row whose
+       scores so far are all -inf): the driver then takes the general path for the block. */
+    int (*tile_packed[SDPA_EXP_KINDS])(float *acc, size_t ld_acc, float *m, double *l,
+                                       const float *qt, size_t nq, const float *k, size_t k_stride,
+                                       const float *v, size_t v_stride, size_t nk, size_t d_k,
+                                       size_t d_v);
 } sdpa_attention_kernels;
 
 typedef struct sdpa_kernels {

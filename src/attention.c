@@ -89,6 +89,9 @@ typedef struct attention_run {
     const sdpa_attention_kernels *a;
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
     void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
+    int (*tile_packed)(float *acc, size_t ld_acc, float *m, double *l, const float *qt, size_t nq,
+                       const float *k, size_t k_stride, const float *v, size_t v_stride, size_t nk,
+                       size_t d_k, size_t d_v);
 } attention_run;
 
 static int row_has_nan(const float *s, size_t n) {
@@ -120,7 +123,8 @@ static void attention_block(const attention_run *run, const attention_problem *p
     const size_t ld_acc = acc == acc_tile ? d_v : os;
     const size_t ld_s = block_kv;
 
-    size_t kv_end = 0; /* keys seen by the last (widest) row */
+    size_t kv_end = 0;         /* keys seen by the last (widest) row */
+    size_t all_see = SIZE_MAX; /* keys seen by every row (the first, under causality) */
     for (size_t r = 0; r < nq; r++) {
         size_t seen = p->len_kv;
         if (p->causal) {
@@ -131,6 +135,7 @@ static void attention_block(const attention_run *run, const attention_problem *p
         }
         visible[r] = seen;
         if (seen > kv_end) kv_end = seen;
+        if (seen < all_see) all_see = seen;
         m[r] = -INFINITY;
         l[r] = 0.0;
         poisoned[r] = 0;
@@ -139,6 +144,12 @@ static void attention_block(const attention_run *run, const attention_problem *p
 
     for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
+        /* a block every row sees whole, with no mask: one call does all of it, unless a row's
+           max would not be finite (then nothing changed, and the general path below runs) */
+        if (packed && run->tile_packed && !mask && all_see >= k0 + nk &&
+            run->tile_packed(acc, ld_acc, m, l, qt, nq, k + k0 * ks, ks, v + k0 * vs, vs, nk,
+                             p->d_k, d_v))
+            continue;
         if (packed)
             a->scores_packed(s_tile, ld_s, qt, nq, k + k0 * ks, ks, nk, p->d_k);
         else
@@ -243,6 +254,7 @@ static void attention_run_all(const attention_problem *p) {
     const int exp_kind = sdpa_exp_now();
     run.exp_sum = run.k->exp_sum[exp_kind];
     run.exp_tile = run.a->exp_tile[exp_kind];
+    run.tile_packed = run.a->tile_packed[exp_kind];
     const size_t block_q = run.a->block_q, group = p->heads_q / p->heads_kv;
     if (p->len_q == 1 && group > 1) {
         /* Decode with grouped heads: the group's query heads become the rows of one block, so

@@ -393,6 +393,54 @@ BACKEND_TEST(attention, nan_propagates_to_the_rows_that_see_it) {
     }
 }
 
+/* Special scores inside blocks that every row sees whole, with no mask (on avx512 a one-call
+ * path that hands a block back to the general one when a row's max would not be finite): 40
+ * queries (blocks of 32 and 8) x 200 keys (blocks of 64), every k_j0 > 0. Key 150 has k0 = +inf:
+ * rows with q0 > 0 get a +inf score there (NaN rows), rows with q0 < 0 a -inf one (the key drops
+ * out). Row 20 has a NaN (NaN row). In the second variant row 3 has q0 = -inf, so all its scores
+ * are -inf (zeros) and its block never takes the one-call path. Both exp modes. */
+BACKEND_TEST(attention, special_scores_in_whole_blocks) {
+    const size_t lq = 40, lkv = 200, d = 32;
+    static const char *const modes[] = {"fast", "sleef"};
+    for (int variant = 0; variant < 4; variant++) {
+        rng r = rng_seed(320 + (uint64_t)variant);
+        cr_assert_eq(sdpa_set_exp_mode(modes[variant & 1]), SDPA_OK);
+        float *q = malloc(lq * d * 4), *k = malloc(lkv * d * 4), *v = malloc(lkv * d * 4);
+        float *out = malloc(lq * d * 4);
+        double *ref = malloc(lq * d * sizeof *ref);
+        fill_normal(&r, q, lq * d);
+        fill_normal(&r, k, lkv * d);
+        fill_normal(&r, v, lkv * d);
+        for (size_t j = 0; j < lkv; j++) k[j * d] = fabsf(k[j * d]) + 0.1f;
+        k[150 * d] = INFINITY;
+        q[20 * d + 5] = NAN;
+        const int all_minus_inf_row = variant >= 2;
+        if (all_minus_inf_row) q[3 * d] = -INFINITY;
+        cr_assert_eq(sdpa_attention_f32(out, q, k, v, lq, lkv, d, d, 0.0f, 0), SDPA_OK);
+        ref_attention(ref, d, q, d, k, d, v, d, NULL, 0, lq, lkv, d, d, 1.0 / sqrt((double)d), 0);
+        size_t nan_rows = 0, finite_rows = 0;
+        for (size_t i = 0; i < lq; i++) {
+            if (all_minus_inf_row && i == 3) { /* the reference says NaN; the contract zeros */
+                for (size_t c = 0; c < d; c++)
+                    cr_assert(out[i * d + c] == 0.0f, "all -inf scores: row 3 col %zu = %g", c,
+                              out[i * d + c]);
+                for (size_t c = 0; c < d; c++) ref[i * d + c] = 0.0;
+            }
+            int want_nan = i == 20 || q[i * d] > 0.0f;
+            cr_assert_eq(isnan(ref[i * d]) != 0, want_nan, "the reference's row %zu", i);
+            nan_rows += want_nan, finite_rows += !want_nan;
+        }
+        cr_assert(nan_rows > 2 && finite_rows > 2, "the case has both kinds of rows");
+        expect_close(out, d, ref, d, lq, d, 1e-5 * max_abs_finite(v, lkv * d), "special scores");
+        free(q);
+        free(k);
+        free(v);
+        free(out);
+        free(ref);
+    }
+    sdpa_set_exp_mode("fast");
+}
+
 /* A key removed by causality never reaches the rows before it, even when its values are NaN. */
 BACKEND_TEST(attention, causal_hides_nan_values) {
     rng r = rng_seed(311);

@@ -499,33 +499,47 @@ static void scores_tile_avx512(float *s, size_t ld_s, const float *q, size_t q_s
     }
 }
 
-/* acc[4 rows][64 columns] += p[4 rows][nk] * v[nk][64 columns]: the block of acc stays in 16
- * registers for all nk keys; each key costs 4 loads of v and 4 broadcasts for 16 FMAs. */
-static void pv_4x64_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nk,
-                           const float *v, size_t v_stride) {
+/* The P V microkernels: acc[i][c] = acc[i][c] alpha[i] + sum_j P(i, j) v[j][c], with the weight
+ * P(i, j) at p[i * p_row + j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major
+ * tiles of tile_packed: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q) and alpha = NULL for 1 (so that
+ * rescaling a row for a new max costs a multiply at the load, not a pass over the row). Inlined
+ * into each caller with its constants. */
+ALWAYS_INLINE __m512 pv_load_acc(const float *o, __mmask16 m, const float *alpha) {
+    __m512 c = _mm512_maskz_loadu_ps(m, o);
+    return alpha ? _mm512_mul_ps(c, _mm512_set1_ps(*alpha)) : c;
+}
+
+/* acc[4 rows][64 columns]: the block of acc stays in 16 registers for all nk keys; each key
+ * costs 4 loads of v and 4 broadcasts for 16 FMAs. */
+ALWAYS_INLINE void pv_4x64_avx512(float *acc, size_t ld_acc, const float *p, size_t p_row,
+                                  size_t p_key, const float *alpha, size_t nk, const float *v,
+                                  size_t v_stride) {
     float *o0 = acc, *o1 = acc + ld_acc, *o2 = acc + 2 * ld_acc, *o3 = acc + 3 * ld_acc;
-    __m512 c00 = _mm512_loadu_ps(o0), c01 = _mm512_loadu_ps(o0 + W),
-           c02 = _mm512_loadu_ps(o0 + 2 * W), c03 = _mm512_loadu_ps(o0 + 3 * W);
-    __m512 c10 = _mm512_loadu_ps(o1), c11 = _mm512_loadu_ps(o1 + W),
-           c12 = _mm512_loadu_ps(o1 + 2 * W), c13 = _mm512_loadu_ps(o1 + 3 * W);
-    __m512 c20 = _mm512_loadu_ps(o2), c21 = _mm512_loadu_ps(o2 + W),
-           c22 = _mm512_loadu_ps(o2 + 2 * W), c23 = _mm512_loadu_ps(o2 + 3 * W);
-    __m512 c30 = _mm512_loadu_ps(o3), c31 = _mm512_loadu_ps(o3 + W),
-           c32 = _mm512_loadu_ps(o3 + 2 * W), c33 = _mm512_loadu_ps(o3 + 3 * W);
+    const __mmask16 all = 0xFFFF;
+    const float *a0 = alpha, *a1 = alpha ? alpha + 1 : NULL, *a2 = alpha ? alpha + 2 : NULL,
+                *a3 = alpha ? alpha + 3 : NULL;
+    __m512 c00 = pv_load_acc(o0, all, a0), c01 = pv_load_acc(o0 + W, all, a0),
+           c02 = pv_load_acc(o0 + 2 * W, all, a0), c03 = pv_load_acc(o0 + 3 * W, all, a0);
+    __m512 c10 = pv_load_acc(o1, all, a1), c11 = pv_load_acc(o1 + W, all, a1),
+           c12 = pv_load_acc(o1 + 2 * W, all, a1), c13 = pv_load_acc(o1 + 3 * W, all, a1);
+    __m512 c20 = pv_load_acc(o2, all, a2), c21 = pv_load_acc(o2 + W, all, a2),
+           c22 = pv_load_acc(o2 + 2 * W, all, a2), c23 = pv_load_acc(o2 + 3 * W, all, a2);
+    __m512 c30 = pv_load_acc(o3, all, a3), c31 = pv_load_acc(o3 + W, all, a3),
+           c32 = pv_load_acc(o3 + 2 * W, all, a3), c33 = pv_load_acc(o3 + 3 * W, all, a3);
     for (size_t j = 0; j < nk; j++) {
-        const float *vj = v + j * v_stride;
+        const float *vj = v + j * v_stride, *pj = p + j * p_key;
         __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + W),
                v2 = _mm512_loadu_ps(vj + 2 * W), v3 = _mm512_loadu_ps(vj + 3 * W);
-        __m512 w = _mm512_set1_ps(p[j]);
+        __m512 w = _mm512_set1_ps(pj[0]);
         c00 = _mm512_fmadd_ps(w, v0, c00), c01 = _mm512_fmadd_ps(w, v1, c01);
         c02 = _mm512_fmadd_ps(w, v2, c02), c03 = _mm512_fmadd_ps(w, v3, c03);
-        w = _mm512_set1_ps(p[ld_p + j]);
+        w = _mm512_set1_ps(pj[p_row]);
         c10 = _mm512_fmadd_ps(w, v0, c10), c11 = _mm512_fmadd_ps(w, v1, c11);
         c12 = _mm512_fmadd_ps(w, v2, c12), c13 = _mm512_fmadd_ps(w, v3, c13);
-        w = _mm512_set1_ps(p[2 * ld_p + j]);
+        w = _mm512_set1_ps(pj[2 * p_row]);
         c20 = _mm512_fmadd_ps(w, v0, c20), c21 = _mm512_fmadd_ps(w, v1, c21);
         c22 = _mm512_fmadd_ps(w, v2, c22), c23 = _mm512_fmadd_ps(w, v3, c23);
-        w = _mm512_set1_ps(p[3 * ld_p + j]);
+        w = _mm512_set1_ps(pj[3 * p_row]);
         c30 = _mm512_fmadd_ps(w, v0, c30), c31 = _mm512_fmadd_ps(w, v1, c31);
         c32 = _mm512_fmadd_ps(w, v2, c32), c33 = _mm512_fmadd_ps(w, v3, c33);
     }
@@ -539,33 +553,36 @@ static void pv_4x64_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_
     _mm512_storeu_ps(o3 + 2 * W, c32), _mm512_storeu_ps(o3 + 3 * W, c33);
 }
 
-/* acc[4 rows][16 columns, masked by m] += p[4 rows][nk] * v[nk][...]; two keys per step keep
- * eight independent FMA chains. */
-static void pv_4x16_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nk,
-                           const float *v, size_t v_stride, __mmask16 m) {
-    __m512 c0 = _mm512_maskz_loadu_ps(m, acc), c1 = _mm512_maskz_loadu_ps(m, acc + ld_acc);
-    __m512 c2 = _mm512_maskz_loadu_ps(m, acc + 2 * ld_acc);
-    __m512 c3 = _mm512_maskz_loadu_ps(m, acc + 3 * ld_acc);
+/* acc[4 rows][16 columns, masked by m]; two keys per step keep eight independent FMA chains. */
+ALWAYS_INLINE void pv_4x16_avx512(float *acc, size_t ld_acc, const float *p, size_t p_row,
+                                  size_t p_key, const float *alpha, size_t nk, const float *v,
+                                  size_t v_stride, __mmask16 m) {
+    __m512 c0 = pv_load_acc(acc, m, alpha),
+           c1 = pv_load_acc(acc + ld_acc, m, alpha ? alpha + 1 : NULL);
+    __m512 c2 = pv_load_acc(acc + 2 * ld_acc, m, alpha ? alpha + 2 : NULL);
+    __m512 c3 = pv_load_acc(acc + 3 * ld_acc, m, alpha ? alpha + 3 : NULL);
     __m512 e0 = _mm512_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
     size_t j = 0;
     for (; j + 2 <= nk; j += 2) {
+        const float *p0 = p + j * p_key, *p1 = p0 + p_key;
         __m512 v0 = _mm512_maskz_loadu_ps(m, v + j * v_stride);
         __m512 v1 = _mm512_maskz_loadu_ps(m, v + (j + 1) * v_stride);
-        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), v0, c0);
-        c1 = _mm512_fmadd_ps(_mm512_set1_ps(p[ld_p + j]), v0, c1);
-        c2 = _mm512_fmadd_ps(_mm512_set1_ps(p[2 * ld_p + j]), v0, c2);
-        c3 = _mm512_fmadd_ps(_mm512_set1_ps(p[3 * ld_p + j]), v0, c3);
-        e0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j + 1]), v1, e0);
-        e1 = _mm512_fmadd_ps(_mm512_set1_ps(p[ld_p + j + 1]), v1, e1);
-        e2 = _mm512_fmadd_ps(_mm512_set1_ps(p[2 * ld_p + j + 1]), v1, e2);
-        e3 = _mm512_fmadd_ps(_mm512_set1_ps(p[3 * ld_p + j + 1]), v1, e3);
+        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[0]), v0, c0);
+        c1 = _mm512_fmadd_ps(_mm512_set1_ps(p0[p_row]), v0, c1);
+        c2 = _mm512_fmadd_ps(_mm512_set1_ps(p0[2 * p_row]), v0, c2);
+        c3 = _mm512_fmadd_ps(_mm512_set1_ps(p0[3 * p_row]), v0, c3);
+        e0 = _mm512_fmadd_ps(_mm512_set1_ps(p1[0]), v1, e0);
+        e1 = _mm512_fmadd_ps(_mm512_set1_ps(p1[p_row]), v1, e1);
+        e2 = _mm512_fmadd_ps(_mm512_set1_ps(p1[2 * p_row]), v1, e2);
+        e3 = _mm512_fmadd_ps(_mm512_set1_ps(p1[3 * p_row]), v1, e3);
     }
     if (j < nk) {
+        const float *p0 = p + j * p_key;
         __m512 v0 = _mm512_maskz_loadu_ps(m, v + j * v_stride);
-        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), v0, c0);
-        c1 = _mm512_fmadd_ps(_mm512_set1_ps(p[ld_p + j]), v0, c1);
-        c2 = _mm512_fmadd_ps(_mm512_set1_ps(p[2 * ld_p + j]), v0, c2);
-        c3 = _mm512_fmadd_ps(_mm512_set1_ps(p[3 * ld_p + j]), v0, c3);
+        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[0]), v0, c0);
+        c1 = _mm512_fmadd_ps(_mm512_set1_ps(p0[p_row]), v0, c1);
+        c2 = _mm512_fmadd_ps(_mm512_set1_ps(p0[2 * p_row]), v0, c2);
+        c3 = _mm512_fmadd_ps(_mm512_set1_ps(p0[3 * p_row]), v0, c3);
     }
     _mm512_mask_storeu_ps(acc, m, _mm512_add_ps(c0, e0));
     _mm512_mask_storeu_ps(acc + ld_acc, m, _mm512_add_ps(c1, e1));
@@ -574,14 +591,16 @@ static void pv_4x16_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_
 }
 
 /* One row (decode, and the rows left over): 64 columns, two keys per step for eight chains. */
-static void pv_1x64_avx512(float *acc, const float *p, size_t nk, const float *v, size_t v_stride) {
-    __m512 c0 = _mm512_loadu_ps(acc), c1 = _mm512_loadu_ps(acc + W),
-           c2 = _mm512_loadu_ps(acc + 2 * W), c3 = _mm512_loadu_ps(acc + 3 * W);
+ALWAYS_INLINE void pv_1x64_avx512(float *acc, const float *p, size_t p_key, const float *alpha,
+                                  size_t nk, const float *v, size_t v_stride) {
+    const __mmask16 all = 0xFFFF;
+    __m512 c0 = pv_load_acc(acc, all, alpha), c1 = pv_load_acc(acc + W, all, alpha),
+           c2 = pv_load_acc(acc + 2 * W, all, alpha), c3 = pv_load_acc(acc + 3 * W, all, alpha);
     __m512 e0 = _mm512_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
     size_t j = 0;
     for (; j + 2 <= nk; j += 2) {
         const float *v0 = v + j * v_stride, *v1 = v0 + v_stride;
-        __m512 w0 = _mm512_set1_ps(p[j]), w1 = _mm512_set1_ps(p[j + 1]);
+        __m512 w0 = _mm512_set1_ps(p[j * p_key]), w1 = _mm512_set1_ps(p[(j + 1) * p_key]);
         c0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0), c0);
         c1 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + W), c1);
         c2 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 2 * W), c2);
@@ -593,7 +612,7 @@ static void pv_1x64_avx512(float *acc, const float *p, size_t nk, const float *v
     }
     if (j < nk) {
         const float *v0 = v + j * v_stride;
-        __m512 w0 = _mm512_set1_ps(p[j]);
+        __m512 w0 = _mm512_set1_ps(p[j * p_key]);
         c0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0), c0);
         c1 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + W), c1);
         c2 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 2 * W), c2);
@@ -605,48 +624,58 @@ static void pv_1x64_avx512(float *acc, const float *p, size_t nk, const float *v
     _mm512_storeu_ps(acc + 3 * W, _mm512_add_ps(c3, e3));
 }
 
-static void pv_1x16_avx512(float *acc, const float *p, size_t nk, const float *v, size_t v_stride,
-                           __mmask16 m) {
-    __m512 c0 = _mm512_maskz_loadu_ps(m, acc), c1 = _mm512_setzero_ps(), c2 = c1, c3 = c1;
+ALWAYS_INLINE void pv_1x16_avx512(float *acc, const float *p, size_t p_key, const float *alpha,
+                                  size_t nk, const float *v, size_t v_stride, __mmask16 m) {
+    __m512 c0 = pv_load_acc(acc, m, alpha), c1 = _mm512_setzero_ps(), c2 = c1, c3 = c1;
     size_t j = 0;
     for (; j + 4 <= nk; j += 4) {
-        const float *v0 = v + j * v_stride;
-        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m, v0), c0);
-        c1 = _mm512_fmadd_ps(_mm512_set1_ps(p[j + 1]), _mm512_maskz_loadu_ps(m, v0 + v_stride), c1);
-        c2 = _mm512_fmadd_ps(_mm512_set1_ps(p[j + 2]), _mm512_maskz_loadu_ps(m, v0 + 2 * v_stride),
-                             c2);
-        c3 = _mm512_fmadd_ps(_mm512_set1_ps(p[j + 3]), _mm512_maskz_loadu_ps(m, v0 + 3 * v_stride),
-                             c3);
+        const float *v0 = v + j * v_stride, *p0 = p + j * p_key;
+        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[0]), _mm512_maskz_loadu_ps(m, v0), c0);
+        c1 =
+            _mm512_fmadd_ps(_mm512_set1_ps(p0[p_key]), _mm512_maskz_loadu_ps(m, v0 + v_stride), c1);
+        c2 = _mm512_fmadd_ps(_mm512_set1_ps(p0[2 * p_key]),
+                             _mm512_maskz_loadu_ps(m, v0 + 2 * v_stride), c2);
+        c3 = _mm512_fmadd_ps(_mm512_set1_ps(p0[3 * p_key]),
+                             _mm512_maskz_loadu_ps(m, v0 + 3 * v_stride), c3);
     }
     for (; j < nk; j++)
-        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m, v + j * v_stride), c0);
+        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j * p_key]),
+                             _mm512_maskz_loadu_ps(m, v + j * v_stride), c0);
     _mm512_mask_storeu_ps(acc, m, _mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)));
 }
 
-static void pv_tile_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
-                           size_t nk, const float *v, size_t v_stride, size_t d_v) {
+/* A whole tile: rows of four, then the rows left over; 64 columns at a time, then 16. */
+ALWAYS_INLINE void pv_tile_body(float *acc, size_t ld_acc, const float *p, size_t p_row,
+                                size_t p_key, const float *alpha, size_t nq, size_t nk,
+                                const float *v, size_t v_stride, size_t d_v) {
     size_t i = 0;
     for (; i + 4 <= nq; i += 4) {
         float *a = acc + i * ld_acc;
-        const float *pi = p + i * ld_p;
+        const float *pi = p + i * p_row, *ai = alpha ? alpha + i : NULL;
         size_t c = 0;
         for (; c + 4 * W <= d_v; c += 4 * W)
-            pv_4x64_avx512(a + c, ld_acc, pi, ld_p, nk, v + c, v_stride);
+            pv_4x64_avx512(a + c, ld_acc, pi, p_row, p_key, ai, nk, v + c, v_stride);
         for (; c < d_v; c += W) {
             __mmask16 m = d_v - c >= W ? (__mmask16)0xFFFF : tail_mask(d_v - c);
-            pv_4x16_avx512(a + c, ld_acc, pi, ld_p, nk, v + c, v_stride, m);
+            pv_4x16_avx512(a + c, ld_acc, pi, p_row, p_key, ai, nk, v + c, v_stride, m);
         }
     }
     for (; i < nq; i++) {
         float *a = acc + i * ld_acc;
-        const float *pi = p + i * ld_p;
+        const float *pi = p + i * p_row, *ai = alpha ? alpha + i : NULL;
         size_t c = 0;
-        for (; c + 4 * W <= d_v; c += 4 * W) pv_1x64_avx512(a + c, pi, nk, v + c, v_stride);
+        for (; c + 4 * W <= d_v; c += 4 * W)
+            pv_1x64_avx512(a + c, pi, p_key, ai, nk, v + c, v_stride);
         for (; c < d_v; c += W) {
             __mmask16 m = d_v - c >= W ? (__mmask16)0xFFFF : tail_mask(d_v - c);
-            pv_1x16_avx512(a + c, pi, nk, v + c, v_stride, m);
+            pv_1x16_avx512(a + c, pi, p_key, ai, nk, v + c, v_stride, m);
         }
     }
+}
+
+static void pv_tile_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                           size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    pv_tile_body(acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v);
 }
 
 /* exp of a whole tile of scores minus each row's shift, with the row sums: four vectors per
@@ -778,12 +807,11 @@ static inline void packed_8x32_avx512(float *st, const float *qt, const float *k
     _mm512_storeu_ps(st + 7 * ld, a70), _mm512_storeu_ps(st + 7 * ld + W, a71);
 }
 
-/* The scores tile from the packed queries: the transposed tile st[key][query] by broadcasts
- * (no horizontal sums), then 16 x 16 in-register transposes into s[query][key]. */
-static void scores_packed_avx512(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
-                                 size_t k_stride, size_t nk, size_t d) {
+/* st[key][query] = sum_p k[key][p] qt[p][query] for nk keys and all SDPA_ATTN_MAX_BLOCK_Q
+ * (zero-padded) queries: broadcasts of k, vector loads of qt, no horizontal sums. */
+static void scores_keymajor_avx512(float *st, const float *qt, const float *k, size_t k_stride,
+                                   size_t nk, size_t d) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
     size_t j = 0;
     for (; j + 8 <= nk; j += 8) packed_8x32_avx512(st + j * ld, qt, k + j * k_stride, k_stride, d);
     for (; j < nk; j++) {
@@ -797,6 +825,15 @@ static void scores_packed_avx512(float *s, size_t ld_s, const float *qt, size_t 
         _mm512_storeu_ps(st + j * ld, a0);
         _mm512_storeu_ps(st + j * ld + W, a1);
     }
+}
+
+/* The scores tile from the packed queries: the key-major tile, then 16 x 16 in-register
+ * transposes into s[query][key]. */
+static void scores_packed_avx512(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
+                                 size_t k_stride, size_t nk, size_t d) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
+    scores_keymajor_avx512(st, qt, k, k_stride, nk, d);
     for (size_t j0 = 0; j0 < nk; j0 += W) {
         const size_t nj = nk - j0 < W ? nk - j0 : W;
         const __mmask16 m = nj == W ? (__mmask16)0xFFFF : tail_mask(nj);
@@ -811,6 +848,71 @@ static void scores_packed_avx512(float *s, size_t ld_s, const float *qt, size_t 
     }
 }
 
+/* One step of the online softmax for a whole tile (kernels.h, tile_packed). The scores stay
+ * key-major, as the packed GEMM leaves them, so the row maxima, the exps and the row sums are
+ * vector operations across 16 queries at a time (no transposes, no horizontal sums, no call per
+ * row), and the P V step reads the weights in that layout and rescales each accumulator row as
+ * it loads it. The new maxima are checked before anything is written. */
+#define TILE_PACKED_AVX512(NAME, EXP)                                                              \
+    static int NAME(float *acc, size_t ld_acc, float *m, double *l, const float *qt, size_t nq,    \
+                    const float *k, size_t k_stride, const float *v, size_t v_stride, size_t nk,   \
+                    size_t d_k, size_t d_v) {                                                      \
+        const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;                                                   \
+        const __m512 ninf = _mm512_set1_ps(-INFINITY);                                             \
+        float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];                                  \
+        float alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];                           \
+        __m512 old[2], new_max[2];                                                                 \
+        __mmask16 valid[2];                                                                        \
+        scores_keymajor_avx512(st, qt, k, k_stride, nk, d_k);                                      \
+        for (size_t h = 0; h < 2; h++) {                                                           \
+            valid[h] = nq >= (h + 1) * W ? (__mmask16)0xFFFF                                       \
+                       : nq > h * W      ? tail_mask(nq - h * W)                                   \
+                                         : 0;                                                           \
+            old[h] = _mm512_mask_loadu_ps(ninf, valid[h], m + h * W);                              \
+            __m512 mx0 = old[h], mx1 = ninf;                                                       \
+            size_t j = 0;                                                                          \
+            for (; j + 2 <= nk; j += 2) {                                                          \
+                mx0 = _mm512_max_ps(_mm512_loadu_ps(st + j * ld + h * W), mx0);                    \
+                mx1 = _mm512_max_ps(_mm512_loadu_ps(st + (j + 1) * ld + h * W), mx1);              \
+            }                                                                                      \
+            if (j < nk) mx0 = _mm512_max_ps(_mm512_loadu_ps(st + j * ld + h * W), mx0);            \
+            new_max[h] = _mm512_max_ps(mx0, mx1);                                                  \
+            /* +inf in the scores, or a row with nothing but -inf so far: the general path */      \
+            if (_mm512_mask_cmp_ps_mask(valid[h], new_max[h], _mm512_set1_ps(INFINITY),            \
+                                        _CMP_EQ_OQ) |                                              \
+                _mm512_mask_cmp_ps_mask(valid[h], new_max[h], ninf, _CMP_EQ_OQ))                   \
+                return 0;                                                                          \
+        }                                                                                          \
+        const __m512 table = exp_table_avx512();                                                   \
+        for (size_t h = 0; h < 2 && valid[h]; h++) {                                               \
+            const __m512 mx = new_max[h];                                                          \
+            /* exp(0) is exactly 1: a row whose max did not move is not rescaled at all */         \
+            _mm512_storeu_ps(alpha + h * W, EXP(_mm512_sub_ps(old[h], mx), table, 0));             \
+            __m512 s0 = _mm512_setzero_ps(), s1 = s0;                                              \
+            size_t j = 0;                                                                          \
+            for (; j + 2 <= nk; j += 2) {                                                          \
+                float *p0 = st + j * ld + h * W, *p1 = p0 + ld;                                    \
+                __m512 e0 = EXP(_mm512_sub_ps(_mm512_loadu_ps(p0), mx), table, 0);                 \
+                __m512 e1 = EXP(_mm512_sub_ps(_mm512_loadu_ps(p1), mx), table, 0);                 \
+                _mm512_storeu_ps(p0, e0), _mm512_storeu_ps(p1, e1);                                \
+                s0 = _mm512_add_ps(s0, e0), s1 = _mm512_add_ps(s1, e1);                            \
+            }                                                                                      \
+            if (j < nk) {                                                                          \
+                float *p0 = st + j * ld + h * W;                                                   \
+                __m512 e0 = EXP(_mm512_sub_ps(_mm512_loadu_ps(p0), mx), table, 0);                 \
+                _mm512_storeu_ps(p0, e0);                                                          \
+                s0 = _mm512_add_ps(s0, e0);                                                        \
+            }                                                                                      \
+            _mm512_storeu_ps(sums + h * W, _mm512_add_ps(s0, s1));                                 \
+            _mm512_mask_storeu_ps(m + h * W, valid[h], mx);                                        \
+        }                                                                                          \
+        for (size_t i = 0; i < nq; i++) l[i] = l[i] * alpha[i] + sums[i];                          \
+        pv_tile_body(acc, ld_acc, st, 1, ld, alpha, nq, nk, v, v_stride, d_v);                     \
+        return 1;                                                                                  \
+    }
+TILE_PACKED_AVX512(tile_packed_fast_avx512, exp_fast_avx512)
+TILE_PACKED_AVX512(tile_packed_sleef_avx512, exp_sleef_avx512)
+
 static const sdpa_attention_kernels attention_avx512 = {
     .block_q = 32,
     .block_kv = 64,
@@ -819,6 +921,7 @@ static const sdpa_attention_kernels attention_avx512 = {
     .exp_tile = {exp_tile_fast_avx512, exp_tile_sleef_avx512},
     .pack_q = pack_q_avx512,
     .scores_packed = scores_packed_avx512,
+    .tile_packed = {tile_packed_fast_avx512, tile_packed_sleef_avx512},
 };
 
 const sdpa_kernels sdpa_kernels_avx512 = {

@@ -25,9 +25,9 @@
  *   - sdpa_softmax_backward_f32: |error| <= 1e-5 * |scale| * y_i * (|dy_i| + sum_j y_j |dy_j|).
  *   The default exp ("fast", inlined: a table of 2^(j/16) or 2^(j/8) and a cubic on avx512 and
  * avx2, a degree-5 polynomial elsewhere) is within 3 ULP of exp (measured: 1.63 ULP avx512, 1.90
- * avx2, 2.40 the others) over the whole float range where the result is a normal float (subnormal
- * results are flushed to 0, overflow gives +inf, NaN stays NaN); "sleef" uses SLEEF's 1-ULP expf
- * instead (SDPA_EXP=sleef or sdpa_set_exp_mode("sleef")).
+ * avx2, at most 2.40 the others) over the whole float range where the result is a normal float
+ * (subnormal results are flushed to 0, overflow gives +inf, NaN stays NaN); "sleef" uses SLEEF's
+ * 1-ULP expf instead (SDPA_EXP=sleef or sdpa_set_exp_mode("sleef")).
  */
 #ifndef SDPA_H
 #define SDPA_H

@@ -129,26 +129,55 @@ static float max_scaled_sse41(const float *x, size_t n, float scale) {
     return _mm_cvtss_f32(m);
 }
 
-/* The shared "fast" exp (kernels.h) without FMA: the 15-bit ln 2 split keeps n * LN2_HI exact. */
-static inline __m128 exp_fast_sse41(__m128 x) {
-    /* max/min return their second operand when either is NaN: NaN passes through */
-    x = _mm_min_ps(_mm_set1_ps(SDPA_EXP_X_CLAMP_HI),
-                   _mm_max_ps(_mm_set1_ps(SDPA_EXP_X_CLAMP_LO), x));
-    __m128 n = _mm_round_ps(_mm_mul_ps(x, _mm_set1_ps(SDPA_EXP_LOG2E)),
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* The shared "fast" exp (kernels.h) without FMA: the 15-bit ln 2 split keeps n * LN2_HI exact.
+ * x[u] = exp(x[u]) for u < count (at most 4), each step for all of them before the next: one
+ * exp is a chain of some fifty cycles, and only exps side by side in the instruction stream
+ * keep the pipes busy (four: 2.6 -> 2.0 ns a vector on the Zen 5 of docs/performance.md).
+ * full = 1 (exp_sum, the exp entry): the whole float range. full = 0, for tile_packed, whose
+ * arguments are s - max <= 0: no upper clamp, no overflow case, and results below FLT_MIN are
+ * left below it (as exp_sum's contract allows), five operations of about twenty fewer; the
+ * lower clamp stays, it keeps n, and so 2^n's exponent bits, in range. */
+ALWAYS_INLINE void exp_fast_body(__m128 *x, int count, int full) {
+    __m128 n[4], r[4], p[4];
+    for (int u = 0; u < count; u++) {
+        /* max/min return their second operand when either is NaN: NaN passes through */
+        x[u] = _mm_max_ps(_mm_set1_ps(SDPA_EXP_X_CLAMP_LO), x[u]);
+        if (full) x[u] = _mm_min_ps(_mm_set1_ps(SDPA_EXP_X_CLAMP_HI), x[u]);
+    }
+    for (int u = 0; u < count; u++)
+        n[u] = _mm_round_ps(_mm_mul_ps(x[u], _mm_set1_ps(SDPA_EXP_LOG2E)),
                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m128 r = _mm_sub_ps(x, _mm_mul_ps(n, _mm_set1_ps(SDPA_EXP_LN2_HI_NOFMA)));
-    r = _mm_sub_ps(r, _mm_mul_ps(n, _mm_set1_ps(SDPA_EXP_LN2_LO_NOFMA)));
-    __m128 p = _mm_add_ps(_mm_mul_ps(_mm_set1_ps(SDPA_EXP_C5), r), _mm_set1_ps(SDPA_EXP_C4));
-    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(SDPA_EXP_C3));
-    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(SDPA_EXP_C2));
-    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.0f));
-    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.0f));
-    __m128i bits = _mm_add_epi32(_mm_castps_si128(p), _mm_slli_epi32(_mm_cvtps_epi32(n), 23));
-    __m128 e = _mm_castsi128_ps(bits);
-    /* drop results below FLT_MIN (not NaN: the ordered compare is false for it) */
-    e = _mm_andnot_ps(_mm_cmplt_ps(e, _mm_set1_ps(FLT_MIN)), e);
-    return _mm_blendv_ps(e, _mm_set1_ps(INFINITY),
-                         _mm_cmpge_ps(x, _mm_set1_ps(SDPA_EXP_X_OVERFLOW)));
+    for (int u = 0; u < count; u++)
+        r[u] = _mm_sub_ps(x[u], _mm_mul_ps(n[u], _mm_set1_ps(SDPA_EXP_LN2_HI_NOFMA)));
+    for (int u = 0; u < count; u++)
+        r[u] = _mm_sub_ps(r[u], _mm_mul_ps(n[u], _mm_set1_ps(SDPA_EXP_LN2_LO_NOFMA)));
+    for (int u = 0; u < count; u++)
+        p[u] = _mm_add_ps(_mm_mul_ps(_mm_set1_ps(SDPA_EXP_C5), r[u]), _mm_set1_ps(SDPA_EXP_C4));
+    for (int u = 0; u < count; u++)
+        p[u] = _mm_add_ps(_mm_mul_ps(p[u], r[u]), _mm_set1_ps(SDPA_EXP_C3));
+    for (int u = 0; u < count; u++)
+        p[u] = _mm_add_ps(_mm_mul_ps(p[u], r[u]), _mm_set1_ps(SDPA_EXP_C2));
+    for (int u = 0; u < count; u++) p[u] = _mm_add_ps(_mm_mul_ps(p[u], r[u]), _mm_set1_ps(1.0f));
+    for (int u = 0; u < count; u++) p[u] = _mm_add_ps(_mm_mul_ps(p[u], r[u]), _mm_set1_ps(1.0f));
+    for (int u = 0; u < count; u++) {
+        __m128i bits =
+            _mm_add_epi32(_mm_castps_si128(p[u]), _mm_slli_epi32(_mm_cvtps_epi32(n[u]), 23));
+        __m128 e = _mm_castsi128_ps(bits);
+        if (full) {
+            /* drop results below FLT_MIN (not NaN: the ordered compare is false for it) */
+            e = _mm_andnot_ps(_mm_cmplt_ps(e, _mm_set1_ps(FLT_MIN)), e);
+            e = _mm_blendv_ps(e, _mm_set1_ps(INFINITY),
+                              _mm_cmpge_ps(x[u], _mm_set1_ps(SDPA_EXP_X_OVERFLOW)));
+        }
+        x[u] = e;
+    }
+}
+
+static inline __m128 exp_fast_sse41(__m128 x) {
+    exp_fast_body(&x, 1, 1);
+    return x;
 }
 
 static inline __m128 exp_sleef_sse41(__m128 x) {
@@ -319,106 +348,333 @@ static void scores_tile_sse41(float *s, size_t ld_s, const float *q, size_t q_st
     }
 }
 
-/* acc[2 rows][16 columns] += p[2 rows][nk] * v[nk][16 columns]: 8 accumulators in registers,
- * 4 loads of v and 2 broadcasts per key. */
-static void pv_2x16_sse41(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nk,
-                          const float *v, size_t v_stride) {
-    float *o0 = acc, *o1 = acc + ld_acc;
-    __m128 c00 = _mm_loadu_ps(o0), c01 = _mm_loadu_ps(o0 + W), c02 = _mm_loadu_ps(o0 + 2 * W),
-           c03 = _mm_loadu_ps(o0 + 3 * W);
-    __m128 c10 = _mm_loadu_ps(o1), c11 = _mm_loadu_ps(o1 + W), c12 = _mm_loadu_ps(o1 + 2 * W),
-           c13 = _mm_loadu_ps(o1 + 3 * W);
-    for (size_t j = 0; j < nk; j++) {
-        const float *vj = v + j * v_stride;
-        __m128 v0 = _mm_loadu_ps(vj), v1 = _mm_loadu_ps(vj + W), v2 = _mm_loadu_ps(vj + 2 * W),
-               v3 = _mm_loadu_ps(vj + 3 * W);
-        __m128 w = _mm_set1_ps(p[j]);
-        c00 = MADD(w, v0, c00), c01 = MADD(w, v1, c01), c02 = MADD(w, v2, c02);
-        c03 = MADD(w, v3, c03);
-        w = _mm_set1_ps(p[ld_p + j]);
-        c10 = MADD(w, v0, c10), c11 = MADD(w, v1, c11), c12 = MADD(w, v2, c12);
-        c13 = MADD(w, v3, c13);
-    }
-    _mm_storeu_ps(o0, c00), _mm_storeu_ps(o0 + W, c01), _mm_storeu_ps(o0 + 2 * W, c02);
-    _mm_storeu_ps(o0 + 3 * W, c03);
-    _mm_storeu_ps(o1, c10), _mm_storeu_ps(o1 + W, c11), _mm_storeu_ps(o1 + 2 * W, c12);
-    _mm_storeu_ps(o1 + 3 * W, c13);
+/* Without AVX's three-operand forms every SSE arithmetic instruction overwrites one of its
+ * operands, so a multiply-add whose operands both live on takes three instructions: a load (or
+ * copy) into a temporary, mulps, addps. This core issues about six instructions a cycle, which
+ * is just the two multiplies and two adds a cycle of its peak: every other instruction in a loop
+ * costs time. The GEMM-like microkernels below therefore take one broadcast against 8 vectors
+ * (32 floats) loaded straight into the products' registers: the broadcast is a single pshufd,
+ * shared by 8 multiply-adds, and the 8 accumulators are more independent chains than the adds'
+ * latency needs. */
+
+/* lane L (a literal) of v in every lane: pshufd writes a new register and leaves v alone */
+#define BCAST(v, L) _mm_castsi128_ps(_mm_shuffle_epi32(_mm_castps_si128(v), (L)*0x55))
+
+/* lane `lane` (0..3) of the 16-byte aligned vector at p in every lane: one pshufd with a memory
+ * operand once lane is a constant (the immediates must be literals). */
+ALWAYS_INLINE __m128 bcast_aligned(const float *p, int lane) {
+    const __m128i x = _mm_load_si128((const __m128i *)(const void *)p);
+    return _mm_castsi128_ps(lane == 0   ? _mm_shuffle_epi32(x, 0x00)
+                            : lane == 1 ? _mm_shuffle_epi32(x, 0x55)
+                            : lane == 2 ? _mm_shuffle_epi32(x, 0xAA)
+                                        : _mm_shuffle_epi32(x, 0xFF));
 }
 
-/* One row, 16 columns, two keys per step for eight independent chains. */
-static void pv_1x16_sse41(float *acc, const float *p, size_t nk, const float *v, size_t v_stride) {
-    __m128 c0 = _mm_loadu_ps(acc), c1 = _mm_loadu_ps(acc + W), c2 = _mm_loadu_ps(acc + 2 * W),
-           c3 = _mm_loadu_ps(acc + 3 * W);
-    __m128 e0 = _mm_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
-    size_t j = 0;
-    for (; j + 2 <= nk; j += 2) {
-        const float *v0 = v + j * v_stride, *v1 = v0 + v_stride;
-        __m128 w0 = _mm_set1_ps(p[j]), w1 = _mm_set1_ps(p[j + 1]);
-        c0 = MADD(w0, _mm_loadu_ps(v0), c0), c1 = MADD(w0, _mm_loadu_ps(v0 + W), c1);
-        c2 = MADD(w0, _mm_loadu_ps(v0 + 2 * W), c2), c3 = MADD(w0, _mm_loadu_ps(v0 + 3 * W), c3);
-        e0 = MADD(w1, _mm_loadu_ps(v1), e0), e1 = MADD(w1, _mm_loadu_ps(v1 + W), e1);
-        e2 = MADD(w1, _mm_loadu_ps(v1 + 2 * W), e2), e3 = MADD(w1, _mm_loadu_ps(v1 + 3 * W), e3);
-    }
-    if (j < nk) {
-        const float *v0 = v + j * v_stride;
-        __m128 w0 = _mm_set1_ps(p[j]);
-        c0 = MADD(w0, _mm_loadu_ps(v0), c0), c1 = MADD(w0, _mm_loadu_ps(v0 + W), c1);
-        c2 = MADD(w0, _mm_loadu_ps(v0 + 2 * W), c2), c3 = MADD(w0, _mm_loadu_ps(v0 + 3 * W), c3);
-    }
-    _mm_storeu_ps(acc, _mm_add_ps(c0, e0)), _mm_storeu_ps(acc + W, _mm_add_ps(c1, e1));
-    _mm_storeu_ps(acc + 2 * W, _mm_add_ps(c2, e2)), _mm_storeu_ps(acc + 3 * W, _mm_add_ps(c3, e3));
-}
+/* The P V microkernels: acc[i][c] = acc[i][c] alpha[i] + sum_j P(i, j) v[j][c], with the weight
+ * P(i, j) at p[i * p_row + j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major
+ * tiles of tile_packed: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q, 16-byte aligned) and
+ * alpha = NULL for 1. */
 
-/* One row, the last len (1..4) columns of a vector; partial vectors go through a stack buffer
- * so that nothing past the row is read or written. */
-static void pv_1x4_sse41(float *acc, const float *p, size_t nk, const float *v, size_t v_stride,
-                         size_t len) {
-    __m128 c0 = len == W ? _mm_loadu_ps(acc) : load_partial(acc, len, 0.0f);
-    __m128 c1 = _mm_setzero_ps();
+/* One row of acc, nv vectors (nv * W columns) of it: pw = p + i * p_row. Row-major weights
+ * come four keys at a time in one load, broadcast from the register; key-major ones each with
+ * one pshufd from memory, from the aligned vector that holds lane (= i mod 4). */
+ALWAYS_INLINE void pv_row_sse41(float *acc, const float *alpha, const float *pw, size_t p_key,
+                                int lane, size_t nk, const float *v, size_t v_stride, int nv) {
+    __m128 c[8];
+    for (int t = 0; t < nv; t++) c[t] = _mm_loadu_ps(acc + t * W);
+    if (alpha) {
+        const __m128 a = _mm_set1_ps(*alpha);
+        for (int t = 0; t < nv; t++) c[t] = _mm_mul_ps(c[t], a);
+    }
+#define PV_KEY(B, VJ)                                                                              \
+    do {                                                                                           \
+        const __m128 b_ = (B);                                                                     \
+        for (int t = 0; t < nv; t++) c[t] = MADD(_mm_loadu_ps((VJ) + t * W), b_, c[t]);            \
+    } while (0)
+    const float *v0 = v;
     size_t j = 0;
-    if (len == W) {
-        for (; j + 2 <= nk; j += 2) {
-            c0 = MADD(_mm_set1_ps(p[j]), _mm_loadu_ps(v + j * v_stride), c0);
-            c1 = MADD(_mm_set1_ps(p[j + 1]), _mm_loadu_ps(v + (j + 1) * v_stride), c1);
+    for (; j + 4 <= nk; j += 4, v0 += 4 * v_stride) {
+        /* the stride opaque: else GCC keeps an address register per (key, vector) and spills */
+        size_t vs = v_stride;
+        __asm__("" : "+r"(vs));
+        const float *v1 = v0 + vs, *v2 = v1 + vs, *v3 = v2 + vs;
+        if (p_key == 1) {
+            const __m128 w = _mm_loadu_ps(pw + j);
+            PV_KEY(BCAST(w, 0), v0);
+            PV_KEY(BCAST(w, 1), v1);
+            PV_KEY(BCAST(w, 2), v2);
+            PV_KEY(BCAST(w, 3), v3);
+        } else {
+            const float *pj = pw + j * p_key;
+            PV_KEY(bcast_aligned(pj, lane), v0);
+            PV_KEY(bcast_aligned(pj + p_key, lane), v1);
+            PV_KEY(bcast_aligned(pj + 2 * p_key, lane), v2);
+            PV_KEY(bcast_aligned(pj + 3 * p_key, lane), v3);
         }
-        for (; j < nk; j++) c0 = MADD(_mm_set1_ps(p[j]), _mm_loadu_ps(v + j * v_stride), c0);
-        _mm_storeu_ps(acc, _mm_add_ps(c0, c1));
+    }
+    for (; j < nk; j++, v0 += v_stride)
+        PV_KEY(p_key == 1 ? _mm_set1_ps(pw[j]) : bcast_aligned(pw + j * p_key, lane), v0);
+#undef PV_KEY
+    for (int t = 0; t < nv; t++) _mm_storeu_ps(acc + t * W, c[t]);
+}
+
+/* One row, the last len (1..3) columns; partial vectors go through a stack buffer so that
+ * nothing past the row is read or written. */
+static void pv_row_partial_sse41(float *acc, const float *alpha, const float *pw, size_t p_key,
+                                 size_t nk, const float *v, size_t v_stride, size_t len) {
+    __m128 c = load_partial(acc, len, 0.0f);
+    if (alpha) c = _mm_mul_ps(c, _mm_set1_ps(*alpha));
+    for (size_t j = 0; j < nk; j++)
+        c = MADD(_mm_set1_ps(pw[j * p_key]), load_partial(v + j * v_stride, len, 0.0f), c);
+    store_partial(acc, c, len);
+}
+
+/* Columns [c0, c0 + nv * W) of every row. The rows of a key-major tile go four at a time, one
+ * instance per lane. */
+ALWAYS_INLINE void pv_rows_sse41(float *acc, size_t ld_acc, const float *p, size_t p_row,
+                                 size_t p_key, const float *alpha, size_t nq, size_t nk,
+                                 const float *v, size_t v_stride, size_t c0, int nv) {
+    if (p_key == 1) {
+        for (size_t i = 0; i < nq; i++)
+            pv_row_sse41(acc + i * ld_acc + c0, alpha ? alpha + i : NULL, p + i * p_row, 1, 0, nk,
+                         v + c0, v_stride, nv);
         return;
     }
-    for (; j < nk; j++) c0 = MADD(_mm_set1_ps(p[j]), load_partial(v + j * v_stride, len, 0.0f), c0);
-    store_partial(acc, c0, len);
+#define PV_LANE(L)                                                                                 \
+    if (i + (L) < nq)                                                                              \
+    pv_row_sse41(acc + (i + (L)) * ld_acc + c0, alpha ? alpha + i + (L) : NULL, p + i * p_row,     \
+                 p_key, (L), nk, v + c0, v_stride, nv)
+    for (size_t i = 0; i < nq; i += 4) {
+        PV_LANE(0);
+        PV_LANE(1);
+        PV_LANE(2);
+        PV_LANE(3);
+    }
+#undef PV_LANE
+}
+
+/* A whole tile, column block by column block (32 columns, then 16, then what is left) so that
+ * the block of v the rows share stays in L1. */
+ALWAYS_INLINE void pv_tile_body(float *acc, size_t ld_acc, const float *p, size_t p_row,
+                                size_t p_key, const float *alpha, size_t nq, size_t nk,
+                                const float *v, size_t v_stride, size_t d_v) {
+    size_t c = 0;
+    for (; c + 8 * W <= d_v; c += 8 * W)
+        pv_rows_sse41(acc, ld_acc, p, p_row, p_key, alpha, nq, nk, v, v_stride, c, 8);
+    if (c + 4 * W <= d_v) {
+        pv_rows_sse41(acc, ld_acc, p, p_row, p_key, alpha, nq, nk, v, v_stride, c, 4);
+        c += 4 * W;
+    }
+    switch ((d_v - c) / W) {
+    case 3: pv_rows_sse41(acc, ld_acc, p, p_row, p_key, alpha, nq, nk, v, v_stride, c, 3); break;
+    case 2: pv_rows_sse41(acc, ld_acc, p, p_row, p_key, alpha, nq, nk, v, v_stride, c, 2); break;
+    case 1: pv_rows_sse41(acc, ld_acc, p, p_row, p_key, alpha, nq, nk, v, v_stride, c, 1); break;
+    default: break;
+    }
+    c += (d_v - c) / W * W;
+    if (c < d_v)
+        for (size_t i = 0; i < nq; i++)
+            pv_row_partial_sse41(acc + i * ld_acc + c, alpha ? alpha + i : NULL, p + i * p_row,
+                                 p_key, nk, v + c, v_stride, d_v - c);
 }
 
 static void pv_tile_sse41(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
                           size_t nk, const float *v, size_t v_stride, size_t d_v) {
-    size_t i = 0;
-    for (; i + 2 <= nq; i += 2) {
-        float *a = acc + i * ld_acc;
-        const float *pi = p + i * ld_p;
-        size_t c = 0;
-        for (; c + 4 * W <= d_v; c += 4 * W)
-            pv_2x16_sse41(a + c, ld_acc, pi, ld_p, nk, v + c, v_stride);
-        for (; c < d_v; c += W) {
-            size_t len = d_v - c < W ? d_v - c : W;
-            pv_1x4_sse41(a + c, pi, nk, v + c, v_stride, len);
-            pv_1x4_sse41(a + ld_acc + c, pi + ld_p, nk, v + c, v_stride, len);
+    pv_tile_body(acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v);
+}
+
+/* The key-major tile of tile_packed (one copy for both exp kinds). */
+static void pv_keymajor_sse41(float *acc, size_t ld_acc, const float *st, const float *alpha,
+                              size_t nq, size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    pv_tile_body(acc, ld_acc, st, 1, SDPA_ATTN_MAX_BLOCK_Q, alpha, nq, nk, v, v_stride, d_v);
+}
+
+/* qt[p][i] = scale * q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q: 4 x 4 blocks
+ * through the register transpose (partial loads for the d tail, zeros for the missing rows). */
+static void pack_q_sse41(float *qt, const float *q, size_t q_stride, size_t nq, size_t d,
+                         float scale) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    const __m128 vscale = _mm_set1_ps(scale);
+    for (size_t p0 = 0; p0 < d; p0 += W) {
+        const size_t np = d - p0 < W ? d - p0 : W;
+        for (size_t i0 = 0; i0 < ld; i0 += W) {
+            __m128 r[4];
+            for (size_t t = 0; t < W; t++) {
+                r[t] = _mm_setzero_ps();
+                if (i0 + t >= nq) continue;
+                const float *qi = q + (i0 + t) * q_stride + p0;
+                r[t] = _mm_mul_ps(vscale, np == W ? _mm_loadu_ps(qi) : load_partial(qi, np, 0.0f));
+            }
+            _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);
+            for (size_t t = 0; t < np; t++) _mm_storeu_ps(qt + (p0 + t) * ld + i0, r[t]);
         }
     }
-    for (; i < nq; i++) {
-        float *a = acc + i * ld_acc;
-        const float *pi = p + i * ld_p;
-        size_t c = 0;
-        for (; c + 4 * W <= d_v; c += 4 * W) pv_1x16_sse41(a + c, pi, nk, v + c, v_stride);
-        for (; c < d_v; c += W)
-            pv_1x4_sse41(a + c, pi, nk, v + c, v_stride, d_v - c < W ? d_v - c : W);
+}
+
+/* st[j][i] = sum_p k[j][p] qt[p][i] for nkeys keys and nv vectors of queries (nkeys * nv = 8
+ * accumulators): per 4 values of p one load of each key's row and 4 pshufd broadcasts, each
+ * against nv vectors of qt. st is 16-byte aligned. */
+ALWAYS_INLINE void keymajor_block_sse41(float *st, const float *qt, const float *k, size_t k_stride,
+                                        size_t d, int nkeys, int nv) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    __m128 a[8];
+    for (int t = 0; t < nkeys * nv; t++) a[t] = _mm_setzero_ps();
+#define KM_STEP(B, KEY, QP)                                                                        \
+    do {                                                                                           \
+        const __m128 b_ = (B);                                                                     \
+        for (int t = 0; t < nv; t++)                                                               \
+            a[(KEY)*nv + t] = MADD(_mm_loadu_ps((QP) + t * W), b_, a[(KEY)*nv + t]);               \
+    } while (0)
+    size_t p = 0;
+    for (; p + 4 <= d; p += 4) {
+        const float *q0 = qt + p * ld;
+        for (int key = 0; key < nkeys; key++) {
+            const __m128 k4 = _mm_loadu_ps(k + key * k_stride + p);
+            KM_STEP(BCAST(k4, 0), key, q0);
+            KM_STEP(BCAST(k4, 1), key, q0 + ld);
+            KM_STEP(BCAST(k4, 2), key, q0 + 2 * ld);
+            KM_STEP(BCAST(k4, 3), key, q0 + 3 * ld);
+        }
+    }
+    for (; p < d; p++)
+        for (int key = 0; key < nkeys; key++)
+            KM_STEP(_mm_set1_ps(k[key * k_stride + p]), key, qt + p * ld);
+#undef KM_STEP
+    for (int key = 0; key < nkeys; key++)
+        for (int t = 0; t < nv; t++) _mm_store_ps(st + key * ld + t * W, a[key * nv + t]);
+}
+
+/* The key-major scores of nk keys for the first nq queries (rounded up to 8, 16 or all 32): one
+ * key across 8 vectors, two across 4, four across 2. */
+static void scores_keymajor_sse41(float *st, const float *qt, const float *k, size_t k_stride,
+                                  size_t nk, size_t d, size_t nq) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    size_t j = 0;
+    if (nq > 4 * W) {
+        for (; j < nk; j++)
+            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, 1, 8);
+    } else if (nq > 2 * W) {
+        for (; j + 2 <= nk; j += 2)
+            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, 2, 4);
+        for (; j < nk; j++)
+            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, 1, 4);
+    } else {
+        for (; j + 4 <= nk; j += 4)
+            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, 4, 2);
+        for (; j < nk; j++)
+            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, 1, 2);
     }
 }
+
+/* The scores tile from the packed queries: the key-major tile, then 4 x 4 in-register
+ * transposes into s[query][key]. */
+static void scores_packed_sse41(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
+                                size_t k_stride, size_t nk, size_t d) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    _Alignas(16) float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
+    scores_keymajor_sse41(st, qt, k, k_stride, nk, d, nq);
+    for (size_t j0 = 0; j0 < nk; j0 += W) {
+        const size_t nj = nk - j0 < W ? nk - j0 : W;
+        for (size_t i0 = 0; i0 < nq; i0 += W) {
+            __m128 r[4];
+            for (size_t t = 0; t < W; t++)
+                r[t] = t < nj ? _mm_load_ps(st + (j0 + t) * ld + i0) : _mm_setzero_ps();
+            _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);
+            for (size_t t = 0; t < W && i0 + t < nq; t++) {
+                float *si = s + (i0 + t) * ld_s + j0;
+                if (nj == W)
+                    _mm_storeu_ps(si, r[t]);
+                else
+                    store_partial(si, r[t], nj);
+            }
+        }
+    }
+}
+
+/* One step of the online softmax for a whole tile (kernels.h, tile_packed; the avx512 version
+ * says why): scores key-major, row maxima, exps and row sums across 4 queries at a time, the
+ * P V step reading the weights in that layout and rescaling each accumulator row as it loads
+ * it. The new maxima are checked before anything is written. */
+#define TILE_PACKED_SSE41(NAME, EXP, EXP4)                                                         \
+    static int NAME(float *acc, size_t ld_acc, float *m, double *l, const float *qt, size_t nq,    \
+                    const float *k, size_t k_stride, const float *v, size_t v_stride, size_t nk,   \
+                    size_t d_k, size_t d_v) {                                                      \
+        const size_t ld = SDPA_ATTN_MAX_BLOCK_Q, groups = (nq + W - 1) / W;                        \
+        const __m128 ninf = _mm_set1_ps(-INFINITY), pinf = _mm_set1_ps(INFINITY);                  \
+        _Alignas(16) float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];                     \
+        float alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q],                           \
+            old[SDPA_ATTN_MAX_BLOCK_Q], new_max[SDPA_ATTN_MAX_BLOCK_Q];                            \
+        for (size_t i = 0; i < groups * W; i++) old[i] = i < nq ? m[i] : -INFINITY;                \
+        scores_keymajor_sse41(st, qt, k, k_stride, nk, d_k, nq);                                   \
+        for (size_t g = 0; g < groups; g++) {                                                      \
+            __m128 mx0 = _mm_loadu_ps(old + g * W), mx1 = ninf;                                    \
+            size_t j = 0;                                                                          \
+            for (; j + 2 <= nk; j += 2) {                                                          \
+                mx0 = _mm_max_ps(_mm_load_ps(st + j * ld + g * W), mx0);                           \
+                mx1 = _mm_max_ps(_mm_load_ps(st + (j + 1) * ld + g * W), mx1);                     \
+            }                                                                                      \
+            if (j < nk) mx0 = _mm_max_ps(_mm_load_ps(st + j * ld + g * W), mx0);                   \
+            __m128 mx = _mm_max_ps(mx0, mx1);                                                      \
+            /* +inf in the scores, or a row with nothing but -inf so far: the general path (the    \
+               zero-padded rows past nq have scores 0 and never trip this) */                      \
+            __m128 bad = _mm_or_ps(_mm_cmpeq_ps(mx, pinf), _mm_cmpeq_ps(mx, ninf));                \
+            if (_mm_movemask_ps(bad) & (int)((1u << (nq - g * W < W ? nq - g * W : W)) - 1u))      \
+                return 0;                                                                          \
+            _mm_storeu_ps(new_max + g * W, mx);                                                    \
+        }                                                                                          \
+        for (size_t g = 0; g < groups; g++) {                                                      \
+            const __m128 mx = _mm_loadu_ps(new_max + g * W);                                       \
+            /* exp(0) is exactly 1: a row whose max did not move is not rescaled at all */         \
+            _mm_storeu_ps(alpha + g * W, EXP(_mm_sub_ps(_mm_loadu_ps(old + g * W), mx)));          \
+            __m128 s0 = _mm_setzero_ps(), s1 = s0;                                                 \
+            size_t j = 0;                                                                          \
+            for (; j + 4 <= nk; j += 4) {                                                          \
+                float *p0 = st + j * ld + g * W;                                                   \
+                __m128 e[4];                                                                       \
+                for (int u = 0; u < 4; u++) e[u] = _mm_sub_ps(_mm_load_ps(p0 + u * ld), mx);       \
+                EXP4(e);                                                                           \
+                for (int u = 0; u < 4; u++) _mm_store_ps(p0 + u * ld, e[u]);                       \
+                s0 = _mm_add_ps(s0, _mm_add_ps(e[0], e[2]));                                       \
+                s1 = _mm_add_ps(s1, _mm_add_ps(e[1], e[3]));                                       \
+            }                                                                                      \
+            for (; j < nk; j++) {                                                                  \
+                float *p0 = st + j * ld + g * W;                                                   \
+                __m128 e0 = EXP(_mm_sub_ps(_mm_load_ps(p0), mx));                                  \
+                _mm_store_ps(p0, e0);                                                              \
+                s0 = _mm_add_ps(s0, e0);                                                           \
+            }                                                                                      \
+            _mm_storeu_ps(sums + g * W, _mm_add_ps(s0, s1));                                       \
+        }                                                                                          \
+        for (size_t i = 0; i < nq; i++) {                                                          \
+            m[i] = new_max[i];                                                                     \
+            l[i] = l[i] * alpha[i] + sums[i];                                                      \
+        }                                                                                          \
+        pv_keymajor_sse41(acc, ld_acc, st, alpha, nq, nk, v, v_stride, d_v);                       \
+        return 1;                                                                                  \
+    }
+
+/* tile_packed's exps, whose arguments are <= 0: the fast one without the full range's cases
+ * (exp_fast_body), four side by side; SLEEF's without the flush. */
+static inline __m128 exp_light_sse41(__m128 x) {
+    exp_fast_body(&x, 1, 0);
+    return x;
+}
+ALWAYS_INLINE void exp_light4_sse41(__m128 x[4]) { exp_fast_body(x, 4, 0); }
+static inline __m128 exp_sleef_light_sse41(__m128 x) { return Sleef_expf4_u10sse4(x); }
+ALWAYS_INLINE void exp_sleef_light4_sse41(__m128 x[4]) {
+    for (int u = 0; u < 4; u++) x[u] = Sleef_expf4_u10sse4(x[u]);
+}
+TILE_PACKED_SSE41(tile_packed_fast_sse41, exp_light_sse41, exp_light4_sse41)
+TILE_PACKED_SSE41(tile_packed_sleef_sse41, exp_sleef_light_sse41, exp_sleef_light4_sse41)
 
 static const sdpa_attention_kernels attention_sse41 = {
     .block_q = 32,
     .block_kv = 64,
     .scores_tile = scores_tile_sse41,
     .pv_tile = pv_tile_sse41,
+    .pack_q = pack_q_sse41,
+    .scores_packed = scores_packed_sse41,
+    .tile_packed = {tile_packed_fast_sse41, tile_packed_sleef_sse41},
 };
 
 const sdpa_kernels sdpa_kernels_sse41 = {

@@ -186,9 +186,9 @@ static inline __m512 exp_sleef_avx512(__m512 x, __m512 table, int full) {
  * both exp kinds; the exp is inlined. Four independent exps per iteration keep both FMA pipes
  * busy through the exp's dependency chain. */
 #define EXP_SUM_AVX512(NAME, EXP)                                                                  \
-    ALWAYS_INLINE float NAME##_body(float *y, const float *x, size_t n, float scale, float shift,  \
-                                    int unit) {                                                    \
-        const __m512 vs = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift);                   \
+    /* the loop itself, the lane sums left unreduced (softmax_short reduces them in registers) */  \
+    ALWAYS_INLINE __m512 NAME##_lanes(float *y, const float *x, size_t n, __m512 vs,               \
+                                      __m512 vshift, int unit) {                                   \
         const __m512 table = exp_table_avx512();                                                   \
         __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),       \
                s3 = _mm512_setzero_ps();                                                           \
@@ -221,11 +221,12 @@ static inline __m512 exp_sleef_avx512(__m512 x, __m512 table, int full) {
             _mm512_mask_storeu_ps(y + i, m, e);                                                    \
             s0 = _mm512_mask_add_ps(s0, m, s0, e);                                                 \
         }                                                                                          \
-        return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));  \
+        return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));                        \
     }                                                                                              \
     static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
-        return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, shift, 1)                                \
-                             : NAME##_body(y, x, n, scale, shift, 0);                              \
+        const __m512 vs = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift);                   \
+        return _mm512_reduce_add_ps(scale == 1.0f ? NAME##_lanes(y, x, n, vs, vshift, 1)           \
+                                                  : NAME##_lanes(y, x, n, vs, vshift, 0));         \
     }
 EXP_SUM_AVX512(exp_sum_fast_avx512, exp_fast_avx512)
 EXP_SUM_AVX512(exp_sum_sleef_avx512, exp_sleef_avx512)
@@ -278,9 +279,9 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
 
 /* A short row's softmax in one call (kernels.h): the three passes of the long path without the
  * calls between them, the max and the sum reduced in registers, and 1 / sum in float (a sum of at
- * most 256 weights in 64 partial sums loses nothing a double would keep). z = scale * x is
- * rounded before the max is subtracted, as in exp_sum; with scale 1 the multiply is skipped. */
-#define SOFTMAX_SHORT_AVX512(NAME, EXP)                                                            \
+ * most 256 weights in 64 partial sums loses nothing a double would keep). The exp pass is
+ * exp_sum's own loop; z = scale * x is rounded before the max is subtracted, as there. */
+#define SOFTMAX_SHORT_AVX512(NAME, EXP_SUM_LANES)                                                  \
     ALWAYS_INLINE float NAME##_body(float *y, const float *x, size_t n, float scale, int unit) {   \
         const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);                 \
         __m512 m0 = ninf, m1 = ninf;                                                               \
@@ -305,35 +306,8 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
         const __m512 vmax = allmax_avx512(_mm512_max_ps(m0, m1));                                  \
         const float max = _mm512_cvtss_f32(vmax);                                                  \
         if (!isfinite(max)) return max;                                                            \
-        const __m512 table = exp_table_avx512();                                                   \
-        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                                \
-        for (i = 0; i + 4 * W <= n; i += 4 * W) {                                                  \
-            __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + W);                   \
-            __m512 x2 = _mm512_loadu_ps(x + i + 2 * W), x3 = _mm512_loadu_ps(x + i + 3 * W);       \
-            if (!unit) {                                                                           \
-                x0 = _mm512_mul_ps(x0, vs), x1 = _mm512_mul_ps(x1, vs);                            \
-                x2 = _mm512_mul_ps(x2, vs), x3 = _mm512_mul_ps(x3, vs);                            \
-            }                                                                                      \
-            __m512 e0 = EXP(_mm512_sub_ps(x0, vmax), table, 0);                                    \
-            __m512 e1 = EXP(_mm512_sub_ps(x1, vmax), table, 0);                                    \
-            __m512 e2 = EXP(_mm512_sub_ps(x2, vmax), table, 0);                                    \
-            __m512 e3 = EXP(_mm512_sub_ps(x3, vmax), table, 0);                                    \
-            _mm512_storeu_ps(y + i, e0), _mm512_storeu_ps(y + i + W, e1);                          \
-            _mm512_storeu_ps(y + i + 2 * W, e2), _mm512_storeu_ps(y + i + 3 * W, e3);              \
-            s0 = _mm512_add_ps(s0, e0), s1 = _mm512_add_ps(s1, e1);                                \
-            s2 = _mm512_add_ps(s2, e2), s3 = _mm512_add_ps(s3, e3);                                \
-        }                                                                                          \
-        for (; i < n; i += W) {                                                                    \
-            __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);                       \
-            __m512 xi = _mm512_maskz_loadu_ps(m, x + i);                                           \
-            if (!unit) xi = _mm512_mul_ps(xi, vs);                                                 \
-            __m512 e = EXP(_mm512_sub_ps(xi, vmax), table, 0);                                     \
-            _mm512_mask_storeu_ps(y + i, m, e);                                                    \
-            s1 = _mm512_mask_add_ps(s1, m, s1, e);                                                 \
-        }                                                                                          \
         /* the sum is >= 1 (the max gives exp(0)), or NaN when x holds a NaN: so is every y */     \
-        const __m512 sum =                                                                         \
-            allsum_avx512(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));            \
+        const __m512 sum = allsum_avx512(EXP_SUM_LANES(y, x, n, vs, vmax, unit));                  \
         normalize_avx512_inline(y, n, _mm512_div_ps(_mm512_set1_ps(1.0f), sum));                   \
         return max;                                                                                \
     }                                                                                              \
@@ -341,8 +315,8 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
         return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, 1) : NAME##_body(y, x, n, scale, 0);     \
     }
 
-SOFTMAX_SHORT_AVX512(softmax_short_fast_avx512, exp_fast_avx512)
-SOFTMAX_SHORT_AVX512(softmax_short_sleef_avx512, exp_sleef_avx512)
+SOFTMAX_SHORT_AVX512(softmax_short_fast_avx512, exp_sum_fast_avx512_lanes)
+SOFTMAX_SHORT_AVX512(softmax_short_sleef_avx512, exp_sum_sleef_avx512_lanes)
 
 #define EXP_ARRAY_AVX512(NAME, EXP)                                                                \
     static void NAME(float *y, const float *x, size_t n) {                                         \

@@ -28,6 +28,30 @@ static double max_abs_finite(const float *x, size_t n) {
     return m;
 }
 
+/* A dense single-head case, d_k = d_v = d: q, k, v filled with unit normals, and room for the
+ * output and a double-precision reference. */
+typedef struct dense_case {
+    float *q, *k, *v, *out;
+    double *ref;
+} dense_case;
+
+static dense_case dense_case_alloc(rng *r, size_t lq, size_t lkv, size_t d) {
+    dense_case c = {malloc(lq * d * 4), malloc(lkv * d * 4), malloc(lkv * d * 4),
+                    malloc(lq * d * 4), malloc(lq * d * sizeof(double))};
+    fill_normal(r, c.q, lq * d);
+    fill_normal(r, c.k, lkv * d);
+    fill_normal(r, c.v, lkv * d);
+    return c;
+}
+
+static void dense_case_free(dense_case *c) {
+    free(c->q);
+    free(c->k);
+    free(c->v);
+    free(c->out);
+    free(c->ref);
+}
+
 /* The contract's bound: max abs error <= 1e-5 * max|v|; NaN exactly where the reference has it. */
 static void expect_close(const float *out, size_t out_stride, const double *ref, size_t ref_stride,
                          size_t rows, size_t d_v, double tol, const char *what) {
@@ -95,12 +119,9 @@ BACKEND_TEST(attention, small_and_edge_shapes) {
 BACKEND_TEST(attention, causal_rows_without_keys_are_zero) {
     rng r = rng_seed(303);
     const size_t lq = 70, lkv = 20, d = 17;
-    float *q = malloc(lq * d * 4), *k = malloc(lkv * d * 4), *v = malloc(lkv * d * 4);
-    float *out = malloc(lq * d * 4);
-    double *ref = malloc(lq * d * sizeof *ref);
-    fill_normal(&r, q, lq * d);
-    fill_normal(&r, k, lkv * d);
-    fill_normal(&r, v, lkv * d);
+    dense_case c = dense_case_alloc(&r, lq, lkv, d);
+    float *q = c.q, *k = c.k, *v = c.v, *out = c.out;
+    double *ref = c.ref;
     cr_assert_eq(sdpa_attention_f32(out, q, k, v, lq, lkv, d, d, SDPA_DEFAULT_SCALE, SDPA_CAUSAL),
                  SDPA_OK);
     for (size_t i = 0; i < lq - lkv; i++)
@@ -112,11 +133,7 @@ BACKEND_TEST(attention, causal_rows_without_keys_are_zero) {
     float last[17];
     cr_assert_eq(sdpa_attention_f32(last, q + (lq - 1) * d, k, v, 1, lkv, d, d, 0.0f, 0), SDPA_OK);
     expect_close(last, d, ref + (lq - 1) * d, d, 1, d, 1e-5 * max_abs_finite(v, lkv * d), "last");
-    free(q);
-    free(k);
-    free(v);
-    free(out);
-    free(ref);
+    dense_case_free(&c);
 }
 
 BACKEND_TEST(attention, decode_long_kv) {
@@ -366,12 +383,9 @@ BACKEND_TEST(attention, nan_propagates_to_the_rows_that_see_it) {
     rng r = rng_seed(310);
     const size_t lq = 40, lkv = 90, d = 24;
     for (int which = 0; which < 3; which++) {
-        float *q = malloc(lq * d * 4), *k = malloc(lkv * d * 4), *v = malloc(lkv * d * 4);
-        float *out = malloc(lq * d * 4);
-        double *ref = malloc(lq * d * sizeof *ref);
-        fill_normal(&r, q, lq * d);
-        fill_normal(&r, k, lkv * d);
-        fill_normal(&r, v, lkv * d);
+        dense_case c = dense_case_alloc(&r, lq, lkv, d);
+        float *q = c.q, *k = c.k, *v = c.v, *out = c.out;
+        double *ref = c.ref;
         if (which == 0) q[7 * d + 5] = NAN;
         if (which == 1) k[70 * d + 3] = NAN; /* causal: rows 20.. see key 70 */
         if (which == 2) v[75 * d + 1] = NAN;
@@ -385,11 +399,7 @@ BACKEND_TEST(attention, nan_propagates_to_the_rows_that_see_it) {
         }
         cr_assert(nan_rows > 0 && nan_rows < lq, "the case has both kinds of rows");
         expect_close(out, d, ref, d, lq, d, 1e-5 * max_abs_finite(v, lkv * d), "NaN rows");
-        free(q);
-        free(k);
-        free(v);
-        free(out);
-        free(ref);
+        dense_case_free(&c);
     }
 }
 
@@ -405,12 +415,9 @@ BACKEND_TEST(attention, special_scores_in_whole_blocks) {
     for (int variant = 0; variant < 4; variant++) {
         rng r = rng_seed(320 + (uint64_t)variant);
         cr_assert_eq(sdpa_set_exp_mode(modes[variant & 1]), SDPA_OK);
-        float *q = malloc(lq * d * 4), *k = malloc(lkv * d * 4), *v = malloc(lkv * d * 4);
-        float *out = malloc(lq * d * 4);
-        double *ref = malloc(lq * d * sizeof *ref);
-        fill_normal(&r, q, lq * d);
-        fill_normal(&r, k, lkv * d);
-        fill_normal(&r, v, lkv * d);
+        dense_case c = dense_case_alloc(&r, lq, lkv, d);
+        float *q = c.q, *k = c.k, *v = c.v, *out = c.out;
+        double *ref = c.ref;
         for (size_t j = 0; j < lkv; j++) k[j * d] = fabsf(k[j * d]) + 0.1f;
         k[150 * d] = INFINITY;
         q[20 * d + 5] = NAN;
@@ -432,11 +439,7 @@ BACKEND_TEST(attention, special_scores_in_whole_blocks) {
         }
         cr_assert(nan_rows > 2 && finite_rows > 2, "the case has both kinds of rows");
         expect_close(out, d, ref, d, lq, d, 1e-5 * max_abs_finite(v, lkv * d), "special scores");
-        free(q);
-        free(k);
-        free(v);
-        free(out);
-        free(ref);
+        dense_case_free(&c);
     }
     sdpa_set_exp_mode("fast");
 }
@@ -445,22 +448,15 @@ BACKEND_TEST(attention, special_scores_in_whole_blocks) {
 BACKEND_TEST(attention, causal_hides_nan_values) {
     rng r = rng_seed(311);
     const size_t n = 100, d = 16;
-    float *q = malloc(n * d * 4), *k = malloc(n * d * 4), *v = malloc(n * d * 4);
-    float *out = malloc(n * d * 4);
-    double *ref = malloc(n * d * sizeof *ref);
-    fill_normal(&r, q, n * d);
-    fill_normal(&r, k, n * d);
-    fill_normal(&r, v, n * d);
+    dense_case c = dense_case_alloc(&r, n, n, d);
+    float *q = c.q, *k = c.k, *v = c.v, *out = c.out;
+    double *ref = c.ref;
     for (size_t c = 0; c < d; c++) v[50 * d + c] = NAN;
     cr_assert_eq(sdpa_attention_f32(out, q, k, v, n, n, d, d, 0.0f, SDPA_CAUSAL), SDPA_OK);
     ref_attention(ref, d, q, d, k, d, v, d, NULL, 0, n, n, d, d, 0.25, 1);
     for (size_t i = 0; i < n; i++) cr_assert_eq(isnan(out[i * d]), i >= 50, "row %zu", i);
     expect_close(out, d, ref, d, n, d, 1e-5 * max_abs_finite(v, n * d), "causal NaN");
-    free(q);
-    free(k);
-    free(v);
-    free(out);
-    free(ref);
+    dense_case_free(&c);
 }
 
 /* With batch = heads = 1 and dense views both entry points run the same computation. */

@@ -18,7 +18,7 @@ enum sdpa_exp_kind { SDPA_EXP_FAST = 0, SDPA_EXP_SLEEF = 1, SDPA_EXP_KINDS = 2 }
 #define SDPA_ATTN_PACK_MAX_D   128 /* largest d_k for pack_q / scores_packed */
 
 /* The longest row softmax_short takes. */
-#define SDPA_SOFTMAX_SHORT 256
+#define SDPA_SOFTMAX_SHORT 4096
 
 /* The innermost loops of attention, one set per backend; the shared driver does the tiling,
  * the online softmax (with the table's max_scaled, exp_sum and scale), masks and causality. */
@@ -79,6 +79,11 @@ typedef struct sdpa_kernels {
        be 0 or left subnormal: callers that need exact zeros run normalize after it. Each of
        those two checks would cost two of about fifteen vector operations per vector. */
     float (*exp_sum[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale, float shift);
+    /* the longest n the softmax driver passes to one exp_sum call: its float sum (the backend's
+       lane sums, then their reduction) must stay well inside softmax's 2e-5 for such n in the
+       worst case, every rounding erring the same way; the driver adds the calls' sums in double.
+       The more partial sums a backend keeps, the longer its blocks can be. */
+    size_t exp_sum_block;
     /* y[i] *= factor, then weights below FLT_MIN become exactly 0 */
     void (*normalize)(float *y, size_t n, float factor);
     /* dx[i] = scale * y[i] * (dy[i] - y_dot_dy); dx may equal y or dy */
@@ -147,6 +152,20 @@ extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
     0x1p+0f, 0x1.0b5586p+0f, 0x1.172b84p+0f, 0x1.2387a6p+0f, 0x1.306fep+0f, 0x1.3dea64p+0f,        \
         0x1.4bfdaep+0f, 0x1.5ab07ep+0f, 0x1.6a09e6p+0f, 0x1.7a1148p+0f, 0x1.8ace54p+0f,            \
         0x1.9c4918p+0f, 0x1.ae89fap+0f, 0x1.c199bep+0f, 0x1.d5818ep+0f, 0x1.ea4afap+0f
+/* A row's shift (exp_sum, softmax_short on avx512 and avx2): exp(z - shift) = e^d exp(z - M'),
+ * with M' = Mi ln2 / K for the integer Mi = round(shift K / ln2), |d| = |M' - shift| <= ln2 / K.
+ * round((z - M') K / ln2) = round(z K / ln2) - Mi comes from one FMA against the magic number
+ * 1.5 * 2^23 - Mi, r = z - round(z K / ln2) ln2 / K from z in the usual two steps, and e^d
+ * scales the polynomial's coefficients: no subtraction z - shift per element. Mi stays far
+ * inside the magic number's integer range while |shift| <= SDPA_EXP_FOLD_MAX. */
+#define SDPA_EXP_FOLD_MAX 0x1p16f
+/* the ln2 / K that r's two steps subtract, exact in double */
+#define SDPA_EXP16_LN2 ((double)SDPA_EXP16_LN2_HI + (double)SDPA_EXP16_LN2_LO)
+#define SDPA_EXP8_LN2  ((double)SDPA_EXP8_LN2_HI + (double)SDPA_EXP8_LN2_LO)
+/* e^d for |d| <= 0.05: Taylor to d^6 / 720, error below 2e-13 */
+static inline double sdpa_exp_small(double d) {
+    return 1.0 + d * (1.0 + d * (0.5 + d * (1.0 / 6 + d * (1.0 / 24 + d * (1.0 / 120 + d / 720)))));
+}
 #define SDPA_EXP8_SCALE  0x1.715476p+3f  /* 8 / ln2 */
 #define SDPA_EXP8_LN2_HI 0x1.62e43p-4f   /* ln2 / 8, rounded */
 #define SDPA_EXP8_LN2_LO -0x1.05c61p-32f /* what the rounding left out */

@@ -13,12 +13,6 @@
 #define SOFTMAX_CHUNK      4096
 #define SOFTMAX_MAX_CHUNKS 256
 
-/* Each exp_sum call covers at most SOFTMAX_SUM_BLOCK floats and the calls' float sums are added
- * in double: even the scalar backend's four lane sums (128 additions each) then stay well inside
- * the 2e-5 bound when every rounding errs the same way (a row of equal small weights did 3.1e-5
- * at n = 2815 with one call per 4096: tests/test_regressions.c). */
-#define SOFTMAX_SUM_BLOCK 512
-
 SDPA_API const char *sdpa_status_string(sdpa_status status) {
     switch (status) {
     case SDPA_OK: return "ok";
@@ -88,14 +82,16 @@ static void softmax_nonfinite(float *y, const float *x, size_t n, float scale, s
 /* Each chunk's weights are computed against the running max when the chunk is reached (its
  * shift); the final pass scales chunk c by exp(shift[c] - max) / sum, which is exactly 1 / sum for
  * a row of one chunk. A chunk whose z are all -inf has no weights and gets zeros. */
-typedef float (*exp_sum_fn)(float *, const float *, size_t, float, float);
-
-static double exp_sum_blocked(exp_sum_fn exp_sum, float *y, const float *x, size_t n, float scale,
-                              float shift) {
+/* Each exp_sum call covers at most the backend's exp_sum_block floats and the calls' float sums
+ * are added in double: a backend's lane sums then stay well inside the 2e-5 bound even when every
+ * rounding errs the same way (the scalar backend's four lane sums did 3.1e-5 on a row of equal
+ * small weights at n = 2815 with one call per 4096: tests/test_regressions.c). */
+static double exp_sum_blocked(const sdpa_kernels *k, int exp_kind, float *y, const float *x,
+                              size_t n, float scale, float shift) {
+    const size_t block = k->exp_sum_block;
     double sum = 0.0;
-    for (size_t i = 0; i < n; i += SOFTMAX_SUM_BLOCK)
-        sum += exp_sum(y + i, x + i, n - i < SOFTMAX_SUM_BLOCK ? n - i : SOFTMAX_SUM_BLOCK, scale,
-                       shift);
+    for (size_t i = 0; i < n; i += block)
+        sum += k->exp_sum[exp_kind](y + i, x + i, n - i < block ? n - i : block, scale, shift);
     return sum;
 }
 
@@ -111,7 +107,6 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
             softmax_nonfinite(y, x, n, scale, 0, 0);
         return SDPA_OK;
     }
-    exp_sum_fn exp_sum = k->exp_sum[exp_kind];
     if (n <= SOFTMAX_CHUNK) {
         /* one chunk, straight through: short rows are dominated by fixed costs */
         float m = k->max_scaled(x, n, scale);
@@ -121,7 +116,7 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
         }
         /* the sum is >= 1 (the max contributes exp(0)), or NaN when x holds a NaN: then the
            factor, and so every y, is NaN */
-        k->normalize(y, n, (float)(1.0 / exp_sum_blocked(exp_sum, y, x, n, scale, m)));
+        k->normalize(y, n, (float)(1.0 / exp_sum_blocked(k, exp_kind, y, x, n, scale, m)));
         return SDPA_OK;
     }
     size_t chunk = SOFTMAX_CHUNK;
@@ -156,7 +151,7 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
            its max pass does not wait for L3 or memory (about 5% at n = 2^20) */
         for (size_t j = i + chunk; j < i + 2 * chunk && j < n; j += 16)
             __builtin_prefetch(x + j, 0, 2);
-        sum += exp_sum_blocked(exp_sum, y + i, x + i, len, scale, m);
+        sum += exp_sum_blocked(k, exp_kind, y + i, x + i, len, scale, m);
     }
     if (m == -INFINITY) { /* a fully masked row */
         fill(y, n, 0.0f);

@@ -112,11 +112,12 @@ static void check_exp_sum(const char *backend, int kind, double max_ulp) {
         cr_assert(isnan(y[n + 1]) && y[n] >= 0.0f && y[n] < FLT_MIN && y[n + 2] == 1.0f,
                   "%s exp_sum: exp(-inf) = %a, exp(NaN) = %a, exp(0) = %a", backend, y[n], y[n + 1],
                   y[n + 2]);
-        /* the sum, in blocks of 512 as softmax asks for it (src/kernels_api.c) */
-        for (size_t i = 0; i < n; i += 512) {
-            sum = k->exp_sum[kind](y + i, x + i, 512, scale, 0.0f);
+        /* the sum, in blocks as softmax asks for it (src/kernels_api.c) */
+        const size_t block = k->exp_sum_block;
+        for (size_t i = 0; i + block <= n; i += block) {
+            sum = k->exp_sum[kind](y + i, x + i, block, scale, 0.0f);
             double total = 0.0;
-            for (size_t j = i; j < i + 512; j++) total += y[j];
+            for (size_t j = i; j < i + block; j++) total += y[j];
             cr_assert(fabs(sum - total) <= 1e-5 * total,
                       "%s exp_sum: returned %.9g, its outputs sum to %.9g", backend, sum, total);
         }
@@ -141,9 +142,60 @@ static void check_exp_sum(const char *backend, int kind, double max_ulp) {
     free(y);
 }
 
+/* exp_sum(y, x, n, scale, shift) with the shifts softmax passes (a row's max): the avx512 and
+ * avx2 backends fold the shift into their exp (kernels.h) up to |shift| = 2^16 and subtract it
+ * beyond, so shifts on both sides of that, negative ones, and one with all 24 bits set. x = shift
+ * + d for d over [-88, 0] (and twice that with scale 0.5); the bound applies where the argument
+ * z - shift is a float (so that every backend gets the same exact argument), which is every
+ * element for most of these shifts and the ones near the shift for the others. */
+static void check_exp_sum_shifted(const char *backend, int kind, double max_ulp) {
+    const sdpa_kernels *k = sdpa_backend_kernels(backend);
+    if (!k) cr_skip_test("backend %s is not compiled in or not supported by this CPU", backend);
+    static const float shifts[] = {3.75f, -20.25f, 3.7f, 1000.5f, 65536.0f, 70000.5f, -1e5f};
+    const size_t n = test_quick() ? (size_t)1 << 12 : (size_t)1 << 16;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    for (size_t s = 0; s < sizeof shifts / sizeof shifts[0]; s++) {
+        const float shift = shifts[s];
+        for (int pass = 0; pass < 2; pass++) {
+            const float scale = pass ? 0.5f : 1.0f;
+            for (size_t i = 0; i < n; i++) x[i] = (shift - 88.0f * (float)i / (float)n) / scale;
+            x[0] = shift / scale; /* the max itself: exp(0) */
+            float sum = k->exp_sum[kind](y, x, n, scale, shift);
+            double total = 0.0, worst = 0.0;
+            size_t checked = 0;
+            for (size_t i = 0; i < n; i++) {
+                total += y[i];
+                double d = (double)(x[i] * scale) - shift, want = exp(d);
+                if ((double)(float)d != d) continue; /* z - shift is not a float */
+                if (want < FLT_MIN) {
+                    cr_assert(y[i] >= 0.0f && y[i] < FLT_MIN,
+                              "%s exp_sum shift %g: exp(%a) = %a, want < FLT_MIN", backend, shift,
+                              (float)d, y[i]);
+                    continue;
+                }
+                double err = ulp_error(y[i], want);
+                if (err > worst) worst = err;
+                checked++;
+            }
+            cr_assert(fabs(sum - total) <= 1e-5 * total,
+                      "%s exp_sum shift %g: returned %.9g, its outputs sum to %.9g", backend, shift,
+                      sum, total);
+            cr_assert(checked >= 16, "shift %g: only %zu exact arguments", shift, checked);
+            cr_log_info("%s exp_sum %s, shift %g, scale %g: max error %.3f ULP over %zu", backend,
+                        kind ? "sleef" : "fast", shift, scale, worst, checked);
+            cr_assert(worst <= max_ulp, "%s exp_sum (shift %g, scale %g): %.3f ULP", backend, shift,
+                      scale, worst);
+        }
+    }
+    free(x);
+    free(y);
+}
+
 #define EXP_TESTS(b)                                                                               \
     Test(exp, fast_##b) { check_exp(#b, SDPA_EXP_FAST, 3.0); }                                     \
     Test(exp, sleef_##b) { check_exp(#b, SDPA_EXP_SLEEF, 1.0); }                                   \
     Test(exp, sum_fast_##b) { check_exp_sum(#b, SDPA_EXP_FAST, 3.0); }                             \
-    Test(exp, sum_sleef_##b) { check_exp_sum(#b, SDPA_EXP_SLEEF, 1.0); }
+    Test(exp, sum_sleef_##b) { check_exp_sum(#b, SDPA_EXP_SLEEF, 1.0); }                           \
+    Test(exp, sum_shifted_fast_##b) { check_exp_sum_shifted(#b, SDPA_EXP_FAST, 3.0); }             \
+    Test(exp, sum_shifted_sleef_##b) { check_exp_sum_shifted(#b, SDPA_EXP_SLEEF, 1.0); }
 FOR_EACH_BACKEND(EXP_TESTS)

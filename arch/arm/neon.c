@@ -247,6 +247,7 @@ const sdpa_kernels sdpa_kernels_neon = {
     .scores = scores_neon,
     .max_scaled = max_scaled_neon,
     .exp_sum = {exp_sum_fast_neon, exp_sum_sleef_neon},
+    .exp_sum_block = 512,
     .normalize = normalize_neon,
     .softmax_backward = softmax_backward_neon,
     .exp = {exp_fast_array_neon, exp_sleef_array_neon},

@@ -168,6 +168,7 @@ const sdpa_kernels sdpa_kernels_scalar = {
     .scores = scores_scalar,
     .max_scaled = max_scaled_scalar,
     .exp_sum = {exp_sum_fast_scalar, exp_sum_sleef_scalar},
+    .exp_sum_block = 512,
     .normalize = normalize_scalar,
     .softmax_backward = softmax_backward_scalar,
     .exp = {exp_fast_array_scalar, exp_sleef_array_scalar},

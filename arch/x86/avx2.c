@@ -779,6 +779,7 @@ const sdpa_kernels sdpa_kernels_avx2 = {
     .scores = scores_avx2,
     .max_scaled = max_scaled_avx2,
     .exp_sum = {exp_sum_fast_avx2, exp_sum_sleef_avx2},
+    .exp_sum_block = 2048,
     .normalize = normalize_avx2,
     .softmax_backward = softmax_backward_avx2,
     .exp = {exp_fast_array_avx2, exp_sleef_array_avx2},

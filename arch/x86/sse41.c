@@ -684,6 +684,7 @@ const sdpa_kernels sdpa_kernels_sse41 = {
     .scores = scores_sse41,
     .max_scaled = max_scaled_sse41,
     .exp_sum = {exp_sum_fast_sse41, exp_sum_sleef_sse41},
+    .exp_sum_block = 512,
     .normalize = normalize_sse41,
     .softmax_backward = softmax_backward_sse41,
     .exp = {exp_fast_array_sse41, exp_sleef_array_sse41},

@@ -195,17 +195,74 @@ static inline __m256 exp_sleef_avx2(__m256 x, __m256 table, int full) {
     return _mm256_andnot_ps(_mm256_cmp_ps(e, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), e);
 }
 
-/* z = scale * x is rounded before the max is subtracted, as sdpa.h defines z (no fused
- * multiply-subtract): the largest entry then gets exp(0) = 1 exactly, where a fused one gets
- * exp of its product's rounding error, inf or 0 once |z| > ~1e9, and a NaN row
- * (tests/test_regressions.c). With scale 1 z = x and the multiply is skipped: the same results,
- * one operation fewer on the FMA pipes. One body for both exp kinds; the exp is inlined. Four
- * independent exps per iteration keep both FMA pipes busy through the exp's dependency chain. */
-#define EXP_SUM_AVX2(NAME, EXP)                                                                    \
-    static inline __attribute__((always_inline)) float NAME##_body(                                \
-        float *y, const float *x, size_t n, float scale, float shift, int unit) {                  \
-        const __m256 vs = _mm256_set1_ps(scale), vshift = _mm256_set1_ps(shift);                   \
-        const __m256 table = exp_table_avx2();                                                     \
+/* exp(z - shift) for a row's z <= shift, the exp of exp_sum, with the shift folded in
+ * (kernels.h, "A row's shift"): N = round(z 8 / ln2) and r = z - N ln2 / 8 come from z itself,
+ * never from z - shift (one operation fewer, and no rounding of the difference), and the table
+ * takes Mi off: its entry j holds 2^((j - Mi) / 8) with j << 20 taken off, so that N's low bits
+ * pick entry N mod 8 and N << 20 adds the rest, 2^((N - Mi) / 8) in all (exact modulo 2^32, and
+ * the result's exponent is in range because N - Mi >= -1016 after the clamp). e^(M' - shift)
+ * scales the cubic's coefficients. `folded` = 0 is the plain form, for shifts beyond 2^16 and
+ * for SLEEF's exp. */
+typedef struct row_exp {
+    __m256 table, shift, lo, c0, c2, c3;
+} row_exp;
+
+static inline __attribute__((always_inline)) row_exp row_exp_fast(float shift, int folded,
+                                                                  int exact) {
+    row_exp c;
+    c.shift = _mm256_set1_ps(shift);
+    double e = 1.0;
+    if (folded) {
+        const float mi = rintf(shift * SDPA_EXP8_SCALE);
+        if (exact) e = sdpa_exp_small((double)mi * SDPA_EXP8_LN2 - shift);
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i d = _mm256_sub_epi32(lane, _mm256_set1_epi32((int)mi));
+        const __m256 base = _mm256_loadu_ps(EXP2_EIGHTHS);
+        __m256i t = _mm256_castps_si256(
+            _mm256_permutevar8x32_ps(base, _mm256_and_si256(d, _mm256_set1_epi32(7))));
+        t = _mm256_add_epi32(t, _mm256_slli_epi32(_mm256_srai_epi32(d, 3), 23));
+        c.table = _mm256_castsi256_ps(_mm256_sub_epi32(t, _mm256_slli_epi32(lane, 20)));
+    } else {
+        c.table = exp_table_avx2();
+    }
+    c.lo = _mm256_set1_ps(folded ? shift + SDPA_EXP_X_CLAMP_LO : SDPA_EXP_X_CLAMP_LO);
+    c.c0 = _mm256_set1_ps((float)e);
+    c.c2 = _mm256_set1_ps((float)(e * SDPA_EXP8_C2));
+    c.c3 = _mm256_set1_ps((float)(e * SDPA_EXP8_C3));
+    return c;
+}
+
+/* exp_fast_avx2 (full = 0) with c's table, clamp and polynomial */
+static inline __attribute__((always_inline)) __m256 exp_row_fast(__m256 z, const row_exp *c) {
+    z = _mm256_max_ps(c->lo, z);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(SDPA_EXP8_SCALE)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP8_LN2_HI), z);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP8_LN2_LO), r);
+    __m256i tbits = _mm256_add_epi32(_mm256_castps_si256(_mm256_permutevar8x32_ps(c->table, ni)),
+                                     _mm256_slli_epi32(ni, 20));
+    __m256 p = _mm256_fmadd_ps(c->c3, r, c->c2);
+    p = _mm256_fmadd_ps(p, r, c->c0);
+    p = _mm256_fmadd_ps(p, r, c->c0);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(tbits));
+}
+
+static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, const row_exp *c) {
+    (void)c;
+    return Sleef_expf8_u10avx2(z);
+}
+
+/* z = scale * x is rounded before the shift is subtracted, as sdpa.h defines z (no fused
+ * multiply-subtract): a fused one gets exp of its product's rounding error, inf or 0 once
+ * |z| > ~1e9, and a NaN row (tests/test_regressions.c). With scale 1 z = x and the multiply is
+ * skipped. One body for both exp kinds; the exp is inlined. Four independent exps per iteration
+ * keep both FMA pipes busy through the exp's dependency chain. */
+#define EXP_SUM_AVX2(NAME, EXP, FOLDS)                                                             \
+    /* the loop itself, the lane sums left unreduced (softmax_short reduces them in registers) */  \
+    static inline __attribute__((always_inline)) __m256 NAME##_lanes(                              \
+        float *y, const float *x, size_t n, float scale, const row_exp *c, int unit, int folded) { \
+        const __m256 vs = _mm256_set1_ps(scale);                                                   \
         __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),       \
                s3 = _mm256_setzero_ps();                                                           \
         size_t i = 0;                                                                              \
@@ -216,10 +273,11 @@ static inline __m256 exp_sleef_avx2(__m256 x, __m256 table, int full) {
                 x0 = _mm256_mul_ps(x0, vs), x1 = _mm256_mul_ps(x1, vs);                            \
                 x2 = _mm256_mul_ps(x2, vs), x3 = _mm256_mul_ps(x3, vs);                            \
             }                                                                                      \
-            __m256 e0 = EXP(_mm256_sub_ps(x0, vshift), table, 0);                                  \
-            __m256 e1 = EXP(_mm256_sub_ps(x1, vshift), table, 0);                                  \
-            __m256 e2 = EXP(_mm256_sub_ps(x2, vshift), table, 0);                                  \
-            __m256 e3 = EXP(_mm256_sub_ps(x3, vshift), table, 0);                                  \
+            if (!folded) {                                                                         \
+                x0 = _mm256_sub_ps(x0, c->shift), x1 = _mm256_sub_ps(x1, c->shift);                \
+                x2 = _mm256_sub_ps(x2, c->shift), x3 = _mm256_sub_ps(x3, c->shift);                \
+            }                                                                                      \
+            __m256 e0 = EXP(x0, c), e1 = EXP(x1, c), e2 = EXP(x2, c), e3 = EXP(x3, c);             \
             _mm256_storeu_ps(y + i, e0);                                                           \
             _mm256_storeu_ps(y + i + W, e1);                                                       \
             _mm256_storeu_ps(y + i + 2 * W, e2);                                                   \
@@ -233,18 +291,28 @@ static inline __m256 exp_sleef_avx2(__m256 x, __m256 table, int full) {
             __m256i m = tail_mask(n - i < W ? n - i : W);                                          \
             __m256 xi = _mm256_maskload_ps(x + i, m);                                              \
             if (!unit) xi = _mm256_mul_ps(xi, vs);                                                 \
-            __m256 e = EXP(_mm256_sub_ps(xi, vshift), table, 0);                                   \
+            if (!folded) xi = _mm256_sub_ps(xi, c->shift);                                         \
+            __m256 e = EXP(xi, c);                                                                 \
             _mm256_maskstore_ps(y + i, m, e);                                                      \
             s0 = _mm256_add_ps(s0, _mm256_and_ps(e, _mm256_castsi256_ps(m)));                      \
         }                                                                                          \
-        return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));                  \
+        return _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));                        \
+    }                                                                                              \
+    static inline __attribute__((always_inline)) float NAME##_body(                                \
+        float *y, const float *x, size_t n, float scale, const row_exp *c, int unit, int folded) { \
+        return hsum(NAME##_lanes(y, x, n, scale, c, unit, folded));                                \
     }                                                                                              \
     static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
-        return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, shift, 1)                                \
-                             : NAME##_body(y, x, n, scale, shift, 0);                              \
+        const int folded = FOLDS && fabsf(shift) <= SDPA_EXP_FOLD_MAX;                             \
+        const row_exp c = row_exp_fast(shift, folded, 1);                                          \
+        if (folded)                                                                                \
+            return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, &c, 1, 1)                            \
+                                 : NAME##_body(y, x, n, scale, &c, 0, 1);                          \
+        return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, &c, 1, 0)                                \
+                             : NAME##_body(y, x, n, scale, &c, 0, 0);                              \
     }
-EXP_SUM_AVX2(exp_sum_fast_avx2, exp_fast_avx2)
-EXP_SUM_AVX2(exp_sum_sleef_avx2, exp_sleef_avx2)
+EXP_SUM_AVX2(exp_sum_fast_avx2, exp_row_fast, 1)
+EXP_SUM_AVX2(exp_sum_sleef_avx2, exp_row_sleef, 0)
 
 #define EXP_ARRAY_AVX2(NAME, EXP)                                                                  \
     static void NAME(float *y, const float *x, size_t n) {                                         \
@@ -261,8 +329,8 @@ static inline __m256 flush_below_min(__m256 w) {
     return _mm256_andnot_ps(_mm256_cmp_ps(w, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), w);
 }
 
-static void normalize_avx2(float *y, size_t n, float factor) {
-    const __m256 vf = _mm256_set1_ps(factor);
+static inline __attribute__((always_inline)) void normalize_avx2_inline(float *y, size_t n,
+                                                                        __m256 vf) {
     size_t i = 0;
     for (; i + 2 * W <= n; i += 2 * W) {
         _mm256_storeu_ps(y + i, flush_below_min(_mm256_mul_ps(_mm256_loadu_ps(y + i), vf)));
@@ -274,6 +342,65 @@ static void normalize_avx2(float *y, size_t n, float factor) {
                             flush_below_min(_mm256_mul_ps(_mm256_maskload_ps(y + i, m), vf)));
     }
 }
+
+static void normalize_avx2(float *y, size_t n, float factor) {
+    normalize_avx2_inline(y, n, _mm256_set1_ps(factor));
+}
+
+/* lane-wise max and sum of all 8 lanes, in every lane, without a trip through a scalar register */
+static inline __attribute__((always_inline)) __m256 allmax_avx2(__m256 v) {
+    v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+    v = _mm256_max_ps(v, _mm256_permute_ps(v, 0x4E));
+    return _mm256_max_ps(v, _mm256_permute_ps(v, 0xB1));
+}
+static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
+    v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));
+    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));
+    return _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));
+}
+
+/* A row of up to 4096 floats in one call (kernels.h, softmax_short), as on avx512: the three
+ * passes without calls between them, the reductions in registers, 1 / sum in float (32 partial
+ * sums of at most 128 weights each, fewer than the scalar backend's 512-float blocks add per
+ * lane), and the exp's shift folded without the factor it leaves, which the division by the sum
+ * takes out. */
+#define SOFTMAX_SHORT_AVX2(NAME, EXP_SUM_LANES, FOLDS)                                             \
+    static inline __attribute__((always_inline)) float NAME##_body(                                \
+        float *y, const float *x, size_t n, float scale, int unit) {                               \
+        const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);                 \
+        __m256 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;                                         \
+        size_t i = 0;                                                                              \
+        for (; i + 4 * W <= n; i += 4 * W) {                                                       \
+            __m256 z0 = _mm256_loadu_ps(x + i), z1 = _mm256_loadu_ps(x + i + W);                   \
+            __m256 z2 = _mm256_loadu_ps(x + i + 2 * W), z3 = _mm256_loadu_ps(x + i + 3 * W);       \
+            if (!unit) z0 = _mm256_mul_ps(z0, vs), z1 = _mm256_mul_ps(z1, vs);                     \
+            if (!unit) z2 = _mm256_mul_ps(z2, vs), z3 = _mm256_mul_ps(z3, vs);                     \
+            m0 = _mm256_max_ps(z0, m0), m1 = _mm256_max_ps(z1, m1);                                \
+            m2 = _mm256_max_ps(z2, m2), m3 = _mm256_max_ps(z3, m3);                                \
+        }                                                                                          \
+        for (; i < n; i += W) {                                                                    \
+            __m256i m = tail_mask(n - i < W ? n - i : W);                                          \
+            __m256 z = _mm256_maskload_ps(x + i, m);                                               \
+            if (!unit) z = _mm256_mul_ps(z, vs);                                                   \
+            m0 = _mm256_max_ps(_mm256_blendv_ps(ninf, z, _mm256_castsi256_ps(m)), m0);             \
+        }                                                                                          \
+        const __m256 vmax =                                                                        \
+            allmax_avx2(_mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));              \
+        const float max = _mm256_cvtss_f32(vmax);                                                  \
+        if (!isfinite(max)) return max;                                                            \
+        /* the sum is > 0.9 (the max gives about exp(0)), or NaN when x holds a NaN: so is y */    \
+        const int folded = FOLDS && fabsf(max) <= SDPA_EXP_FOLD_MAX;                               \
+        const row_exp c = row_exp_fast(max, folded, 0);                                            \
+        const __m256 sum = allsum_avx2(folded ? EXP_SUM_LANES(y, x, n, scale, &c, unit, 1)         \
+                                              : EXP_SUM_LANES(y, x, n, scale, &c, unit, 0));       \
+        normalize_avx2_inline(y, n, _mm256_div_ps(_mm256_set1_ps(1.0f), sum));                     \
+        return max;                                                                                \
+    }                                                                                              \
+    static float NAME(float *y, const float *x, size_t n, float scale) {                           \
+        return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, 1) : NAME##_body(y, x, n, scale, 0);     \
+    }
+SOFTMAX_SHORT_AVX2(softmax_short_fast_avx2, exp_sum_fast_avx2_lanes, 1)
+SOFTMAX_SHORT_AVX2(softmax_short_sleef_avx2, exp_sum_sleef_avx2_lanes, 0)
 
 static void softmax_backward_avx2(float *dx, const float *y, const float *dy, size_t n, float scale,
                                   float y_dot_dy) {
@@ -782,6 +909,7 @@ const sdpa_kernels sdpa_kernels_avx2 = {
     .exp_sum_block = 2048,
     .normalize = normalize_avx2,
     .softmax_backward = softmax_backward_avx2,
+    .softmax_short = {softmax_short_fast_avx2, softmax_short_sleef_avx2},
     .exp = {exp_fast_array_avx2, exp_sleef_array_avx2},
     .attention = &attention_avx2,
 };

@@ -206,6 +206,25 @@ ALWAYS_INLINE row_exp row_exp_fast(float shift, int folded, int exact) {
     return c;
 }
 
+/* row_exp_fast(shift, folded, 0) from a shift already in every lane (softmax_short): vector
+ * operations only, a shorter chain from the max to the first exp than a scalar round trip */
+ALWAYS_INLINE row_exp row_exp_fast_lanes(__m512 shift, int folded) {
+    row_exp c;
+    c.table = exp_table_avx512();
+    c.shift = shift;
+    const __m512 magic = _mm512_set1_ps(0x1.8p23f);
+    c.b = folded ? _mm512_sub_ps(magic, _mm512_roundscale_ps(
+                                            _mm512_mul_ps(shift, _mm512_set1_ps(SDPA_EXP16_SCALE)),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+                 : magic;
+    c.lo = folded ? _mm512_add_ps(shift, _mm512_set1_ps(SDPA_EXP_X_CLAMP_LO))
+                  : _mm512_set1_ps(SDPA_EXP_X_CLAMP_LO);
+    c.c0 = _mm512_set1_ps(1.0f);
+    c.c2 = _mm512_set1_ps(SDPA_EXP16_C2);
+    c.c3 = _mm512_set1_ps(SDPA_EXP16_C3);
+    return c;
+}
+
 /* the fast exp of exp_fast_avx512 (full = 0), with c's b, lo and polynomial */
 ALWAYS_INLINE __m512 exp_row_fast(__m512 z, const row_exp *c) {
     z = _mm512_max_ps(c->lo, z);
@@ -379,7 +398,7 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
            their sum takes out: so the exp needs no correction for its rounded shift. The sum is   \
            > 0.9 (the max gives about exp(0)), or NaN when x holds a NaN: so is every y. */        \
         const int folded = FOLDS && fabsf(max) <= SDPA_EXP_FOLD_MAX;                               \
-        const row_exp c = row_exp_fast(max, folded, 0);                                            \
+        const row_exp c = row_exp_fast_lanes(vmax, folded);                                        \
         const __m512 sum = allsum_avx512(folded ? EXP_SUM_LANES(y, x, n, vs, &c, unit, 1)          \
                                                 : EXP_SUM_LANES(y, x, n, vs, &c, unit, 0));        \
         normalize_avx512_inline(y, n, _mm512_div_ps(_mm512_set1_ps(1.0f), sum));                   \

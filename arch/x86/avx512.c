@@ -365,6 +365,12 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
         const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);                 \
         __m512 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;                                         \
         size_t i = 0;                                                                              \
+        if (n >= 4 * W && lead_to_line(x)) { /* x to a line boundary, as in max_scaled */          \
+            i = lead_to_line(x);                                                                   \
+            __m512 z = _mm512_maskz_loadu_ps(tail_mask(i), x);                                     \
+            if (!unit) z = _mm512_mul_ps(z, vs);                                                   \
+            m2 = _mm512_mask_max_ps(m2, tail_mask(i), z, m2);                                      \
+        }                                                                                          \
         for (; i + 4 * W <= n; i += 4 * W) {                                                       \
             __m512 z0 = _mm512_loadu_ps(x + i), z1 = _mm512_loadu_ps(x + i + W);                   \
             __m512 z2 = _mm512_loadu_ps(x + i + 2 * W), z3 = _mm512_loadu_ps(x + i + 3 * W);       \

@@ -250,16 +250,39 @@ ALWAYS_INLINE __m512 exp_row_sleef(__m512 z, const row_exp *c) {
 /* z = scale * x is rounded before the shift is subtracted, as sdpa.h defines z (no fused
  * multiply-subtract): a fused one gets exp of its product's rounding error, inf or 0 once
  * |z| > ~1e9, and a NaN row (tests/test_regressions.c). With scale 1 (rows already scaled,
- * attention's tiles) z = x and the multiply is skipped. One body for both exp kinds; the exp is
- * inlined. Four independent exps per iteration keep both FMA pipes busy through the exp's
- * dependency chain. */
-#define EXP_SUM_AVX512(NAME, EXP, FOLDS)                                                           \
+ * attention's tiles) z = x and the multiply is skipped. One body for both exp kinds: the fast
+ * exp is inlined, four independent exps per iteration keeping both FMA pipes busy through its
+ * dependency chain; SLEEF's is a call (CALLS), which takes the loop below. */
+#define EXP_SUM_AVX512(NAME, EXP, FOLDS, CALLS)                                                    \
     /* the loop itself, the lane sums left unreduced (softmax_short reduces them in registers) */  \
     ALWAYS_INLINE __m512 NAME##_lanes(float *y, const float *x, size_t n, __m512 vs,               \
                                       const row_exp *c, int unit, int folded) {                    \
         __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),       \
                s3 = _mm512_setzero_ps();                                                           \
         size_t i = 0;                                                                              \
+        if (CALLS) {                                                                               \
+            /* an exp that is a call clobbers every vector register: nothing stays live across it  \
+               (four lane sums and four arguments were spilled and reloaded around each call),     \
+               and the sums come from a second pass over y, in L1 */                               \
+            for (; i < n; i += W) {                                                                \
+                __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);                   \
+                __m512 xi = _mm512_maskz_loadu_ps(m, x + i);                                       \
+                if (!unit) xi = _mm512_mul_ps(xi, vs);                                             \
+                if (!folded) xi = _mm512_sub_ps(xi, c->shift);                                     \
+                _mm512_mask_storeu_ps(y + i, m, EXP(xi, c));                                       \
+            }                                                                                      \
+            for (i = 0; i + 4 * W <= n; i += 4 * W) {                                              \
+                s0 = _mm512_add_ps(s0, _mm512_loadu_ps(y + i));                                    \
+                s1 = _mm512_add_ps(s1, _mm512_loadu_ps(y + i + W));                                \
+                s2 = _mm512_add_ps(s2, _mm512_loadu_ps(y + i + 2 * W));                            \
+                s3 = _mm512_add_ps(s3, _mm512_loadu_ps(y + i + 3 * W));                            \
+            }                                                                                      \
+            for (; i < n; i += W)                                                                  \
+                s0 = _mm512_add_ps(                                                                \
+                    s0, _mm512_maskz_loadu_ps(n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i),   \
+                                              y + i));                                             \
+            return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));                    \
+        }                                                                                          \
         for (; i + 4 * W <= n; i += 4 * W) {                                                       \
             __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + W);                   \
             __m512 x2 = _mm512_loadu_ps(x + i + 2 * W), x3 = _mm512_loadu_ps(x + i + 3 * W);       \
@@ -305,8 +328,8 @@ ALWAYS_INLINE __m512 exp_row_sleef(__m512 z, const row_exp *c) {
                               : NAME##_lanes(y, x, n, vs, &c, 0, 0);                               \
         return _mm512_reduce_add_ps(s);                                                            \
     }
-EXP_SUM_AVX512(exp_sum_fast_avx512, exp_row_fast, 1)
-EXP_SUM_AVX512(exp_sum_sleef_avx512, exp_row_sleef, 0)
+EXP_SUM_AVX512(exp_sum_fast_avx512, exp_row_fast, 1, 0)
+EXP_SUM_AVX512(exp_sum_sleef_avx512, exp_row_sleef, 0, 1)
 
 /* y[i] *= factor; weights below FLT_MIN become exactly 0 (NaN stays: the compare is unordered) */
 ALWAYS_INLINE void normalize_avx512_inline(float *y, size_t n, __m512 vf) {

@@ -48,17 +48,21 @@ typedef struct sdpa_attention_kernels {
     void (*pack_q)(float *qt, const float *q, size_t q_stride, size_t nq, size_t d, float scale);
     void (*scores_packed)(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
                           size_t k_stride, size_t nk, size_t d);
-    /* optional, with pack_q: one whole step of the online softmax for a block of nq queries
-       (qt from pack_q, scale included) against nk keys that every one of them sees, with no
-       mask. With s the scores of the tile, for each row i < nq: m_new = max(m[i], max_j s_ij),
-       alpha = exp(m[i] - m_new), p_ij = exp(s_ij - m_new), l[i] = l[i] alpha + sum_j p_ij,
-       acc_i = acc_i alpha + sum_j p_ij v_j, m[i] = m_new. Returns 1 when done; returns 0,
-       having written nothing, when some m_new is not finite (+inf in the scores, or a row whose
-       scores so far are all -inf): the driver then takes the general path for the block. */
-    int (*tile_packed[SDPA_EXP_KINDS])(float *acc, size_t ld_acc, float *m, double *l,
-                                       const float *qt, size_t nq, const float *k, size_t k_stride,
-                                       const float *v, size_t v_stride, size_t nk, size_t d_k,
-                                       size_t d_v);
+    /* optional pair (both or neither), with pack_q: one step of the online softmax for a block
+       of nq queries (qt from pack_q, scale included) against nk keys that every one of them
+       sees, with no mask, in two halves around the driver's bookkeeping (the check that the new
+       maxima are finite, and the update of m and l).
+       scores_max: st[j * SDPA_ATTN_MAX_BLOCK_Q + i] = s_ij for j < nk, i < nq (key-major, as a
+       packed GEMM leaves it; the rows past nq are the backend's own business), and
+       m_new[i] = max(m[i], max_j s_ij) for i < nq. st is 64-byte aligned.
+       exp_pv, given finite m_new: alpha[i] = exp(m[i] - m_new[i]), st's s_ij replaced by
+       p_ij = exp(s_ij - m_new[i]), sums[i] = sum_j p_ij and acc_i = acc_i alpha[i] +
+       sum_j p_ij v_j, for i < nq; alpha and sums hold SDPA_ATTN_MAX_BLOCK_Q floats. */
+    void (*scores_max)(float *st, float *m_new, const float *m, const float *qt, size_t nq,
+                       const float *k, size_t k_stride, size_t nk, size_t d_k);
+    void (*exp_pv[SDPA_EXP_KINDS])(float *acc, size_t ld_acc, float *st, const float *m,
+                                   const float *m_new, float *alpha, float *sums, size_t nq,
+                                   size_t nk, const float *v, size_t v_stride, size_t d_v);
 } sdpa_attention_kernels;
 
 typedef struct sdpa_kernels {

@@ -89,15 +89,39 @@ typedef struct attention_run {
     const sdpa_attention_kernels *a;
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
     void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
-    int (*tile_packed)(float *acc, size_t ld_acc, float *m, double *l, const float *qt, size_t nq,
-                       const float *k, size_t k_stride, const float *v, size_t v_stride, size_t nk,
-                       size_t d_k, size_t d_v);
+    void (*exp_pv)(float *acc, size_t ld_acc, float *st, const float *m, const float *m_new,
+                   float *alpha, float *sums, size_t nq, size_t nk, const float *v, size_t v_stride,
+                   size_t d_v);
 } attention_run;
 
 static int row_has_nan(const float *s, size_t n) {
     for (size_t j = 0; j < n; j++)
         if (isnan(s[j])) return 1;
     return 0;
+}
+
+static int all_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+/* One step of the online softmax for a block that every row sees whole, with no mask, in the
+ * backend's key-major kernels (kernels.h, scores_max and exp_pv). Returns 0, having changed
+ * nothing, when a new row max is not finite (+inf among the scores, or a row with nothing but
+ * -inf so far): the general path then takes the block. */
+static int packed_step(const attention_run *run, float *st, float *acc, size_t ld_acc, float *m,
+                       double *l, const float *qt, size_t nq, const float *k, size_t k_stride,
+                       const float *v, size_t v_stride, size_t nk, size_t d_k, size_t d_v) {
+    float m_new[SDPA_ATTN_MAX_BLOCK_Q], alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
+    run->a->scores_max(st, m_new, m, qt, nq, k, k_stride, nk, d_k);
+    if (!all_finite(m_new, nq)) return 0;
+    run->exp_pv(acc, ld_acc, st, m, m_new, alpha, sums, nq, nk, v, v_stride, d_v);
+    for (size_t r = 0; r < nq; r++) {
+        l[r] = l[r] * alpha[r] + sums[r];
+        m[r] = m_new[r];
+    }
+    return 1;
 }
 
 /* One block of nq query rows of one head against all the keys they see. */
@@ -108,7 +132,7 @@ static void attention_block(const attention_run *run, const attention_problem *p
     const size_t block_kv = a->block_kv, d_v = p->d_v;
     const size_t qs = p->q_stride[2], ks = p->k_stride[2], vs = p->v_stride[2];
     const size_t os = p->out_stride[2];
-    float s_tile[SDPA_ATTN_MAX_BLOCK_Q * SDPA_ATTN_MAX_BLOCK_KV];
+    _Alignas(64) float s_tile[SDPA_ATTN_MAX_BLOCK_Q * SDPA_ATTN_MAX_BLOCK_KV];
     float acc_tile[ACC_FLOATS];
     float m[SDPA_ATTN_MAX_BLOCK_Q];
     double l[SDPA_ATTN_MAX_BLOCK_Q];
@@ -146,9 +170,9 @@ static void attention_block(const attention_run *run, const attention_problem *p
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
         /* a block every row sees whole, with no mask: one call does all of it, unless a row's
            max would not be finite (then nothing changed, and the general path below runs) */
-        if (packed && run->tile_packed && !mask && all_see >= k0 + nk &&
-            run->tile_packed(acc, ld_acc, m, l, qt, nq, k + k0 * ks, ks, v + k0 * vs, vs, nk,
-                             p->d_k, d_v))
+        if (packed && run->exp_pv && !mask && all_see >= k0 + nk &&
+            packed_step(run, s_tile, acc, ld_acc, m, l, qt, nq, k + k0 * ks, ks, v + k0 * vs, vs,
+                        nk, p->d_k, d_v))
             continue;
         if (packed)
             a->scores_packed(s_tile, ld_s, qt, nq, k + k0 * ks, ks, nk, p->d_k);
@@ -254,7 +278,7 @@ static void attention_run_all(const attention_problem *p) {
     const int exp_kind = sdpa_exp_now();
     run.exp_sum = run.k->exp_sum[exp_kind];
     run.exp_tile = run.a->exp_tile[exp_kind];
-    run.tile_packed = run.a->tile_packed[exp_kind];
+    run.exp_pv = run.a->scores_max ? run.a->exp_pv[exp_kind] : NULL;
     const size_t block_q = run.a->block_q, group = p->heads_q / p->heads_kv;
     if (p->len_q == 1 && group > 1) {
         /* Decode with grouped heads: the group's query heads become the rows of one block, so

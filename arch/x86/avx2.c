@@ -512,7 +512,7 @@ static void scores_tile_avx2(float *s, size_t ld_s, const float *q, size_t q_str
 
 /* The P V microkernels: acc[i][c] = acc[i][c] alpha[i] + sum_j P(i, j) v[j][c], with the weight
  * P(i, j) at p[i * p_row + j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major
- * tiles of tile_packed: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q) and alpha = NULL for 1.
+ * tiles of exp_pv: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q) and alpha = NULL for 1.
  * Inlined into each caller with its constants. */
 ALWAYS_INLINE __m256 pv_load_acc(const float *o, const float *alpha) {
     __m256 c = _mm256_loadu_ps(o);
@@ -824,41 +824,42 @@ static void scores_packed_avx2(float *s, size_t ld_s, const float *qt, size_t nq
     }
 }
 
-/* One step of the online softmax for a whole tile (kernels.h, tile_packed; the avx512 version
- * says why): scores key-major, row maxima, exps and row sums across 8 queries at a time, the
- * P V step reading the weights in that layout and rescaling each accumulator row as it loads
- * it. The new maxima are checked before anything is written. */
-#define TILE_PACKED_AVX2(NAME, EXP)                                                                \
-    static int NAME(float *acc, size_t ld_acc, float *m, double *l, const float *qt, size_t nq,    \
-                    const float *k, size_t k_stride, const float *v, size_t v_stride, size_t nk,   \
-                    size_t d_k, size_t d_v) {                                                      \
+/* The online softmax's step for a whole tile (kernels.h, scores_max and exp_pv; the avx512
+ * version says why): scores key-major, row maxima, exps and row sums across 8 queries at a time,
+ * the P V step reading the weights in that layout and rescaling each accumulator row as it loads
+ * it. */
+static void scores_max_avx2(float *st, float *m_new, const float *m, const float *qt, size_t nq,
+                            const float *k, size_t k_stride, size_t nk, size_t d_k) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
+    scores_keymajor_avx2(st, qt, k, k_stride, nk, d_k);
+    for (size_t g = 0; g * W < nq; g++) {
+        __m256 mx0 = _mm256_set1_ps(-INFINITY), mx1 = mx0;
+        size_t j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            mx0 = _mm256_max_ps(_mm256_load_ps(st + j * ld + g * W), mx0);
+            mx1 = _mm256_max_ps(_mm256_load_ps(st + (j + 1) * ld + g * W), mx1);
+        }
+        if (j < nk) mx0 = _mm256_max_ps(_mm256_load_ps(st + j * ld + g * W), mx0);
+        _mm256_storeu_ps(tile_max + g * W, _mm256_max_ps(mx0, mx1));
+    }
+    for (size_t i = 0; i < nq; i++) m_new[i] = tile_max[i] > m[i] ? tile_max[i] : m[i];
+}
+
+#define EXP_PV_AVX2(NAME, EXP)                                                                     \
+    static void NAME(float *acc, size_t ld_acc, float *st, const float *m, const float *m_new,     \
+                     float *alpha, float *sums, size_t nq, size_t nk, const float *v,              \
+                     size_t v_stride, size_t d_v) {                                                \
         const size_t ld = SDPA_ATTN_MAX_BLOCK_Q, groups = (nq + W - 1) / W;                        \
-        const __m256 ninf = _mm256_set1_ps(-INFINITY), pinf = _mm256_set1_ps(INFINITY);            \
-        float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];                                  \
-        float alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q],                           \
-            old[SDPA_ATTN_MAX_BLOCK_Q], new_max[SDPA_ATTN_MAX_BLOCK_Q];                            \
-        for (size_t i = 0; i < groups * W; i++) old[i] = i < nq ? m[i] : -INFINITY;                \
-        scores_keymajor_avx2(st, qt, k, k_stride, nk, d_k);                                        \
-        for (size_t g = 0; g < groups; g++) {                                                      \
-            __m256 mx0 = _mm256_loadu_ps(old + g * W), mx1 = ninf;                                 \
-            size_t j = 0;                                                                          \
-            for (; j + 2 <= nk; j += 2) {                                                          \
-                mx0 = _mm256_max_ps(_mm256_loadu_ps(st + j * ld + g * W), mx0);                    \
-                mx1 = _mm256_max_ps(_mm256_loadu_ps(st + (j + 1) * ld + g * W), mx1);              \
-            }                                                                                      \
-            if (j < nk) mx0 = _mm256_max_ps(_mm256_loadu_ps(st + j * ld + g * W), mx0);            \
-            __m256 mx = _mm256_max_ps(mx0, mx1);                                                   \
-            /* +inf in the scores, or a row with nothing but -inf so far: the general path (the    \
-               zero-padded rows past nq have scores 0 and never trip this) */                      \
-            __m256 bad = _mm256_or_ps(_mm256_cmp_ps(mx, pinf, _CMP_EQ_OQ),                         \
-                                      _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ));                        \
-            if (_mm256_movemask_ps(bad) & (int)((1u << (nq - g * W < W ? nq - g * W : W)) - 1u))   \
-                return 0;                                                                          \
-            _mm256_storeu_ps(new_max + g * W, mx);                                                 \
+        float old[SDPA_ATTN_MAX_BLOCK_Q], shift[SDPA_ATTN_MAX_BLOCK_Q];                            \
+        /* rows past nq (zero queries, scores 0): shift 0, alpha exp(-inf) = 0, both unused */     \
+        for (size_t i = 0; i < groups * W; i++) {                                                  \
+            old[i] = i < nq ? m[i] : -INFINITY;                                                    \
+            shift[i] = i < nq ? m_new[i] : 0.0f;                                                   \
         }                                                                                          \
         const __m256 table = exp_table_avx2();                                                     \
         for (size_t g = 0; g < groups; g++) {                                                      \
-            const __m256 mx = _mm256_loadu_ps(new_max + g * W);                                    \
+            const __m256 mx = _mm256_loadu_ps(shift + g * W);                                      \
             /* exp(0) is exactly 1: a row whose max did not move is not rescaled at all */         \
             _mm256_storeu_ps(alpha + g * W,                                                        \
                              EXP(_mm256_sub_ps(_mm256_loadu_ps(old + g * W), mx), table, 0));      \
@@ -866,28 +867,23 @@ static void scores_packed_avx2(float *s, size_t ld_s, const float *qt, size_t nq
             size_t j = 0;                                                                          \
             for (; j + 2 <= nk; j += 2) {                                                          \
                 float *p0 = st + j * ld + g * W, *p1 = p0 + ld;                                    \
-                __m256 e0 = EXP(_mm256_sub_ps(_mm256_loadu_ps(p0), mx), table, 0);                 \
-                __m256 e1 = EXP(_mm256_sub_ps(_mm256_loadu_ps(p1), mx), table, 0);                 \
-                _mm256_storeu_ps(p0, e0), _mm256_storeu_ps(p1, e1);                                \
+                __m256 e0 = EXP(_mm256_sub_ps(_mm256_load_ps(p0), mx), table, 0);                  \
+                __m256 e1 = EXP(_mm256_sub_ps(_mm256_load_ps(p1), mx), table, 0);                  \
+                _mm256_store_ps(p0, e0), _mm256_store_ps(p1, e1);                                  \
                 s0 = _mm256_add_ps(s0, e0), s1 = _mm256_add_ps(s1, e1);                            \
             }                                                                                      \
             if (j < nk) {                                                                          \
                 float *p0 = st + j * ld + g * W;                                                   \
-                __m256 e0 = EXP(_mm256_sub_ps(_mm256_loadu_ps(p0), mx), table, 0);                 \
-                _mm256_storeu_ps(p0, e0);                                                          \
+                __m256 e0 = EXP(_mm256_sub_ps(_mm256_load_ps(p0), mx), table, 0);                  \
+                _mm256_store_ps(p0, e0);                                                           \
                 s0 = _mm256_add_ps(s0, e0);                                                        \
             }                                                                                      \
             _mm256_storeu_ps(sums + g * W, _mm256_add_ps(s0, s1));                                 \
         }                                                                                          \
-        for (size_t i = 0; i < nq; i++) {                                                          \
-            m[i] = new_max[i];                                                                     \
-            l[i] = l[i] * alpha[i] + sums[i];                                                      \
-        }                                                                                          \
         pv_tile_body(acc, ld_acc, st, 1, ld, alpha, nq, nk, v, v_stride, d_v);                     \
-        return 1;                                                                                  \
     }
-TILE_PACKED_AVX2(tile_packed_fast_avx2, exp_fast_avx2)
-TILE_PACKED_AVX2(tile_packed_sleef_avx2, exp_sleef_avx2)
+EXP_PV_AVX2(exp_pv_fast_avx2, exp_fast_avx2)
+EXP_PV_AVX2(exp_pv_sleef_avx2, exp_sleef_avx2)
 
 static const sdpa_attention_kernels attention_avx2 = {
     .block_q = 32,
@@ -896,7 +892,8 @@ static const sdpa_attention_kernels attention_avx2 = {
     .pv_tile = pv_tile_avx2,
     .pack_q = pack_q_avx2,
     .scores_packed = scores_packed_avx2,
-    .tile_packed = {tile_packed_fast_avx2, tile_packed_sleef_avx2},
+    .scores_max = scores_max_avx2,
+    .exp_pv = {exp_pv_fast_avx2, exp_pv_sleef_avx2},
 };
 
 const sdpa_kernels sdpa_kernels_avx2 = {

@@ -630,7 +630,7 @@ static void scores_tile_avx512(float *s, size_t ld_s, const float *q, size_t q_s
 
 /* The P V microkernels: acc[i][c] = acc[i][c] alpha[i] + sum_j P(i, j) v[j][c], with the weight
  * P(i, j) at p[i * p_row + j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major
- * tiles of tile_packed: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q) and alpha = NULL for 1 (so that
+ * tiles of exp_pv: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q) and alpha = NULL for 1 (so that
  * rescaling a row for a new max costs a multiply at the load, not a pass over the row). Inlined
  * into each caller with its constants. */
 ALWAYS_INLINE __m512 pv_load_acc(const float *o, __mmask16 m, const float *alpha) {
@@ -977,70 +977,63 @@ static void scores_packed_avx512(float *s, size_t ld_s, const float *qt, size_t 
     }
 }
 
-/* One step of the online softmax for a whole tile (kernels.h, tile_packed). The scores stay
- * key-major, as the packed GEMM leaves them, so the row maxima, the exps and the row sums are
- * vector operations across 16 queries at a time (no transposes, no horizontal sums, no call per
- * row), and the P V step reads the weights in that layout and rescales each accumulator row as
- * it loads it. The new maxima are checked before anything is written. */
-#define TILE_PACKED_AVX512(NAME, EXP)                                                              \
-    static int NAME(float *acc, size_t ld_acc, float *m, double *l, const float *qt, size_t nq,    \
-                    const float *k, size_t k_stride, const float *v, size_t v_stride, size_t nk,   \
-                    size_t d_k, size_t d_v) {                                                      \
+/* The online softmax's step for a whole tile, in two halves around the driver's bookkeeping
+ * (kernels.h, scores_max and exp_pv). The scores stay key-major, as the packed GEMM leaves them,
+ * so the row maxima, the exps and the row sums are vector operations across 16 queries at a
+ * time (no transposes, no horizontal sums, no call per row), and the P V step reads the weights
+ * in that layout and rescales each accumulator row as it loads it. */
+static void scores_max_avx512(float *st, float *m_new, const float *m, const float *qt, size_t nq,
+                              const float *k, size_t k_stride, size_t nk, size_t d_k) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    scores_keymajor_avx512(st, qt, k, k_stride, nk, d_k);
+    for (size_t h = 0; h * W < nq; h++) {
+        const __mmask16 valid = nq - h * W >= W ? (__mmask16)0xFFFF : tail_mask(nq - h * W);
+        __m512 mx0 = _mm512_mask_loadu_ps(ninf, valid, m + h * W), mx1 = ninf;
+        size_t j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            mx0 = _mm512_max_ps(_mm512_load_ps(st + j * ld + h * W), mx0);
+            mx1 = _mm512_max_ps(_mm512_load_ps(st + (j + 1) * ld + h * W), mx1);
+        }
+        if (j < nk) mx0 = _mm512_max_ps(_mm512_load_ps(st + j * ld + h * W), mx0);
+        _mm512_mask_storeu_ps(m_new + h * W, valid, _mm512_max_ps(mx0, mx1));
+    }
+}
+
+#define EXP_PV_AVX512(NAME, EXP)                                                                   \
+    static void NAME(float *acc, size_t ld_acc, float *st, const float *m, const float *m_new,     \
+                     float *alpha, float *sums, size_t nq, size_t nk, const float *v,              \
+                     size_t v_stride, size_t d_v) {                                                \
         const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;                                                   \
-        const __m512 ninf = _mm512_set1_ps(-INFINITY);                                             \
-        float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];                                  \
-        float alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];                           \
-        __m512 old[2], new_max[2];                                                                 \
-        __mmask16 valid[2];                                                                        \
-        scores_keymajor_avx512(st, qt, k, k_stride, nk, d_k);                                      \
-        for (size_t h = 0; h < 2; h++) {                                                           \
-            valid[h] = nq >= (h + 1) * W ? (__mmask16)0xFFFF                                       \
-                       : nq > h * W      ? tail_mask(nq - h * W)                                   \
-                                         : 0;                                                           \
-            old[h] = _mm512_mask_loadu_ps(ninf, valid[h], m + h * W);                              \
-            __m512 mx0 = old[h], mx1 = ninf;                                                       \
-            size_t j = 0;                                                                          \
-            for (; j + 2 <= nk; j += 2) {                                                          \
-                mx0 = _mm512_max_ps(_mm512_loadu_ps(st + j * ld + h * W), mx0);                    \
-                mx1 = _mm512_max_ps(_mm512_loadu_ps(st + (j + 1) * ld + h * W), mx1);              \
-            }                                                                                      \
-            if (j < nk) mx0 = _mm512_max_ps(_mm512_loadu_ps(st + j * ld + h * W), mx0);            \
-            new_max[h] = _mm512_max_ps(mx0, mx1);                                                  \
-            /* +inf in the scores, or a row with nothing but -inf so far: the general path */      \
-            if (_mm512_mask_cmp_ps_mask(valid[h], new_max[h], _mm512_set1_ps(INFINITY),            \
-                                        _CMP_EQ_OQ) |                                              \
-                _mm512_mask_cmp_ps_mask(valid[h], new_max[h], ninf, _CMP_EQ_OQ))                   \
-                return 0;                                                                          \
-        }                                                                                          \
         const __m512 table = exp_table_avx512();                                                   \
-        for (size_t h = 0; h < 2 && valid[h]; h++) {                                               \
-            const __m512 mx = new_max[h];                                                          \
+        for (size_t h = 0; h * W < nq; h++) {                                                      \
+            const __mmask16 valid = nq - h * W >= W ? (__mmask16)0xFFFF : tail_mask(nq - h * W);   \
+            /* rows past nq (zero queries, scores 0): shift 0, alpha exp(-inf) = 0, both unused */ \
+            const __m512 mx = _mm512_maskz_loadu_ps(valid, m_new + h * W);                         \
+            const __m512 old = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, m + h * W);  \
             /* exp(0) is exactly 1: a row whose max did not move is not rescaled at all */         \
-            _mm512_storeu_ps(alpha + h * W, EXP(_mm512_sub_ps(old[h], mx), table, 0));             \
+            _mm512_storeu_ps(alpha + h * W, EXP(_mm512_sub_ps(old, mx), table, 0));                \
             __m512 s0 = _mm512_setzero_ps(), s1 = s0;                                              \
             size_t j = 0;                                                                          \
             for (; j + 2 <= nk; j += 2) {                                                          \
                 float *p0 = st + j * ld + h * W, *p1 = p0 + ld;                                    \
-                __m512 e0 = EXP(_mm512_sub_ps(_mm512_loadu_ps(p0), mx), table, 0);                 \
-                __m512 e1 = EXP(_mm512_sub_ps(_mm512_loadu_ps(p1), mx), table, 0);                 \
-                _mm512_storeu_ps(p0, e0), _mm512_storeu_ps(p1, e1);                                \
+                __m512 e0 = EXP(_mm512_sub_ps(_mm512_load_ps(p0), mx), table, 0);                  \
+                __m512 e1 = EXP(_mm512_sub_ps(_mm512_load_ps(p1), mx), table, 0);                  \
+                _mm512_store_ps(p0, e0), _mm512_store_ps(p1, e1);                                  \
                 s0 = _mm512_add_ps(s0, e0), s1 = _mm512_add_ps(s1, e1);                            \
             }                                                                                      \
             if (j < nk) {                                                                          \
                 float *p0 = st + j * ld + h * W;                                                   \
-                __m512 e0 = EXP(_mm512_sub_ps(_mm512_loadu_ps(p0), mx), table, 0);                 \
-                _mm512_storeu_ps(p0, e0);                                                          \
+                __m512 e0 = EXP(_mm512_sub_ps(_mm512_load_ps(p0), mx), table, 0);                  \
+                _mm512_store_ps(p0, e0);                                                           \
                 s0 = _mm512_add_ps(s0, e0);                                                        \
             }                                                                                      \
             _mm512_storeu_ps(sums + h * W, _mm512_add_ps(s0, s1));                                 \
-            _mm512_mask_storeu_ps(m + h * W, valid[h], mx);                                        \
         }                                                                                          \
-        for (size_t i = 0; i < nq; i++) l[i] = l[i] * alpha[i] + sums[i];                          \
         pv_tile_body(acc, ld_acc, st, 1, ld, alpha, nq, nk, v, v_stride, d_v);                     \
-        return 1;                                                                                  \
     }
-TILE_PACKED_AVX512(tile_packed_fast_avx512, exp_fast_avx512)
-TILE_PACKED_AVX512(tile_packed_sleef_avx512, exp_sleef_avx512)
+EXP_PV_AVX512(exp_pv_fast_avx512, exp_fast_avx512)
+EXP_PV_AVX512(exp_pv_sleef_avx512, exp_sleef_avx512)
 
 static const sdpa_attention_kernels attention_avx512 = {
     .block_q = 32,
@@ -1050,7 +1043,8 @@ static const sdpa_attention_kernels attention_avx512 = {
     .exp_tile = {exp_tile_fast_avx512, exp_tile_sleef_avx512},
     .pack_q = pack_q_avx512,
     .scores_packed = scores_packed_avx512,
-    .tile_packed = {tile_packed_fast_avx512, tile_packed_sleef_avx512},
+    .scores_max = scores_max_avx512,
+    .exp_pv = {exp_pv_fast_avx512, exp_pv_sleef_avx512},
 };
 
 const sdpa_kernels sdpa_kernels_avx512 = {

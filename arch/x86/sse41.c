@@ -135,7 +135,7 @@ static float max_scaled_sse41(const float *x, size_t n, float scale) {
  * x[u] = exp(x[u]) for u < count (at most 4), each step for all of them before the next: one
  * exp is a chain of some fifty cycles, and only exps side by side in the instruction stream
  * keep the pipes busy (four: 2.6 -> 2.0 ns a vector on the Zen 5 of docs/performance.md).
- * full = 1 (exp_sum, the exp entry): the whole float range. full = 0, for tile_packed, whose
+ * full = 1 (exp_sum, the exp entry): the whole float range. full = 0, for exp_pv, whose
  * arguments are s - max <= 0: no upper clamp, no overflow case, and results below FLT_MIN are
  * left below it (as exp_sum's contract allows), five operations of about twenty fewer; the
  * lower clamp stays, it keeps n, and so 2^n's exponent bits, in range. */
@@ -372,7 +372,7 @@ ALWAYS_INLINE __m128 bcast_aligned(const float *p, int lane) {
 
 /* The P V microkernels: acc[i][c] = acc[i][c] alpha[i] + sum_j P(i, j) v[j][c], with the weight
  * P(i, j) at p[i * p_row + j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major
- * tiles of tile_packed: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q, 16-byte aligned) and
+ * tiles of exp_pv: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q, 16-byte aligned) and
  * alpha = NULL for 1. */
 
 /* One row of acc, nv vectors (nv * W columns) of it: pw = p + i * p_row. Row-major weights
@@ -483,7 +483,7 @@ static void pv_tile_sse41(float *acc, size_t ld_acc, const float *p, size_t ld_p
     pv_tile_body(acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v);
 }
 
-/* The key-major tile of tile_packed (one copy for both exp kinds). */
+/* The key-major tile of exp_pv (one copy for both exp kinds). */
 static void pv_keymajor_sse41(float *acc, size_t ld_acc, const float *st, const float *alpha,
                               size_t nq, size_t nk, const float *v, size_t v_stride, size_t d_v) {
     pv_tile_body(acc, ld_acc, st, 1, SDPA_ATTN_MAX_BLOCK_Q, alpha, nq, nk, v, v_stride, d_v);
@@ -591,39 +591,41 @@ static void scores_packed_sse41(float *s, size_t ld_s, const float *qt, size_t n
     }
 }
 
-/* One step of the online softmax for a whole tile (kernels.h, tile_packed; the avx512 version
- * says why): scores key-major, row maxima, exps and row sums across 4 queries at a time, the
- * P V step reading the weights in that layout and rescaling each accumulator row as it loads
- * it. The new maxima are checked before anything is written. */
-#define TILE_PACKED_SSE41(NAME, EXP, EXP4)                                                         \
-    static int NAME(float *acc, size_t ld_acc, float *m, double *l, const float *qt, size_t nq,    \
-                    const float *k, size_t k_stride, const float *v, size_t v_stride, size_t nk,   \
-                    size_t d_k, size_t d_v) {                                                      \
+/* The online softmax's step for a whole tile (kernels.h, scores_max and exp_pv; the avx512
+ * version says why): scores key-major, row maxima, exps and row sums across 4 queries at a time,
+ * the P V step reading the weights in that layout and rescaling each accumulator row as it loads
+ * it. */
+static void scores_max_sse41(float *st, float *m_new, const float *m, const float *qt, size_t nq,
+                             const float *k, size_t k_stride, size_t nk, size_t d_k) {
+    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
+    scores_keymajor_sse41(st, qt, k, k_stride, nk, d_k, nq);
+    for (size_t g = 0; g * W < nq; g++) {
+        __m128 mx0 = _mm_set1_ps(-INFINITY), mx1 = mx0;
+        size_t j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            mx0 = _mm_max_ps(_mm_load_ps(st + j * ld + g * W), mx0);
+            mx1 = _mm_max_ps(_mm_load_ps(st + (j + 1) * ld + g * W), mx1);
+        }
+        if (j < nk) mx0 = _mm_max_ps(_mm_load_ps(st + j * ld + g * W), mx0);
+        _mm_storeu_ps(tile_max + g * W, _mm_max_ps(mx0, mx1));
+    }
+    for (size_t i = 0; i < nq; i++) m_new[i] = tile_max[i] > m[i] ? tile_max[i] : m[i];
+}
+
+#define EXP_PV_SSE41(NAME, EXP, EXP4)                                                              \
+    static void NAME(float *acc, size_t ld_acc, float *st, const float *m, const float *m_new,     \
+                     float *alpha, float *sums, size_t nq, size_t nk, const float *v,              \
+                     size_t v_stride, size_t d_v) {                                                \
         const size_t ld = SDPA_ATTN_MAX_BLOCK_Q, groups = (nq + W - 1) / W;                        \
-        const __m128 ninf = _mm_set1_ps(-INFINITY), pinf = _mm_set1_ps(INFINITY);                  \
-        _Alignas(16) float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];                     \
-        float alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q],                           \
-            old[SDPA_ATTN_MAX_BLOCK_Q], new_max[SDPA_ATTN_MAX_BLOCK_Q];                            \
-        for (size_t i = 0; i < groups * W; i++) old[i] = i < nq ? m[i] : -INFINITY;                \
-        scores_keymajor_sse41(st, qt, k, k_stride, nk, d_k, nq);                                   \
-        for (size_t g = 0; g < groups; g++) {                                                      \
-            __m128 mx0 = _mm_loadu_ps(old + g * W), mx1 = ninf;                                    \
-            size_t j = 0;                                                                          \
-            for (; j + 2 <= nk; j += 2) {                                                          \
-                mx0 = _mm_max_ps(_mm_load_ps(st + j * ld + g * W), mx0);                           \
-                mx1 = _mm_max_ps(_mm_load_ps(st + (j + 1) * ld + g * W), mx1);                     \
-            }                                                                                      \
-            if (j < nk) mx0 = _mm_max_ps(_mm_load_ps(st + j * ld + g * W), mx0);                   \
-            __m128 mx = _mm_max_ps(mx0, mx1);                                                      \
-            /* +inf in the scores, or a row with nothing but -inf so far: the general path (the    \
-               zero-padded rows past nq have scores 0 and never trip this) */                      \
-            __m128 bad = _mm_or_ps(_mm_cmpeq_ps(mx, pinf), _mm_cmpeq_ps(mx, ninf));                \
-            if (_mm_movemask_ps(bad) & (int)((1u << (nq - g * W < W ? nq - g * W : W)) - 1u))      \
-                return 0;                                                                          \
-            _mm_storeu_ps(new_max + g * W, mx);                                                    \
+        float old[SDPA_ATTN_MAX_BLOCK_Q], shift[SDPA_ATTN_MAX_BLOCK_Q];                            \
+        /* rows past nq (zero queries, scores 0): shift 0, alpha exp(-inf) = 0, both unused */     \
+        for (size_t i = 0; i < groups * W; i++) {                                                  \
+            old[i] = i < nq ? m[i] : -INFINITY;                                                    \
+            shift[i] = i < nq ? m_new[i] : 0.0f;                                                   \
         }                                                                                          \
         for (size_t g = 0; g < groups; g++) {                                                      \
-            const __m128 mx = _mm_loadu_ps(new_max + g * W);                                       \
+            const __m128 mx = _mm_loadu_ps(shift + g * W);                                         \
             /* exp(0) is exactly 1: a row whose max did not move is not rescaled at all */         \
             _mm_storeu_ps(alpha + g * W, EXP(_mm_sub_ps(_mm_loadu_ps(old + g * W), mx)));          \
             __m128 s0 = _mm_setzero_ps(), s1 = s0;                                                 \
@@ -645,15 +647,10 @@ static void scores_packed_sse41(float *s, size_t ld_s, const float *qt, size_t n
             }                                                                                      \
             _mm_storeu_ps(sums + g * W, _mm_add_ps(s0, s1));                                       \
         }                                                                                          \
-        for (size_t i = 0; i < nq; i++) {                                                          \
-            m[i] = new_max[i];                                                                     \
-            l[i] = l[i] * alpha[i] + sums[i];                                                      \
-        }                                                                                          \
         pv_keymajor_sse41(acc, ld_acc, st, alpha, nq, nk, v, v_stride, d_v);                       \
-        return 1;                                                                                  \
     }
 
-/* tile_packed's exps, whose arguments are <= 0: the fast one without the full range's cases
+/* exp_pv's exps, whose arguments are <= 0: the fast one without the full range's cases
  * (exp_fast_body), four side by side; SLEEF's without the flush. */
 static inline __m128 exp_light_sse41(__m128 x) {
     exp_fast_body(&x, 1, 0);
@@ -664,8 +661,8 @@ static inline __m128 exp_sleef_light_sse41(__m128 x) { return Sleef_expf4_u10sse
 ALWAYS_INLINE void exp_sleef_light4_sse41(__m128 x[4]) {
     for (int u = 0; u < 4; u++) x[u] = Sleef_expf4_u10sse4(x[u]);
 }
-TILE_PACKED_SSE41(tile_packed_fast_sse41, exp_light_sse41, exp_light4_sse41)
-TILE_PACKED_SSE41(tile_packed_sleef_sse41, exp_sleef_light_sse41, exp_sleef_light4_sse41)
+EXP_PV_SSE41(exp_pv_fast_sse41, exp_light_sse41, exp_light4_sse41)
+EXP_PV_SSE41(exp_pv_sleef_sse41, exp_sleef_light_sse41, exp_sleef_light4_sse41)
 
 static const sdpa_attention_kernels attention_sse41 = {
     .block_q = 32,
@@ -674,7 +671,8 @@ static const sdpa_attention_kernels attention_sse41 = {
     .pv_tile = pv_tile_sse41,
     .pack_q = pack_q_sse41,
     .scores_packed = scores_packed_sse41,
-    .tile_packed = {tile_packed_fast_sse41, tile_packed_sleef_sse41},
+    .scores_max = scores_max_sse41,
+    .exp_pv = {exp_pv_fast_sse41, exp_pv_sleef_sse41},
 };
 
 const sdpa_kernels sdpa_kernels_sse41 = {

@@ -13,8 +13,9 @@
 #define FOR_EACH_BACKEND(X) X(scalar) X(sse) X(avx2) X(avx512) X(neon)
 
 /* SDPA_TEST_QUICK=1 (the emulated test setups, where qemu runs 20 to 140 times slower): tests
- * of a backend this CPU cannot run are skipped before a worker process is spawned for them,
- * and the exhaustive sweeps sample more sparsely. Everything still runs on every backend. */
+ * of a backend this CPU cannot run, or of a backend other than the one the setup is there to
+ * prove, are skipped before a worker process is spawned for them (see common.c), and the
+ * exhaustive sweeps sample more sparsely. */
 int test_quick(void);
 
 /* Makes `name` active (or skips the test), and checks that it really is. */

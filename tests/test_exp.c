@@ -4,7 +4,8 @@
  * Contract (sdpa.h): "fast" within 3 ULP and "sleef" within 1 ULP where the result is a
  * normal float; no subnormal result; overflow gives +inf; NaN stays NaN; exp(-inf) = 0.
  * Then the exp that softmax and attention run, inside exp_sum (arguments <= 0, kernels.h),
- * with the same bound, and results below FLT_MIN below it (the flush after makes them 0). */
+ * with the same bound, and results below FLT_MIN below it (the flush after makes them 0); and
+ * softmax's own, read through rows that normalise exactly. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -191,11 +192,63 @@ static void check_exp_sum_shifted(const char *backend, int kind, double max_ulp)
     free(y);
 }
 
+/* The exp that softmax itself runs, through the public entry: a row whose max is 0 and whose
+ * other entries lie below -26 sums to exactly 1 in float (their exps add up to less than half an
+ * ULP of 1), so its normalisation multiplies by exactly 1 and every weight is the exp of its
+ * entry, unrounded by anything else. That reads softmax_short's own exp (avx512's 32-entry one,
+ * kernels.h) as well as exp_sum's. The entries run densely over [-87.5, -26] (every table entry
+ * and reduced argument many times over), rows of 1 to 16 floats (a single vector) and of 4081 to
+ * 4096 (every tail), the max at varying places, with scale 1 and with scale 0.5 on doubled
+ * entries. */
+static void check_softmax_exps(const char *backend, const char *mode, double max_ulp) {
+    use_backend(backend);
+    cr_assert_eq(sdpa_set_exp_mode(mode), SDPA_OK);
+    enum { LONG = 4096 };
+    float *x = malloc(LONG * sizeof(float)), *y = malloc(LONG * sizeof(float));
+    const size_t total = test_quick() ? (size_t)1 << 14 : (size_t)1 << 20;
+    double worst = 0.0;
+    float worst_z = 0.0f;
+    for (int pass = 0; pass < 2; pass++) {
+        const float scale = pass ? 0.5f : 1.0f;
+        size_t done = 0;
+        for (size_t row = 0; done < total; row++) {
+            const size_t n = row % 4 == 0 ? 1 + row / 4 % 16 : LONG - row % 16;
+            const size_t top = (row * 37) % n;
+            for (size_t i = 0; i < n; i++, done += i != top)
+                x[i] = i == top ? 0.0f
+                                : (-26.0f - 61.5f * (float)(done % total) / (float)total) / scale;
+            cr_assert_eq(sdpa_softmax_f32(y, x, n, scale), SDPA_OK);
+            cr_assert(y[top] == 1.0f, "%s %s: the max's weight is %a, not exactly 1 (n %zu)",
+                      backend, mode, y[top], n);
+            for (size_t i = 0; i < n; i++) {
+                if (i == top) continue;
+                const double want = exp((double)x[i] * scale);
+                if (want < FLT_MIN) {
+                    cr_assert(y[i] == 0.0f || (y[i] == FLT_MIN && want > 0.5 * FLT_MIN),
+                              "%s %s: weight %a for exp(%a), want 0", backend, mode, y[i],
+                              x[i] * scale);
+                    continue;
+                }
+                const double err = ulp_error(y[i], want);
+                if (err > worst) worst = err, worst_z = x[i] * scale;
+            }
+        }
+    }
+    cr_log_info("%s softmax's exp (%s): max error %.3f ULP at %a", backend, mode, worst, worst_z);
+    cr_assert(worst <= max_ulp, "%s softmax's exp (%s): %.3f ULP at %a", backend, mode, worst,
+              worst_z);
+    sdpa_set_exp_mode("fast");
+    free(x);
+    free(y);
+}
+
 #define EXP_TESTS(b)                                                                               \
     Test(exp, fast_##b) { check_exp(#b, SDPA_EXP_FAST, 3.0); }                                     \
     Test(exp, sleef_##b) { check_exp(#b, SDPA_EXP_SLEEF, 1.0); }                                   \
     Test(exp, sum_fast_##b) { check_exp_sum(#b, SDPA_EXP_FAST, 3.0); }                             \
     Test(exp, sum_sleef_##b) { check_exp_sum(#b, SDPA_EXP_SLEEF, 1.0); }                           \
     Test(exp, sum_shifted_fast_##b) { check_exp_sum_shifted(#b, SDPA_EXP_FAST, 3.0); }             \
-    Test(exp, sum_shifted_sleef_##b) { check_exp_sum_shifted(#b, SDPA_EXP_SLEEF, 1.0); }
+    Test(exp, sum_shifted_sleef_##b) { check_exp_sum_shifted(#b, SDPA_EXP_SLEEF, 1.0); }           \
+    Test(exp, softmax_fast_##b) { check_softmax_exps(#b, "fast", 3.0); }                           \
+    Test(exp, softmax_sleef_##b) { check_softmax_exps(#b, "sleef", 1.0); }
 FOR_EACH_BACKEND(EXP_TESTS)

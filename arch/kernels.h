@@ -170,6 +170,24 @@ extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
 static inline double sdpa_exp_small(double d) {
     return 1.0 + d * (1.0 + d * (0.5 + d * (1.0 / 6 + d * (1.0 / 24 + d * (1.0 / 120 + d / 720)))));
 }
+/* avx512 softmax_short's exp, where the weights only matter up to a common factor: K = 32, so
+ * |r| <= ln2 / 64 and a quadratic 1 + C1 r + C2 r^2 suffices (scripts/fit_exp.py --free-c1 5 2:
+ * max relative error 5.4e-8 before rounding); the 32-entry table takes a two-register permute.
+ * One FMA fewer than the K = 16 cubic. */
+#define SDPA_EXP32_SCALE  0x1.715476p+5f  /* 32 / ln2 */
+#define SDPA_EXP32_LN2_HI 0x1.62e43p-6f   /* ln2 / 32, rounded */
+#define SDPA_EXP32_LN2_LO -0x1.05c61p-34f /* what the rounding left out */
+#define SDPA_EXP32_C1     0x1.0000f8p+0f
+#define SDPA_EXP32_C2     0x1.000174p-1f
+/* 2^(j/32), j = 0..31, rounded to float */
+#define SDPA_EXP2_THIRTYSECONDS                                                                    \
+    0x1p+0f, 0x1.059b0ep+0f, 0x1.0b5586p+0f, 0x1.11301ep+0f, 0x1.172b84p+0f, 0x1.1d4874p+0f,       \
+        0x1.2387a6p+0f, 0x1.29e9ep+0f, 0x1.306fep+0f, 0x1.371a74p+0f, 0x1.3dea64p+0f,              \
+        0x1.44e086p+0f, 0x1.4bfdaep+0f, 0x1.5342b6p+0f, 0x1.5ab07ep+0f, 0x1.6247ecp+0f,            \
+        0x1.6a09e6p+0f, 0x1.71f75ep+0f, 0x1.7a1148p+0f, 0x1.82589ap+0f, 0x1.8ace54p+0f,            \
+        0x1.93737cp+0f, 0x1.9c4918p+0f, 0x1.a5503cp+0f, 0x1.ae89fap+0f, 0x1.b7f77p+0f,             \
+        0x1.c199bep+0f, 0x1.cb720ep+0f, 0x1.d5818ep+0f, 0x1.dfc974p+0f, 0x1.ea4afap+0f,            \
+        0x1.f50766p+0f
 #define SDPA_EXP8_SCALE  0x1.715476p+3f  /* 8 / ln2 */
 #define SDPA_EXP8_LN2_HI 0x1.62e43p-4f   /* ln2 / 8, rounded */
 #define SDPA_EXP8_LN2_LO -0x1.05c61p-32f /* what the rounding left out */

@@ -27,8 +27,10 @@
  * avx2, a degree-5 polynomial elsewhere) is within 3 ULP of exp (measured: 1.63 ULP avx512, 1.90
  * avx2, at most 2.40 the others) over the whole float range where the result is a normal float
  * (subnormal results are flushed to 0, overflow gives +inf, NaN stays NaN); as softmax runs it,
- * with the row's max folded into it, 2.10 avx512 and 2.11 avx2 against exp(z - max); "sleef"
- * uses SLEEF's 1-ULP expf instead (SDPA_EXP=sleef or sdpa_set_exp_mode("sleef")).
+ * with the row's max folded into it, 2.10 avx512 and 2.11 avx2 against exp(z - max), and 2.61
+ * in avx512's softmax of rows up to 4096 floats, whose exp takes a table of 2^(j/32) and a
+ * quadratic (the weights only matter up to a common factor there); "sleef" uses SLEEF's 1-ULP
+ * expf instead (SDPA_EXP=sleef or sdpa_set_exp_mode("sleef")).
  */
 #ifndef SDPA_H
 #define SDPA_H

@@ -1,29 +1,16 @@
 /* AArch64 Advanced SIMD (NEON) backend: 4 floats a vector, fused multiply-add. Advanced SIMD
- * is part of the AArch64 baseline, so this file needs no extra compiler flags. Tails go
- * through a small stack vector filled with memcpy, so no load or store ever reaches past the
- * end of an array. */
+ * is part of the AArch64 baseline, so this file needs no extra compiler flags. Tails are
+ * loaded and stored lane by lane (neon_tails.h), so no load or store ever reaches past the end
+ * of an array. */
 #include <arm_neon.h>
 #include <float.h>
 #include <math.h>
 #include <sleef.h>
-#include <string.h>
 
 #include "kernels.h"
+#include "neon_tails.h"
 
 #define W 4
-
-/* the first `len` (< W) floats of p in a vector, the other lanes 0 */
-static inline float32x4_t load_partial(const float *p, size_t len) {
-    float buf[W] = {0.0f, 0.0f, 0.0f, 0.0f};
-    memcpy(buf, p, len * sizeof(float));
-    return vld1q_f32(buf);
-}
-
-static inline void store_partial(float *p, float32x4_t v, size_t len) {
-    float buf[W];
-    vst1q_f32(buf, v);
-    memcpy(p, buf, len * sizeof(float));
-}
 
 /* all ones in lanes [0, len), zero in the others */
 static inline uint32x4_t lanes_below(size_t len) {

@@ -1,26 +1,13 @@
 /* NEON (AArch64 Advanced SIMD) attention microkernels: 4 floats a vector, 32 registers, FMA.
  * Kept apart from arch/arm/neon.c so that both can be written at once; neon.c's table points
- * at sdpa_attention_kernels_neon. Tails go through small stack vectors (memcpy), so nothing
- * past the end of a row is read or written. */
+ * at sdpa_attention_kernels_neon. Tails are loaded and stored lane by lane (neon_tails.h), so
+ * nothing past the end of a row is read or written. */
 #include <arm_neon.h>
-#include <string.h>
 
 #include "kernels.h"
+#include "neon_tails.h"
 
 #define W 4
-
-/* the first len (< W) floats of p, zeros after */
-static inline float32x4_t load_partial(const float *p, size_t len) {
-    float buf[W] = {0.0f, 0.0f, 0.0f, 0.0f};
-    memcpy(buf, p, len * sizeof(float));
-    return vld1q_f32(buf);
-}
-
-static inline void store_partial(float *p, float32x4_t v, size_t len) {
-    float buf[W];
-    vst1q_f32(buf, v);
-    memcpy(p, buf, len * sizeof(float));
-}
 
 /* Lane i of the result is the sum of the lanes of the i-th argument (two pairwise adds). */
 static inline float32x4_t hsum4_neon(float32x4_t a0, float32x4_t a1, float32x4_t a2,

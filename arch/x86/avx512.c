@@ -211,19 +211,24 @@ ALWAYS_INLINE row_exp row_exp_fast(float shift, int folded, int exact) {
     return c;
 }
 
-/* row_exp_fast(shift, folded, 0) from a shift already in every lane (softmax_short): vector
- * operations only, a shorter chain from the max to the first exp than a scalar round trip */
+/* The shift of row_exp_fast(shift, folded, 0) from a shift already in every lane
+ * (softmax_short), for a table of K entries (k_over_ln2 = K / ln2): vector operations only, a
+ * shorter chain from the max to the first exp than a scalar round trip. */
+ALWAYS_INLINE void fold_lanes(row_exp *c, __m512 shift, float k_over_ln2, int folded) {
+    c->shift = shift;
+    const __m512 magic = _mm512_set1_ps(0x1.8p23f);
+    c->b = folded ? _mm512_sub_ps(magic, _mm512_roundscale_ps(
+                                             _mm512_mul_ps(shift, _mm512_set1_ps(k_over_ln2)),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+                  : magic;
+    c->lo = folded ? _mm512_add_ps(shift, _mm512_set1_ps(SDPA_EXP_X_CLAMP_LO))
+                   : _mm512_set1_ps(SDPA_EXP_X_CLAMP_LO);
+}
+
 ALWAYS_INLINE row_exp row_exp_fast_lanes(__m512 shift, int folded) {
     row_exp c;
     c.table = exp_table_avx512();
-    c.shift = shift;
-    const __m512 magic = _mm512_set1_ps(0x1.8p23f);
-    c.b = folded ? _mm512_sub_ps(magic, _mm512_roundscale_ps(
-                                            _mm512_mul_ps(shift, _mm512_set1_ps(SDPA_EXP16_SCALE)),
-                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
-                 : magic;
-    c.lo = folded ? _mm512_add_ps(shift, _mm512_set1_ps(SDPA_EXP_X_CLAMP_LO))
-                  : _mm512_set1_ps(SDPA_EXP_X_CLAMP_LO);
+    fold_lanes(&c, shift, SDPA_EXP16_SCALE, folded);
     c.c0 = _mm512_set1_ps(1.0f);
     c.c2 = _mm512_set1_ps(SDPA_EXP16_C2);
     c.c3 = _mm512_set1_ps(SDPA_EXP16_C3);
@@ -231,8 +236,8 @@ ALWAYS_INLINE row_exp row_exp_fast_lanes(__m512 shift, int folded) {
 }
 
 /* softmax_short's exp (kernels.h, K = 32): the table's 2^(j/32) with j << 18 taken off, in
- * two registers for vpermt2ps; the shift folded as in row_exp_fast_lanes, with no correction
- * for its rounding, which the weights' normalisation takes out */
+ * two registers for vpermt2ps; the shift folded as above, with no correction for its rounding,
+ * which the weights' normalisation takes out */
 static const float EXP2_THIRTYSECONDS[32] = {SDPA_EXP2_THIRTYSECONDS};
 ALWAYS_INLINE row_exp row_exp_fast32_lanes(__m512 shift, int folded) {
     row_exp c;
@@ -242,14 +247,7 @@ ALWAYS_INLINE row_exp row_exp_fast32_lanes(__m512 shift, int folded) {
     c.table_hi = _mm512_castsi512_ps(
         _mm512_sub_epi32(_mm512_castps_si512(_mm512_loadu_ps(EXP2_THIRTYSECONDS + 16)),
                          _mm512_slli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(16)), 18)));
-    c.shift = shift;
-    const __m512 magic = _mm512_set1_ps(0x1.8p23f);
-    c.b = folded ? _mm512_sub_ps(magic, _mm512_roundscale_ps(
-                                            _mm512_mul_ps(shift, _mm512_set1_ps(SDPA_EXP32_SCALE)),
-                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
-                 : magic;
-    c.lo = folded ? _mm512_add_ps(shift, _mm512_set1_ps(SDPA_EXP_X_CLAMP_LO))
-                  : _mm512_set1_ps(SDPA_EXP_X_CLAMP_LO);
+    fold_lanes(&c, shift, SDPA_EXP32_SCALE, folded);
     return c;
 }
 

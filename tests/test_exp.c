@@ -214,9 +214,14 @@ static void check_softmax_exps(const char *backend, const char *mode, double max
         for (size_t row = 0; done < total; row++) {
             const size_t n = row % 4 == 0 ? 1 + row / 4 % 16 : LONG - row % 16;
             const size_t top = (row * 37) % n;
-            for (size_t i = 0; i < n; i++, done += i != top)
-                x[i] = i == top ? 0.0f
-                                : (-26.0f - 61.5f * (float)(done % total) / (float)total) / scale;
+            for (size_t i = 0; i < n; i++) {
+                if (i == top) {
+                    x[i] = 0.0f;
+                    continue;
+                }
+                x[i] = (-26.0f - 61.5f * (float)(done % total) / (float)total) / scale;
+                done++;
+            }
             cr_assert_eq(sdpa_softmax_f32(y, x, n, scale), SDPA_OK);
             cr_assert(y[top] == 1.0f, "%s %s: the max's weight is %a, not exactly 1 (n %zu)",
                       backend, mode, y[top], n);

@@ -212,7 +212,7 @@ static void check_softmax_exps(const char *backend, const char *mode, double max
         const float scale = pass ? 0.5f : 1.0f;
         size_t done = 0;
         for (size_t row = 0; done < total; row++) {
-            const size_t n = row % 4 == 0 ? 1 + row / 4 % 16 : LONG - row % 16;
+            const size_t n = row % 4 == 0 ? 1 + row / 4 % 16 : LONG - row / 4 % 16;
             const size_t top = (row * 37) % n;
             for (size_t i = 0; i < n; i++) {
                 if (i == top) {

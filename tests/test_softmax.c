@@ -154,9 +154,11 @@ BACKEND_TEST(softmax, seed_examples) {
               y[1]);
 }
 
+/* The special-value tests run every n up to 130: one vector, the avx512 register tiers of 2, 4
+ * and 8 vectors (17 to 128 floats, arch/x86/avx512.c), and the three-pass body past them. */
 BACKEND_TEST(softmax, minus_inf_entries_are_exactly_zero) {
-    for (size_t n = 1; n <= 40; n++) {
-        float x[40], y[40];
+    for (size_t n = 1; n <= 130; n++) {
+        float x[130], y[130];
         for (size_t i = 0; i < n; i++) x[i] = i % 3 ? -INFINITY : (float)i * 0.1f;
         cr_assert_eq(sdpa_softmax_f32(y, x, n, 1.0f), SDPA_OK);
         check_softmax(y, x, n, 1.0f, 2e-5, "-inf entries");
@@ -174,8 +176,8 @@ BACKEND_TEST(softmax, minus_inf_entries_are_exactly_zero) {
 }
 
 BACKEND_TEST(softmax, plus_inf_entries_share_the_mass) {
-    for (size_t n = 2; n <= 40; n++) {
-        float x[40], y[40];
+    for (size_t n = 2; n <= 130; n++) {
+        float x[130], y[130];
         size_t n_inf = 0;
         for (size_t i = 0; i < n; i++) {
             x[i] = i % 4 == 1 ? INFINITY : (float)i;
@@ -184,13 +186,18 @@ BACKEND_TEST(softmax, plus_inf_entries_share_the_mass) {
         cr_assert_eq(sdpa_softmax_f32(y, x, n, 1.0f), SDPA_OK);
         for (size_t i = 0; i < n; i++)
             cr_assert_eq(y[i], x[i] == INFINITY ? 1.0f / (float)n_inf : 0.0f, "n=%zu i=%zu", n, i);
+        /* in place: the kernels must not write before the driver has seen the +inf */
+        cr_assert_eq(sdpa_softmax_f32(x, x, n, 1.0f), SDPA_OK);
+        for (size_t i = 0; i < n; i++)
+            cr_assert_eq(x[i], i % 4 == 1 ? 1.0f / (float)n_inf : 0.0f, "in place n=%zu i=%zu", n,
+                         i);
     }
 }
 
 BACKEND_TEST(softmax, nan_poisons_the_row) {
-    for (size_t n = 1; n <= 40; n++) {
+    for (size_t n = 1; n <= 130; n++) {
         for (size_t at = 0; at < n; at += 7) {
-            float x[40], y[40];
+            float x[130], y[130];
             for (size_t i = 0; i < n; i++) x[i] = (float)i;
             x[at] = NAN;
             cr_assert_eq(sdpa_softmax_f32(y, x, n, 1.0f), SDPA_OK);
@@ -213,7 +220,10 @@ BACKEND_TEST(softmax, tiny_weights_flush_to_zero) {
 }
 
 BACKEND_TEST(softmax, no_access_outside) {
-    for (size_t n = 0; n <= 33; n++) {
+    /* every n to 33, then around the avx512 register tiers' ends (64, 128) */
+    static const size_t longer[] = {47, 48, 63, 64, 65, 80, 100, 127, 128, 129};
+    for (size_t t = 0; t < 34 + sizeof longer / sizeof longer[0]; t++) {
+        const size_t n = t < 34 ? t : longer[t - 34];
         guarded gx = guard_alloc(n, GUARD_AFTER), gy = guard_alloc(n, GUARD_BEFORE);
         for (size_t i = 0; i < n; i++) gx.p[i] = (float)i * 0.25f;
         cr_assert_eq(sdpa_softmax_f32(gy.p, gx.p, n, 1.0f), SDPA_OK);

@@ -518,10 +518,80 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
         return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, 1) : NAME##_body(y, x, n, scale, 0);     \
     }
 
-SOFTMAX_SHORT_AVX512(softmax_short_fast_avx512, exp_sum_fast32_avx512_lanes, row_exp_fast32_lanes,
+SOFTMAX_SHORT_AVX512(softmax_short_fast32_avx512, exp_sum_fast32_avx512_lanes, row_exp_fast32_lanes,
                      exp_row_fast32, 1)
 SOFTMAX_SHORT_AVX512(softmax_short_sleef_avx512, exp_sum_sleef_avx512_lanes, row_exp_fast_lanes,
                      exp_row_sleef, 0)
+
+/* Rows of 17 to 128 floats with the fast exp, in V = 2, 4 or 8 vectors that stay in registers
+ * from their loads to their stores, where the three-pass body stores the weights and loads them
+ * again (17 floats 16.7 -> 14.4 ns, 80 floats 24.8 -> 21.9, 128 floats 30.1 -> 29.3). Vectors
+ * past the row's end are skipped by a branch, not loaded with an empty mask: such a load still
+ * takes a slow fault-suppression assist when its bytes lie on an unmapped page (65 floats took
+ * 41 ns that way). Named variables, not arrays: gcc kept the arrays on the stack. SLEEF's exp is
+ * a call, across which nothing stays in a register: that kind keeps the three passes. */
+#define EACH_OF_8(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7)
+#define TREE_OF_8(OP, a)                                                                           \
+    if (V > 4)                                                                                     \
+        a##0 = OP(a##0, a##4), a##1 = OP(a##1, a##5), a##2 = OP(a##2, a##6),                       \
+        a##3 = OP(a##3, a##7);                                                                     \
+    if (V > 2) a##0 = OP(a##0, a##2), a##1 = OP(a##1, a##3);                                       \
+    a##0 = OP(a##0, a##1);
+ALWAYS_INLINE float softmax_regs_fast_avx512(float *y, const float *x, size_t n, __m512 vs,
+                                             int unit, const int V) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+#define LOAD_(k)                                                                                   \
+    const __mmask16 m##k = V <= k || n <= (size_t)k * W ? 0                                        \
+                           : n >= (size_t)(k + 1) * W   ? (__mmask16)0xFFFF                        \
+                                                        : tail_mask(n - (size_t)k * W);              \
+    __m512 z##k = ninf;                                                                            \
+    if (m##k) {                                                                                    \
+        z##k = _mm512_maskz_loadu_ps(m##k, x + k * W);                                             \
+        if (!unit) z##k = _mm512_mul_ps(z##k, vs);                                                 \
+    }                                                                                              \
+    __m512 a##k = _mm512_mask_mov_ps(ninf, m##k, z##k);
+    EACH_OF_8(LOAD_)
+#undef LOAD_
+    TREE_OF_8(_mm512_max_ps, a)
+    const __m512 vmax = allmax_avx512(a0);
+    const float max = _mm512_cvtss_f32(vmax);
+    if (!isfinite(max)) return max;
+    const int folded = fabsf(max) <= SDPA_EXP_FOLD_MAX;
+    const row_exp c = row_exp_fast32_lanes(vmax, folded);
+#define EXP_(k)                                                                                    \
+    a##k = _mm512_setzero_ps();                                                                    \
+    if (V > k && m##k) {                                                                           \
+        z##k = _mm512_maskz_mov_ps(m##k,                                                           \
+                                   exp_row_fast32(folded ? z##k : _mm512_sub_ps(z##k, vmax), &c)); \
+        a##k = z##k;                                                                               \
+    }
+    EACH_OF_8(EXP_)
+#undef EXP_
+    TREE_OF_8(_mm512_add_ps, a)
+    const __m512 factor = _mm512_div_ps(_mm512_set1_ps(1.0f), allsum_avx512(a0));
+#define STORE_(k)                                                                                  \
+    if (V > k && m##k)                                                                             \
+        _mm512_mask_storeu_ps(y + k * W, m##k, keep_normal(_mm512_mul_ps(z##k, factor)));
+    EACH_OF_8(STORE_)
+#undef STORE_
+    return max;
+}
+
+static float softmax_short_fast_avx512(float *y, const float *x, size_t n, float scale) {
+    if (n <= W || n > 8 * W) return softmax_short_fast32_avx512(y, x, n, scale);
+    const __m512 vs = _mm512_set1_ps(scale);
+    const int unit = scale == 1.0f;
+    if (n <= 2 * W)
+        return unit ? softmax_regs_fast_avx512(y, x, n, vs, 1, 2)
+                    : softmax_regs_fast_avx512(y, x, n, vs, 0, 2);
+    if (n <= 4 * W)
+        return unit ? softmax_regs_fast_avx512(y, x, n, vs, 1, 4)
+                    : softmax_regs_fast_avx512(y, x, n, vs, 0, 4);
+    return unit ? softmax_regs_fast_avx512(y, x, n, vs, 1, 8)
+                : softmax_regs_fast_avx512(y, x, n, vs, 0, 8);
+}
+#undef EACH_OF_8
+#undef TREE_OF_8
 
 #define EXP_ARRAY_AVX512(NAME, EXP)                                                                \
     static void NAME(float *y, const float *x, size_t n) {                                         \

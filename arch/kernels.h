@@ -50,16 +50,18 @@ typedef struct sdpa_attention_kernels {
                           size_t k_stride, size_t nk, size_t d);
     /* optional pair (both or neither), with pack_q: one step of the online softmax for a block
        of nq queries (qt from pack_q, scale included) against nk keys that every one of them
-       sees, with no mask, in two halves around the driver's bookkeeping (the check that the new
-       maxima are finite, and the update of m and l).
+       sees, with no mask, in two halves around the driver's bookkeeping (the new maxima
+       m_new[i] = max(m[i], tile_max[i]), the check that they are finite, and the update of m
+       and l).
        scores_max: st[j * SDPA_ATTN_MAX_BLOCK_Q + i] = s_ij for j < nk, i < nq (key-major, as a
        packed GEMM leaves it; the rows past nq are the backend's own business), and
-       m_new[i] = max(m[i], max_j s_ij) for i < nq. st is 64-byte aligned.
+       tile_max[i] = max_j s_ij for i < nq (tile_max holds SDPA_ATTN_MAX_BLOCK_Q floats). st is
+       64-byte aligned.
        exp_pv, given finite m_new: alpha[i] = exp(m[i] - m_new[i]), st's s_ij replaced by
        p_ij = exp(s_ij - m_new[i]), sums[i] = sum_j p_ij and acc_i = acc_i alpha[i] +
        sum_j p_ij v_j, for i < nq; alpha and sums hold SDPA_ATTN_MAX_BLOCK_Q floats. */
-    void (*scores_max)(float *st, float *m_new, const float *m, const float *qt, size_t nq,
-                       const float *k, size_t k_stride, size_t nk, size_t d_k);
+    void (*scores_max)(float *st, float *tile_max, const float *qt, size_t nq, const float *k,
+                       size_t k_stride, size_t nk, size_t d_k);
     void (*exp_pv[SDPA_EXP_KINDS])(float *acc, size_t ld_acc, float *st, const float *m,
                                    const float *m_new, float *alpha, float *sums, size_t nq,
                                    size_t nk, const float *v, size_t v_stride, size_t d_v);

@@ -114,7 +114,8 @@ static int packed_step(const attention_run *run, float *st, float *acc, size_t l
                        double *l, const float *qt, size_t nq, const float *k, size_t k_stride,
                        const float *v, size_t v_stride, size_t nk, size_t d_k, size_t d_v) {
     float m_new[SDPA_ATTN_MAX_BLOCK_Q], alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
-    run->a->scores_max(st, m_new, m, qt, nq, k, k_stride, nk, d_k);
+    run->a->scores_max(st, m_new, qt, nq, k, k_stride, nk, d_k);
+    for (size_t r = 0; r < nq; r++) m_new[r] = m_new[r] > m[r] ? m_new[r] : m[r];
     if (!all_finite(m_new, nq)) return 0;
     run->exp_pv(acc, ld_acc, st, m, m_new, alpha, sums, nq, nk, v, v_stride, d_v);
     for (size_t r = 0; r < nq; r++) {

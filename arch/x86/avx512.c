@@ -1135,21 +1135,20 @@ static void scores_packed_avx512(float *s, size_t ld_s, const float *qt, size_t 
  * so the row maxima, the exps and the row sums are vector operations across 16 queries at a
  * time (no transposes, no horizontal sums, no call per row), and the P V step reads the weights
  * in that layout and rescales each accumulator row as it loads it. */
-static void scores_max_avx512(float *st, float *m_new, const float *m, const float *qt, size_t nq,
+static void scores_max_avx512(float *st, float *tile_max, const float *qt, size_t nq,
                               const float *k, size_t k_stride, size_t nk, size_t d_k) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     scores_keymajor_avx512(st, qt, k, k_stride, nk, d_k);
     for (size_t h = 0; h * W < nq; h++) {
-        const __mmask16 valid = nq - h * W >= W ? (__mmask16)0xFFFF : tail_mask(nq - h * W);
-        __m512 mx0 = _mm512_mask_loadu_ps(ninf, valid, m + h * W), mx1 = ninf;
+        __m512 mx0 = ninf, mx1 = ninf;
         size_t j = 0;
         for (; j + 2 <= nk; j += 2) {
             mx0 = _mm512_max_ps(_mm512_load_ps(st + j * ld + h * W), mx0);
             mx1 = _mm512_max_ps(_mm512_load_ps(st + (j + 1) * ld + h * W), mx1);
         }
         if (j < nk) mx0 = _mm512_max_ps(_mm512_load_ps(st + j * ld + h * W), mx0);
-        _mm512_mask_storeu_ps(m_new + h * W, valid, _mm512_max_ps(mx0, mx1));
+        _mm512_storeu_ps(tile_max + h * W, _mm512_max_ps(mx0, mx1));
     }
 }
 

@@ -597,10 +597,9 @@ static void scores_packed_sse41(float *s, size_t ld_s, const float *qt, size_t n
  * version says why): scores key-major, row maxima, exps and row sums across 4 queries at a time,
  * the P V step reading the weights in that layout and rescaling each accumulator row as it loads
  * it. */
-static void scores_max_sse41(float *st, float *m_new, const float *m, const float *qt, size_t nq,
-                             const float *k, size_t k_stride, size_t nk, size_t d_k) {
+static void scores_max_sse41(float *st, float *tile_max, const float *qt, size_t nq, const float *k,
+                             size_t k_stride, size_t nk, size_t d_k) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
     scores_keymajor_sse41(st, qt, k, k_stride, nk, d_k, nq);
     for (size_t g = 0; g * W < nq; g++) {
         __m128 mx0 = _mm_set1_ps(-INFINITY), mx1 = mx0;
@@ -612,7 +611,6 @@ static void scores_max_sse41(float *st, float *m_new, const float *m, const floa
         if (j < nk) mx0 = _mm_max_ps(_mm_load_ps(st + j * ld + g * W), mx0);
         _mm_storeu_ps(tile_max + g * W, _mm_max_ps(mx0, mx1));
     }
-    for (size_t i = 0; i < nq; i++) m_new[i] = tile_max[i] > m[i] ? tile_max[i] : m[i];
 }
 
 #define EXP_PV_SSE41(NAME, EXP, EXP4)                                                              \

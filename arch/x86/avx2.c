@@ -399,7 +399,7 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
     static float NAME(float *y, const float *x, size_t n, float scale) {                           \
         return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, 1) : NAME##_body(y, x, n, scale, 0);     \
     }
-SOFTMAX_SHORT_AVX2(softmax_short_fast3_avx2, exp_sum_fast_avx2_lanes, 1)
+SOFTMAX_SHORT_AVX2(softmax_short_passes_fast_avx2, exp_sum_fast_avx2_lanes, 1)
 SOFTMAX_SHORT_AVX2(softmax_short_sleef_avx2, exp_sum_sleef_avx2_lanes, 0)
 
 /* Rows of up to 32 floats with the fast exp, in V = 1, 2 or 4 vectors that stay in registers
@@ -455,7 +455,7 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
 #undef EACH_OF_4
 
 static float softmax_short_fast_avx2(float *y, const float *x, size_t n, float scale) {
-    if (n > 4 * W) return softmax_short_fast3_avx2(y, x, n, scale);
+    if (n > 4 * W) return softmax_short_passes_fast_avx2(y, x, n, scale);
     const __m256 vs = _mm256_set1_ps(scale);
     const int unit = scale == 1.0f;
     if (n <= W)

@@ -98,9 +98,10 @@ typedef struct sdpa_kernels {
     /* optional (NULL: the three passes above): the whole softmax of a row of at most
        SDPA_SOFTMAX_SHORT floats in one call, for rows where calls and the latency between
        passes cost more than the work. Returns the max of scale * x[i]; when that is not finite
-       (a NaN in x may or may not show in it), nothing has been written and the caller handles
-       the row. Otherwise y = softmax(scale * x) with weights below FLT_MIN flushed to 0, as
-       max_scaled + exp_sum + normalize would give up to rounding; y may equal x. */
+       (a NaN in x may or may not show in it), x is as it was, y has not been written if it is
+       x (it may have been otherwise), and the caller handles the row from x. Otherwise y =
+       softmax(scale * x) with weights below FLT_MIN flushed to 0, as max_scaled + exp_sum +
+       normalize would give up to rounding; y may equal x. */
     float (*softmax_short[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale);
     /* y[i] = exp(x[i]); for tests of the exp itself */
     void (*exp[SDPA_EXP_KINDS])(float *y, const float *x, size_t n);
@@ -165,6 +166,15 @@ extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
  * scales the polynomial's coefficients: no subtraction z - shift per element. Mi stays far
  * inside the magic number's integer range while |shift| <= SDPA_EXP_FOLD_MAX. */
 #define SDPA_EXP_FOLD_MAX 0x1p16f
+/* A guessed shift (softmax_short on avx512): exp(z - g) for every z of a row needs only
+ * g <= max z, so that no weight of FLT_MIN or more is lost to the exp's lower clamp at g - 87.5,
+ * and max z - g <= SDPA_SHIFT_GUESS_RANGE, so that the weights (up to e^64.7 with the fold's
+ * rounding) and their sum (below 2^106 for 4096 of them) stay far from overflow and 1 / sum from
+ * the subnormals; then softmax = exp(z - g) / sum exp(z - g) as well as with g = max z. A guess
+ * from a few of the z (the row's ends) lets the exps start without waiting for the max, which is
+ * still found, beside them, to check the guess; a row that fails the check (its ends 64 below its
+ * max) is done again with the max. */
+#define SDPA_SHIFT_GUESS_RANGE 64.0f
 /* the ln2 / K that r's two steps subtract, exact in double */
 #define SDPA_EXP16_LN2 ((double)SDPA_EXP16_LN2_HI + (double)SDPA_EXP16_LN2_LO)
 #define SDPA_EXP8_LN2  ((double)SDPA_EXP8_LN2_HI + (double)SDPA_EXP8_LN2_LO)

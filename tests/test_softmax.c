@@ -211,6 +211,48 @@ BACKEND_TEST(softmax, nan_poisons_the_row) {
     }
 }
 
+/* avx512 shifts the exps by a guess from the row's two ends and checks it against the max
+ * (arch/kernels.h, "A guessed shift"): the guess must hold while the ends lie up to 64 below the
+ * max, with weights up to e^64 before the normalisation, and be dropped beyond (ends 64.5, 100,
+ * 1e4 below; 1e6 is past the range the guess folds). Rows of every length to 130 (one vector, the
+ * register tiers) and longer ones, whose guess is checked only after y is written: out of place,
+ * in place (where x must survive), a positive and a negative scale, and a +inf or a NaN inside. */
+BACKEND_TEST(softmax, ends_far_below_the_max) {
+    static const float below[] = {0.0f, 10.0f, 63.0f, 63.9f, 64.5f, 100.0f, 1e4f, 1e6f};
+    static const size_t longer[] = {255, 1000, 4095, 4096};
+    enum { MAX_N = 4096 };
+    float *x = malloc(MAX_N * sizeof(float)), *y = malloc(MAX_N * sizeof(float));
+    float *z = malloc(MAX_N * sizeof(float));
+    rng r = rng_seed(12);
+    for (size_t t = 0; t < 130 + sizeof longer / sizeof longer[0]; t++) {
+        const size_t n = t < 130 ? t + 1 : longer[t - 130];
+        for (size_t b = 0; b < sizeof below / sizeof below[0]; b++) {
+            const float scale = b % 2 ? -0.5f : 1.0f;
+            /* z: the max 3 in the middle, the ends `below` lower, the rest between */
+            for (size_t i = 0; i < n; i++) z[i] = 3.0f - below[b] * (float)rng_uniform(&r, 0, 1);
+            z[0] = z[n - 1] = 3.0f - below[b];
+            z[n / 2] = 3.0f;
+            for (size_t i = 0; i < n; i++) x[i] = z[i] / scale; /* exact: scale * x = z */
+            cr_assert_eq(sdpa_softmax_f32(y, x, n, scale), SDPA_OK);
+            check_softmax(y, x, n, scale, 2e-5, "ends below the max");
+            memcpy(y, x, n * sizeof(float));
+            cr_assert_eq(sdpa_softmax_f32(y, y, n, scale), SDPA_OK);
+            check_softmax(y, x, n, scale, 2e-5, "ends below the max, in place");
+            if (n < 3) continue;
+            x[n / 2] = INFINITY * scale; /* z = +inf: all the mass */
+            cr_assert_eq(sdpa_softmax_f32(y, x, n, scale), SDPA_OK);
+            for (size_t i = 0; i < n; i++)
+                cr_assert_eq(y[i], i == n / 2 ? 1.0f : 0.0f, "+inf: n=%zu i=%zu", n, i);
+            x[n / 2] = NAN;
+            cr_assert_eq(sdpa_softmax_f32(y, x, n, scale), SDPA_OK);
+            for (size_t i = 0; i < n; i++) cr_assert(isnan(y[i]), "NaN: n=%zu i=%zu", n, i);
+        }
+    }
+    free(x);
+    free(y);
+    free(z);
+}
+
 BACKEND_TEST(softmax, tiny_weights_flush_to_zero) {
     /* e^-87 is a normal float, e^-100 is subnormal: the first is kept, the second is exactly 0 */
     float x[3] = {0.0f, -87.0f, -100.0f}, y[3];

@@ -251,6 +251,43 @@ ALWAYS_INLINE row_exp row_exp_fast32_lanes(__m512 shift, int folded) {
     return c;
 }
 
+/* softmax_short's guessed shift (kernels.h, "A guessed shift"): the max of the row's two ends,
+ * z[0] and z[n - 1], from two broadcast loads, so that the exps wait for neither the max nor its
+ * cross-lane reduction */
+ALWAYS_INLINE __m512 ends_guess(const float *x, size_t n, __m512 vs, int unit) {
+    __m512 first = _mm512_set1_ps(x[0]), last = _mm512_set1_ps(x[n - 1]);
+    if (!unit) first = _mm512_mul_ps(first, vs), last = _mm512_mul_ps(last, vs);
+    return _mm512_max_ps(first, last);
+}
+
+/* a guess g that folds (its |g| bounds the magic number's integer range, and rules out inf and
+ * NaN) */
+static inline int guess_usable(float g) { return fabsf(g) <= SDPA_EXP_FOLD_MAX; }
+/* ... and that holds for a row whose max is `max` (g <= max always: g is the max of some of z) */
+static inline int guess_fits(float g, float max) {
+    return guess_usable(g) && max <= g + SDPA_SHIFT_GUESS_RANGE;
+}
+/* y and x share no float: x is still whole after y is written */
+static inline int apart(const float *y, const float *x, size_t n) {
+    return (uintptr_t)y >= (uintptr_t)(x + n) || (uintptr_t)x >= (uintptr_t)(y + n);
+}
+
+/* the 32-entry exp against a guessed shift g, folded as k ln2 for k = floor(g / ln2): the weights
+ * carry the factor 2^-k exactly, which the normalisation takes out exactly (a row whose max is 0
+ * keeps weights that are its exps rounded once: tests/test_exp.c reads them in ULP). The clamp
+ * stays g - 87.5: below it, weights are below FLT_MIN e^(g - max) whatever k is. */
+ALWAYS_INLINE row_exp row_exp_fast32_guess(__m512 g) {
+    row_exp c = row_exp_fast32_lanes(g, 0);
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(g, _mm512_set1_ps(0x1.715476p+0f)),
+                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    c.b = _mm512_fnmadd_ps(k, _mm512_set1_ps(32.0f), _mm512_set1_ps(0x1.8p23f));
+    c.lo = _mm512_add_ps(g, _mm512_set1_ps(SDPA_EXP_X_CLAMP_LO));
+    return c;
+}
+
+/* SLEEF's exp against a guessed shift: z - g, unfolded */
+ALWAYS_INLINE row_exp row_exp_sleef_guess(__m512 g) { return row_exp_fast_lanes(g, 0); }
+
 ALWAYS_INLINE __m512 exp_row_fast32(__m512 z, const row_exp *c) {
     z = _mm512_max_ps(c->lo, z);
     __m512 t = _mm512_fmadd_round_ps(z, _mm512_set1_ps(SDPA_EXP32_SCALE), c->b,
@@ -376,26 +413,42 @@ EXP_SUM_AVX512(exp_sum_fast_avx512, exp_row_fast, 1, 0)
 EXP_SUM_AVX512(exp_sum_sleef_avx512, exp_row_sleef, 0, 1)
 EXP_SUM_LANES_AVX512(exp_sum_fast32_avx512, exp_row_fast32, 0)
 
-/* y[i] *= factor; weights below FLT_MIN become exactly 0 (keep_normal) */
-ALWAYS_INLINE void normalize_avx512_inline(float *y, size_t n, __m512 vf) {
+/* y[i] *= factor; weights below FLT_MIN become exactly 0 (keep_normal). With x (not NULL), also
+ * the lane maxima of z = scale x over x[0..n), for the check of softmax_short's guessed shift: the
+ * pass is bound by its stores, with room for a load and a max beside them. */
+ALWAYS_INLINE __m512 normalize_max_avx512(float *y, size_t n, __m512 vf, const float *x, __m512 vs,
+                                          int unit) {
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
+#define SCALED_(z) (unit ? (z) : _mm512_mul_ps((z), vs))
     size_t i = 0;
     if (n >= 4 * W && lead_to_line(y)) {
         i = lead_to_line(y);
         __mmask16 m = tail_mask(i);
         __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y), vf);
         _mm512_mask_storeu_ps(y, m, keep_normal(w));
+        if (x) m1 = _mm512_mask_max_ps(m1, m, SCALED_(_mm512_maskz_loadu_ps(m, x)), m1);
     }
     for (; i + 2 * W <= n; i += 2 * W) {
         __m512 w0 = _mm512_mul_ps(_mm512_loadu_ps(y + i), vf);
         __m512 w1 = _mm512_mul_ps(_mm512_loadu_ps(y + i + W), vf);
         _mm512_storeu_ps(y + i, keep_normal(w0));
         _mm512_storeu_ps(y + i + W, keep_normal(w1));
+        if (x) {
+            m0 = _mm512_max_ps(SCALED_(_mm512_loadu_ps(x + i)), m0);
+            m1 = _mm512_max_ps(SCALED_(_mm512_loadu_ps(x + i + W)), m1);
+        }
     }
     for (; i < n; i += W) {
         __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);
         __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + i), vf);
         _mm512_mask_storeu_ps(y + i, m, keep_normal(w));
+        if (x) m0 = _mm512_mask_max_ps(m0, m, SCALED_(_mm512_maskz_loadu_ps(m, x + i)), m0);
     }
+#undef SCALED_
+    return _mm512_max_ps(m0, m1);
+}
+ALWAYS_INLINE void normalize_avx512_inline(float *y, size_t n, __m512 vf) {
+    (void)normalize_max_avx512(y, n, vf, NULL, vf, 1);
 }
 
 static void normalize_avx512(float *y, size_t n, float factor) {
@@ -424,13 +477,23 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
  * blocks do. The exp pass is exp_sum's own loop, with the 32-entry exp (kernels.h: one FMA
  * fewer, 4096 floats 500 -> 477-489 ns); z = scale * x is rounded before the max is
  * subtracted, as there. At n = 300, 1000 and 4096 this took 65, 152 and 506 ns where the
- * driver's three calls took 78, 165 and 520. */
-#define SOFTMAX_SHORT_AVX512(NAME, EXP_SUM_LANES, ROW_EXP, EXP, FOLDS)                             \
-    /* the exps of one vector of z's lanes in `valid` (z - max, up to the shift's constant         \
+ * driver's three calls took 78, 165 and 520.
+ * The exps first run against a guessed shift (kernels.h, "A guessed shift"). One vector, or a
+ * row in registers, checks the guess against the max before it stores. A longer row checks it
+ * after the normalisation, which finds the max on the side; such a row takes the guess only when
+ * y and x are apart, so that x is still there to start again from. */
+#define SOFTMAX_SHORT_AVX512(NAME, EXP_SUM_LANES, ROW_EXP, GUESS_EXP, EXP, FOLDS)                  \
+    /* the exps of one vector of z's lanes in `valid` (z - shift, up to the shift's constant       \
        factor), 0 in the others */                                                                 \
-    ALWAYS_INLINE __m512 NAME##_exps(__m512 z, __mmask16 valid, __m512 vmax, const row_exp *c,     \
+    ALWAYS_INLINE __m512 NAME##_exps(__m512 z, __mmask16 valid, __m512 shift, const row_exp *c,    \
                                      int folded) {                                                 \
-        return _mm512_maskz_mov_ps(valid, EXP(folded ? z : _mm512_sub_ps(z, vmax), c));            \
+        return _mm512_maskz_mov_ps(valid, EXP(folded ? z : _mm512_sub_ps(z, shift), c));           \
+    }                                                                                              \
+    ALWAYS_INLINE void NAME##_vector_store(float *y, __m512 z, __mmask16 valid, __m512 shift,      \
+                                           const row_exp *c, int folded) {                         \
+        const __m512 e = NAME##_exps(z, valid, shift, c, folded);                                  \
+        const __m512 w = _mm512_mul_ps(e, _mm512_div_ps(_mm512_set1_ps(1.0f), allsum_avx512(e)));  \
+        _mm512_mask_storeu_ps(y, valid, keep_normal(w));                                           \
     }                                                                                              \
     /* a row of one vector, in a register from the load to the store, where longer rows store      \
        their weights and load them again (1 to 16 floats: 15.5 -> 11.1-11.8 ns, 27.3 -> 15.3-15.7  \
@@ -442,17 +505,50 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
         const __m512 vmax =                                                                        \
             allmax_avx512(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, z));                \
         const float max = _mm512_cvtss_f32(vmax);                                                  \
+        const __m512 g = ends_guess(x, n, vs, unit);                                               \
         if (!isfinite(max)) return max;                                                            \
+        if (guess_fits(_mm512_cvtss_f32(g), max)) {                                                \
+            const row_exp c = GUESS_EXP(g);                                                        \
+            NAME##_vector_store(y, z, valid, g, &c, FOLDS);                                        \
+            return max;                                                                            \
+        }                                                                                          \
         const int folded = FOLDS && fabsf(max) <= SDPA_EXP_FOLD_MAX;                               \
         const row_exp c = ROW_EXP(vmax, folded);                                                   \
-        const __m512 e = NAME##_exps(z, valid, vmax, &c, folded);                                  \
-        const __m512 w = _mm512_mul_ps(e, _mm512_div_ps(_mm512_set1_ps(1.0f), allsum_avx512(e)));  \
-        _mm512_mask_storeu_ps(y, valid, keep_normal(w));                                           \
+        NAME##_vector_store(y, z, valid, vmax, &c, folded);                                        \
         return max;                                                                                \
+    }                                                                                              \
+    /* the exp pass and the normalisation against a guessed shift g, for y apart from x: the max   \
+       of z, found by the normalisation; the caller checks g against it */                         \
+    ALWAYS_INLINE float NAME##_guessed(float *y, const float *x, size_t n, __m512 vs, int unit,    \
+                                       __m512 g) {                                                 \
+        const row_exp c = GUESS_EXP(g);                                                            \
+        const size_t head = n & ~(size_t)(W - 1);                                                  \
+        const __mmask16 last = tail_mask(n - head);                                                \
+        __m512 sum = EXP_SUM_LANES(y, x, head, vs, &c, unit, FOLDS);                               \
+        __m512 e = _mm512_setzero_ps(), z = _mm512_set1_ps(-INFINITY);                             \
+        if (last) {                                                                                \
+            z = _mm512_maskz_loadu_ps(last, x + head);                                             \
+            if (!unit) z = _mm512_mul_ps(z, vs);                                                   \
+            e = NAME##_exps(z, last, g, &c, FOLDS);                                                \
+            sum = _mm512_add_ps(sum, e);                                                           \
+            z = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), last, z);                            \
+        }                                                                                          \
+        const __m512 factor = _mm512_div_ps(_mm512_set1_ps(1.0f), allsum_avx512(sum));             \
+        const __m512 vmax = _mm512_max_ps(z, normalize_max_avx512(y, head, factor, x, vs, unit));  \
+        if (last) _mm512_mask_storeu_ps(y + head, last, keep_normal(_mm512_mul_ps(e, factor)));    \
+        return _mm512_reduce_max_ps(vmax);                                                         \
     }                                                                                              \
     ALWAYS_INLINE float NAME##_body(float *y, const float *x, size_t n, float scale, int unit) {   \
         const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);                 \
         if (n <= W) return NAME##_vector(y, x, n, vs, unit);                                       \
+        if (apart(y, x, n)) {                                                                      \
+            const __m512 g = ends_guess(x, n, vs, unit);                                           \
+            const float gs = _mm512_cvtss_f32(g);                                                  \
+            if (guess_usable(gs)) {                                                                \
+                const float max = NAME##_guessed(y, x, n, vs, unit, g);                            \
+                if (guess_fits(gs, max)) return max;                                               \
+            }                                                                                      \
+        }                                                                                          \
         __m512 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;                                         \
         size_t i = 0;                                                                              \
         if (n >= 4 * W && lead_to_line(x)) { /* x to a line boundary, as in max_scaled */          \
@@ -519,9 +615,9 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
     }
 
 SOFTMAX_SHORT_AVX512(softmax_short_fast32_avx512, exp_sum_fast32_avx512_lanes, row_exp_fast32_lanes,
-                     exp_row_fast32, 1)
+                     row_exp_fast32_guess, exp_row_fast32, 1)
 SOFTMAX_SHORT_AVX512(softmax_short_sleef_avx512, exp_sum_sleef_avx512_lanes, row_exp_fast_lanes,
-                     exp_row_sleef, 0)
+                     row_exp_sleef_guess, exp_row_sleef, 0)
 
 /* Rows of 17 to 128 floats with the fast exp, in V = 2, 4 or 8 vectors that stay in registers
  * from their loads to their stores, where the three-pass body stores the weights and loads them
@@ -555,25 +651,38 @@ ALWAYS_INLINE float softmax_regs_fast_avx512(float *y, const float *x, size_t n,
     TREE_OF_8(_mm512_max_ps, a)
     const __m512 vmax = allmax_avx512(a0);
     const float max = _mm512_cvtss_f32(vmax);
+    const __m512 g = ends_guess(x, n, vs, unit);
     if (!isfinite(max)) return max;
-    const int folded = fabsf(max) <= SDPA_EXP_FOLD_MAX;
-    const row_exp c = row_exp_fast32_lanes(vmax, folded);
+        /* the exps against `shift`, then the sum and the stores */
 #define EXP_(k)                                                                                    \
     a##k = _mm512_setzero_ps();                                                                    \
     if (V > k && m##k) {                                                                           \
-        z##k = _mm512_maskz_mov_ps(m##k,                                                           \
-                                   exp_row_fast32(folded ? z##k : _mm512_sub_ps(z##k, vmax), &c)); \
+        z##k = _mm512_maskz_mov_ps(                                                                \
+            m##k, exp_row_fast32(folded ? z##k : _mm512_sub_ps(z##k, shift), &c));                 \
         a##k = z##k;                                                                               \
     }
-    EACH_OF_8(EXP_)
-#undef EXP_
-    TREE_OF_8(_mm512_add_ps, a)
-    const __m512 factor = _mm512_div_ps(_mm512_set1_ps(1.0f), allsum_avx512(a0));
 #define STORE_(k)                                                                                  \
     if (V > k && m##k)                                                                             \
         _mm512_mask_storeu_ps(y + k * W, m##k, keep_normal(_mm512_mul_ps(z##k, factor)));
+#define FINISH_                                                                                    \
+    EACH_OF_8(EXP_)                                                                                \
+    TREE_OF_8(_mm512_add_ps, a)                                                                    \
+    const __m512 factor = _mm512_div_ps(_mm512_set1_ps(1.0f), allsum_avx512(a0));                  \
     EACH_OF_8(STORE_)
+    if (guess_fits(_mm512_cvtss_f32(g), max)) {
+        const int folded = 1;
+        const __m512 shift = g;
+        const row_exp c = row_exp_fast32_guess(g);
+        FINISH_
+        return max;
+    }
+    const int folded = fabsf(max) <= SDPA_EXP_FOLD_MAX;
+    const __m512 shift = vmax;
+    const row_exp c = row_exp_fast32_lanes(vmax, folded);
+    FINISH_
+#undef FINISH_
 #undef STORE_
+#undef EXP_
     return max;
 }
 

@@ -8,6 +8,7 @@
 #define SDPA_ARCH_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 enum sdpa_exp_kind { SDPA_EXP_FAST = 0, SDPA_EXP_SLEEF = 1, SDPA_EXP_KINDS = 2 };
 
@@ -166,7 +167,7 @@ extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
  * scales the polynomial's coefficients: no subtraction z - shift per element. Mi stays far
  * inside the magic number's integer range while |shift| <= SDPA_EXP_FOLD_MAX. */
 #define SDPA_EXP_FOLD_MAX 0x1p16f
-/* A guessed shift (softmax_short on avx512): exp(z - g) for every z of a row needs only
+/* A guessed shift (softmax_short on avx512 and avx2): exp(z - g) for every z of a row needs only
  * g <= max z, so that no weight of FLT_MIN or more is lost to the exp's lower clamp at g - 87.5,
  * and max z - g <= SDPA_SHIFT_GUESS_RANGE, so that the weights (up to e^64.7 with the fold's
  * rounding) and their sum (below 2^106 for 4096 of them) stay far from overflow and 1 / sum from
@@ -175,6 +176,18 @@ extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
  * still found, beside them, to check the guess; a row that fails the check (its ends 64 below its
  * max) is done again with the max. */
 #define SDPA_SHIFT_GUESS_RANGE 64.0f
+/* a guess g that folds: |g| within the magic number's integer range (false for inf and NaN) */
+static inline int sdpa_guess_usable(float g) {
+    return g >= -SDPA_EXP_FOLD_MAX && g <= SDPA_EXP_FOLD_MAX;
+}
+/* ... and that holds for a row whose max is `max` (g <= max always: g is the max of some z) */
+static inline int sdpa_guess_fits(float g, float max) {
+    return sdpa_guess_usable(g) && max <= g + SDPA_SHIFT_GUESS_RANGE;
+}
+/* y and x share no float: x is still whole after y is written, to start again from */
+static inline int sdpa_apart(const float *y, const float *x, size_t n) {
+    return (uintptr_t)y >= (uintptr_t)(x + n) || (uintptr_t)x >= (uintptr_t)(y + n);
+}
 /* the ln2 / K that r's two steps subtract, exact in double */
 #define SDPA_EXP16_LN2 ((double)SDPA_EXP16_LN2_HI + (double)SDPA_EXP16_LN2_LO)
 #define SDPA_EXP8_LN2  ((double)SDPA_EXP8_LN2_HI + (double)SDPA_EXP8_LN2_LO)

@@ -207,13 +207,13 @@ typedef struct row_exp {
     __m256 table, shift, lo, c0, c2, c3;
 } row_exp;
 
-static inline __attribute__((always_inline)) row_exp row_exp_fast(float shift, int folded,
-                                                                  int exact) {
+/* the fold at the integer mi (round(shift 8 / ln2) in row_exp_fast) */
+static inline __attribute__((always_inline)) row_exp row_exp_at(float shift, float mi, int folded,
+                                                                int exact) {
     row_exp c;
     c.shift = _mm256_set1_ps(shift);
     double e = 1.0;
     if (folded) {
-        const float mi = rintf(shift * SDPA_EXP8_SCALE);
         if (exact) e = sdpa_exp_small((double)mi * SDPA_EXP8_LN2 - shift);
         const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         const __m256i d = _mm256_sub_epi32(lane, _mm256_set1_epi32((int)mi));
@@ -230,6 +230,24 @@ static inline __attribute__((always_inline)) row_exp row_exp_fast(float shift, i
     c.c2 = _mm256_set1_ps((float)(e * SDPA_EXP8_C2));
     c.c3 = _mm256_set1_ps((float)(e * SDPA_EXP8_C3));
     return c;
+}
+static inline __attribute__((always_inline)) row_exp row_exp_fast(float shift, int folded,
+                                                                  int exact) {
+    return row_exp_at(shift, folded ? rintf(shift * SDPA_EXP8_SCALE) : 0.0f, folded, exact);
+}
+/* softmax_short's guessed shift g (kernels.h, "A guessed shift"), folded as k ln2 for
+ * k = floor(g / ln2): the weights carry the factor 2^-k exactly, which the normalisation takes out
+ * exactly (tests/test_exp.c reads them in ULP); the clamp stays at g - 87.5 */
+static inline __attribute__((always_inline)) row_exp row_exp_guess(float g) {
+    return row_exp_at(g, 8.0f * floorf(g * 0x1.715476p+0f), 1, 0);
+}
+static inline __attribute__((always_inline)) row_exp row_exp_sleef_guess(float g) {
+    return row_exp_fast(g, 0, 0);
+}
+/* the guess: the larger of the row's two ends, z[0] and z[n - 1] */
+static inline float ends_guess(const float *x, size_t n, float scale) {
+    const float first = scale * x[0], last = scale * x[n - 1];
+    return first > last ? first : last;
 }
 
 /* exp_fast_avx2 (full = 0) with c's table, clamp and polynomial */
@@ -329,18 +347,38 @@ static inline __m256 flush_below_min(__m256 w) {
     return _mm256_andnot_ps(_mm256_cmp_ps(w, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), w);
 }
 
-static inline __attribute__((always_inline)) void normalize_avx2_inline(float *y, size_t n,
-                                                                        __m256 vf) {
+/* y[i] *= factor, weights below FLT_MIN flushed to 0. With x (not NULL), also the lane maxima
+ * of z = scale x over x[0..n), for the check of softmax_short's guessed shift: the pass is bound
+ * by its stores, with room for a load and a max beside them. */
+static inline __attribute__((always_inline)) __m256
+normalize_max_avx2(float *y, size_t n, __m256 vf, const float *x, __m256 vs, int unit) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 m0 = ninf, m1 = ninf;
+#define SCALED_(z) (unit ? (z) : _mm256_mul_ps((z), vs))
     size_t i = 0;
     for (; i + 2 * W <= n; i += 2 * W) {
         _mm256_storeu_ps(y + i, flush_below_min(_mm256_mul_ps(_mm256_loadu_ps(y + i), vf)));
         _mm256_storeu_ps(y + i + W, flush_below_min(_mm256_mul_ps(_mm256_loadu_ps(y + i + W), vf)));
+        if (x) {
+            m0 = _mm256_max_ps(SCALED_(_mm256_loadu_ps(x + i)), m0);
+            m1 = _mm256_max_ps(SCALED_(_mm256_loadu_ps(x + i + W)), m1);
+        }
     }
     for (; i < n; i += W) {
         __m256i m = tail_mask(n - i < W ? n - i : W);
         _mm256_maskstore_ps(y + i, m,
                             flush_below_min(_mm256_mul_ps(_mm256_maskload_ps(y + i, m), vf)));
+        if (x)
+            m0 = _mm256_max_ps(_mm256_blendv_ps(ninf, SCALED_(_mm256_maskload_ps(x + i, m)),
+                                                _mm256_castsi256_ps(m)),
+                               m0);
     }
+#undef SCALED_
+    return _mm256_max_ps(m0, m1);
+}
+static inline __attribute__((always_inline)) void normalize_avx2_inline(float *y, size_t n,
+                                                                        __m256 vf) {
+    (void)normalize_max_avx2(y, n, vf, NULL, vf, 1);
 }
 
 static void normalize_avx2(float *y, size_t n, float factor) {
@@ -364,10 +402,20 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
  * sums of at most 128 weights each, fewer than the scalar backend's 512-float blocks add per
  * lane), and the exp's shift folded without the factor it leaves, which the division by the sum
  * takes out. */
-#define SOFTMAX_SHORT_AVX2(NAME, EXP_SUM_LANES, FOLDS)                                             \
+#define SOFTMAX_SHORT_AVX2(NAME, EXP_SUM_LANES, GUESS_EXP, FOLDS)                                  \
     static inline __attribute__((always_inline)) float NAME##_body(                                \
         float *y, const float *x, size_t n, float scale, int unit) {                               \
         const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);                 \
+        /* first against a guessed shift (kernels.h), when x survives y's writes: the max comes    \
+           from the normalisation, and a row that fails the check starts again below */            \
+        const float g = ends_guess(x, n, scale);                                                   \
+        if (sdpa_apart(y, x, n) && sdpa_guess_usable(g)) {                                         \
+            const row_exp c = GUESS_EXP(g);                                                        \
+            const __m256 sum = allsum_avx2(EXP_SUM_LANES(y, x, n, scale, &c, unit, FOLDS));        \
+            const float max = hmax(                                                                \
+                normalize_max_avx2(y, n, _mm256_div_ps(_mm256_set1_ps(1.0f), sum), x, vs, unit));  \
+            if (sdpa_guess_fits(g, max)) return max;                                               \
+        }                                                                                          \
         __m256 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;                                         \
         size_t i = 0;                                                                              \
         for (; i + 4 * W <= n; i += 4 * W) {                                                       \
@@ -399,8 +447,8 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
     static float NAME(float *y, const float *x, size_t n, float scale) {                           \
         return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, 1) : NAME##_body(y, x, n, scale, 0);     \
     }
-SOFTMAX_SHORT_AVX2(softmax_short_passes_fast_avx2, exp_sum_fast_avx2_lanes, 1)
-SOFTMAX_SHORT_AVX2(softmax_short_sleef_avx2, exp_sum_sleef_avx2_lanes, 0)
+SOFTMAX_SHORT_AVX2(softmax_short_passes_fast_avx2, exp_sum_fast_avx2_lanes, row_exp_guess, 1)
+SOFTMAX_SHORT_AVX2(softmax_short_sleef_avx2, exp_sum_sleef_avx2_lanes, row_exp_sleef_guess, 0)
 
 /* Rows of up to 32 floats with the fast exp, in V = 1, 2 or 4 vectors that stay in registers
  * from their loads to their stores, where the three-pass body stores the weights and loads them
@@ -428,9 +476,10 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
     if (V > 1) a0 = _mm256_max_ps(a0, a1);
     const __m256 vmax = allmax_avx2(a0);
     const float max = _mm256_cvtss_f32(vmax);
+    const float g = ends_guess(x, n, _mm256_cvtss_f32(vs));
     if (!isfinite(max)) return max;
-    const int folded = fabsf(max) <= SDPA_EXP_FOLD_MAX;
-    const row_exp c = row_exp_fast(max, folded, 0);
+        /* the exps against c's shift, then the sum and the stores: against the guessed shift when
+           it holds (kernels.h), else against the max */
 #define EXP_(k)                                                                                    \
     a##k = _mm256_setzero_ps();                                                                    \
     if (V > k && k < last + 1) {                                                                   \
@@ -438,18 +487,29 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
         if (k == last) z##k = _mm256_and_ps(z##k, _mm256_castsi256_ps(lm));                        \
         a##k = z##k;                                                                               \
     }
-    EACH_OF_4(EXP_)
-#undef EXP_
-    if (V > 2) a0 = _mm256_add_ps(a0, a2), a1 = _mm256_add_ps(a1, a3);
-    if (V > 1) a0 = _mm256_add_ps(a0, a1);
-    const __m256 factor = _mm256_div_ps(_mm256_set1_ps(1.0f), allsum_avx2(a0));
 #define STORE_(k)                                                                                  \
     if (V > k && k < last)                                                                         \
         _mm256_storeu_ps(y + k * W, flush_below_min(_mm256_mul_ps(z##k, factor)));                 \
     if (V > k && k == last)                                                                        \
         _mm256_maskstore_ps(y + k * W, lm, flush_below_min(_mm256_mul_ps(z##k, factor)));
+#define FINISH_                                                                                    \
+    EACH_OF_4(EXP_)                                                                                \
+    if (V > 2) a0 = _mm256_add_ps(a0, a2), a1 = _mm256_add_ps(a1, a3);                             \
+    if (V > 1) a0 = _mm256_add_ps(a0, a1);                                                         \
+    const __m256 factor = _mm256_div_ps(_mm256_set1_ps(1.0f), allsum_avx2(a0));                    \
     EACH_OF_4(STORE_)
+    if (sdpa_guess_fits(g, max)) {
+        const int folded = 1;
+        const row_exp c = row_exp_guess(g);
+        FINISH_
+        return max;
+    }
+    const int folded = fabsf(max) <= SDPA_EXP_FOLD_MAX;
+    const row_exp c = row_exp_fast(max, folded, 0);
+    FINISH_
+#undef FINISH_
 #undef STORE_
+#undef EXP_
     return max;
 }
 #undef EACH_OF_4

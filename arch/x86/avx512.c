@@ -260,18 +260,6 @@ ALWAYS_INLINE __m512 ends_guess(const float *x, size_t n, __m512 vs, int unit) {
     return _mm512_max_ps(first, last);
 }
 
-/* a guess g that folds (its |g| bounds the magic number's integer range, and rules out inf and
- * NaN) */
-static inline int guess_usable(float g) { return fabsf(g) <= SDPA_EXP_FOLD_MAX; }
-/* ... and that holds for a row whose max is `max` (g <= max always: g is the max of some of z) */
-static inline int guess_fits(float g, float max) {
-    return guess_usable(g) && max <= g + SDPA_SHIFT_GUESS_RANGE;
-}
-/* y and x share no float: x is still whole after y is written */
-static inline int apart(const float *y, const float *x, size_t n) {
-    return (uintptr_t)y >= (uintptr_t)(x + n) || (uintptr_t)x >= (uintptr_t)(y + n);
-}
-
 /* the 32-entry exp against a guessed shift g, folded as k ln2 for k = floor(g / ln2): the weights
  * carry the factor 2^-k exactly, which the normalisation takes out exactly (a row whose max is 0
  * keeps weights that are its exps rounded once: tests/test_exp.c reads them in ULP). The clamp
@@ -507,7 +495,7 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
         const float max = _mm512_cvtss_f32(vmax);                                                  \
         const __m512 g = ends_guess(x, n, vs, unit);                                               \
         if (!isfinite(max)) return max;                                                            \
-        if (guess_fits(_mm512_cvtss_f32(g), max)) {                                                \
+        if (sdpa_guess_fits(_mm512_cvtss_f32(g), max)) {                                           \
             const row_exp c = GUESS_EXP(g);                                                        \
             NAME##_vector_store(y, z, valid, g, &c, FOLDS);                                        \
             return max;                                                                            \
@@ -541,12 +529,12 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
     ALWAYS_INLINE float NAME##_body(float *y, const float *x, size_t n, float scale, int unit) {   \
         const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);                 \
         if (n <= W) return NAME##_vector(y, x, n, vs, unit);                                       \
-        if (apart(y, x, n)) {                                                                      \
+        if (sdpa_apart(y, x, n)) {                                                                 \
             const __m512 g = ends_guess(x, n, vs, unit);                                           \
             const float gs = _mm512_cvtss_f32(g);                                                  \
-            if (guess_usable(gs)) {                                                                \
+            if (sdpa_guess_usable(gs)) {                                                           \
                 const float max = NAME##_guessed(y, x, n, vs, unit, g);                            \
-                if (guess_fits(gs, max)) return max;                                               \
+                if (sdpa_guess_fits(gs, max)) return max;                                          \
             }                                                                                      \
         }                                                                                          \
         __m512 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;                                         \
@@ -669,7 +657,7 @@ ALWAYS_INLINE float softmax_regs_fast_avx512(float *y, const float *x, size_t n,
     TREE_OF_8(_mm512_add_ps, a)                                                                    \
     const __m512 factor = _mm512_div_ps(_mm512_set1_ps(1.0f), allsum_avx512(a0));                  \
     EACH_OF_8(STORE_)
-    if (guess_fits(_mm512_cvtss_f32(g), max)) {
+    if (sdpa_guess_fits(_mm512_cvtss_f32(g), max)) {
         const int folded = 1;
         const __m512 shift = g;
         const row_exp c = row_exp_fast32_guess(g);

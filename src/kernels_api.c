@@ -95,6 +95,21 @@ static double exp_sum_blocked(const sdpa_kernels *k, int exp_kind, float *y, con
     return sum;
 }
 
+/* exp_sum_blocked with the backend's exp_sum_max: also the max of scale * x[i] in *max */
+static double exp_sum_max_blocked(const sdpa_kernels *k, int exp_kind, float *y, const float *x,
+                                  size_t n, float scale, float shift, float *max) {
+    const size_t block = k->exp_sum_block;
+    double sum = 0.0;
+    *max = -INFINITY;
+    for (size_t i = 0; i < n; i += block) {
+        float mb;
+        sum += k->exp_sum_max[exp_kind](y + i, x + i, n - i < block ? n - i : block, scale, shift,
+                                        &mb);
+        if (!(mb <= *max)) *max = mb; /* NaN sticks */
+    }
+    return sum;
+}
+
 SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float scale) {
     if (n && (!y || !x)) return SDPA_ERR_NULL;
     if (bad_scale(scale)) return SDPA_ERR_ARG;
@@ -125,8 +140,38 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
     float m = -INFINITY;
     double sum = 0.0;
     size_t c = 0;
+    /* with exp_sum_max and y apart from x, a chunk's shift is guessed (arch/kernels.h, "A guessed
+       shift") and its max comes with its exps: no max pass over x. The guess is the larger of m
+       and the chunk's two ends, so never above the row's max; a chunk whose max passes it by more
+       than the guess's range is done again against its max, from x, which is still whole. */
+    const int guess = k->exp_sum_max[exp_kind] && sdpa_apart(y, x, n);
     for (size_t i = 0; i < n; i += chunk, c++) {
         size_t len = n - i < chunk ? n - i : chunk;
+        if (guess) {
+            const float first = scale * x[i], last = scale * x[i + len - 1];
+            float s = m;
+            if (first > s) s = first;
+            if (last > s) s = last;
+            if (sdpa_guess_usable(s)) {
+                float mc;
+                double sc = exp_sum_max_blocked(k, exp_kind, y + i, x + i, len, scale, s, &mc);
+                if (!sdpa_guess_fits(s, mc)) {
+                    if (!isfinite(mc)) { /* NaN or +inf */
+                        softmax_nonfinite(y, x, n, scale, i, isnan(sum));
+                        return SDPA_OK;
+                    }
+                    s = mc;
+                    sc = exp_sum_blocked(k, exp_kind, y + i, x + i, len, scale, s);
+                }
+                if (s > m) { /* s >= m: the chunk's shift is the new m */
+                    if (sum != 0.0) sum *= exp((double)m - s);
+                    m = s;
+                }
+                shift[c] = m;
+                sum += sc;
+                continue;
+            }
+        }
         float mc = k->max_scaled(x + i, len, scale);
         if (!isfinite(mc) && !(mc == -INFINITY)) { /* NaN or +inf */
             softmax_nonfinite(y, x, n, scale, i, isnan(sum));

@@ -215,12 +215,13 @@ BACKEND_TEST(softmax, nan_poisons_the_row) {
  * (arch/kernels.h, "A guessed shift"): the guess must hold while the ends lie up to 64 below the
  * max, with weights up to e^64 before the normalisation, and be dropped beyond (ends 64.5, 100,
  * 1e4 below; 1e6 is past the range the guess folds). Rows of every length to 130 (one vector, the
- * register tiers) and longer ones, whose guess is checked only after y is written: out of place,
+ * register tiers) and longer ones, whose guess is checked only after y is written, up to rows of
+ * several chunks, where the driver guesses each chunk's shift (src/kernels_api.c): out of place,
  * in place (where x must survive), a positive and a negative scale, and a +inf or a NaN inside. */
 BACKEND_TEST(softmax, ends_far_below_the_max) {
     static const float below[] = {0.0f, 10.0f, 63.0f, 63.9f, 64.5f, 100.0f, 1e4f, 1e6f};
-    static const size_t longer[] = {255, 1000, 4095, 4096};
-    enum { MAX_N = 4096 };
+    static const size_t longer[] = {255, 1000, 4095, 4096, 3 * 4096 + 100};
+    enum { MAX_N = 3 * 4096 + 100 };
     float *x = malloc(MAX_N * sizeof(float)), *y = malloc(MAX_N * sizeof(float));
     float *z = malloc(MAX_N * sizeof(float));
     rng r = rng_seed(12);

@@ -320,12 +320,15 @@ ALWAYS_INLINE __m512 exp_row_sleef(__m512 z, const row_exp *c) {
  * attention's tiles) z = x and the multiply is skipped. One body for both exp kinds: the fast
  * exp is inlined, four independent exps per iteration keeping both FMA pipes busy through its
  * dependency chain; SLEEF's is a call (CALLS), which takes the loop below. */
+#define SCALED_(z) (unit ? (z) : _mm512_mul_ps((z), vs))
 #define EXP_SUM_LANES_AVX512(NAME, EXP, CALLS)                                                     \
-    /* the loop itself, the lane sums left unreduced (softmax_short reduces them in registers) */  \
+    /* the loop itself, the lane sums left unreduced (softmax_short reduces them in registers);    \
+       with vmax (not NULL), also the lane maxima of z (exp_sum_max) */                            \
     ALWAYS_INLINE __m512 NAME##_lanes(float *y, const float *x, size_t n, __m512 vs,               \
-                                      const row_exp *c, int unit, int folded) {                    \
+                                      const row_exp *c, int unit, int folded, __m512 *vmax) {      \
         __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),       \
                s3 = _mm512_setzero_ps();                                                           \
+        __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;                                            \
         size_t i = 0;                                                                              \
         if (CALLS) {                                                                               \
             /* an exp that is a call clobbers every vector register: nothing stays live across it  \
@@ -343,11 +346,20 @@ ALWAYS_INLINE __m512 exp_row_sleef(__m512 z, const row_exp *c) {
                 s1 = _mm512_add_ps(s1, _mm512_loadu_ps(y + i + W));                                \
                 s2 = _mm512_add_ps(s2, _mm512_loadu_ps(y + i + 2 * W));                            \
                 s3 = _mm512_add_ps(s3, _mm512_loadu_ps(y + i + 3 * W));                            \
+                if (vmax) {                                                                        \
+                    m0 = _mm512_max_ps(SCALED_(_mm512_loadu_ps(x + i)), m0);                       \
+                    m1 = _mm512_max_ps(SCALED_(_mm512_loadu_ps(x + i + W)), m1);                   \
+                    m0 = _mm512_max_ps(SCALED_(_mm512_loadu_ps(x + i + 2 * W)), m0);               \
+                    m1 = _mm512_max_ps(SCALED_(_mm512_loadu_ps(x + i + 3 * W)), m1);               \
+                }                                                                                  \
             }                                                                                      \
-            for (; i < n; i += W)                                                                  \
-                s0 = _mm512_add_ps(                                                                \
-                    s0, _mm512_maskz_loadu_ps(n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i),   \
-                                              y + i));                                             \
+            for (; i < n; i += W) {                                                                \
+                __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);                   \
+                s0 = _mm512_add_ps(s0, _mm512_maskz_loadu_ps(m, y + i));                           \
+                if (vmax)                                                                          \
+                    m0 = _mm512_mask_max_ps(m0, m, SCALED_(_mm512_maskz_loadu_ps(m, x + i)), m0);  \
+            }                                                                                      \
+            if (vmax) *vmax = _mm512_max_ps(m0, m1);                                               \
             return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));                    \
         }                                                                                          \
         for (; i + 4 * W <= n; i += 4 * W) {                                                       \
@@ -356,6 +368,10 @@ ALWAYS_INLINE __m512 exp_row_sleef(__m512 z, const row_exp *c) {
             if (!unit) {                                                                           \
                 x0 = _mm512_mul_ps(x0, vs), x1 = _mm512_mul_ps(x1, vs);                            \
                 x2 = _mm512_mul_ps(x2, vs), x3 = _mm512_mul_ps(x3, vs);                            \
+            }                                                                                      \
+            if (vmax) {                                                                            \
+                m0 = _mm512_max_ps(_mm512_max_ps(x0, x2), m0);                                     \
+                m1 = _mm512_max_ps(_mm512_max_ps(x1, x3), m1);                                     \
             }                                                                                      \
             if (!folded) {                                                                         \
                 x0 = _mm512_sub_ps(x0, c->shift), x1 = _mm512_sub_ps(x1, c->shift);                \
@@ -375,31 +391,45 @@ ALWAYS_INLINE __m512 exp_row_sleef(__m512 z, const row_exp *c) {
             __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);                       \
             __m512 xi = _mm512_maskz_loadu_ps(m, x + i);                                           \
             if (!unit) xi = _mm512_mul_ps(xi, vs);                                                 \
+            if (vmax) m0 = _mm512_mask_max_ps(m0, m, xi, m0);                                      \
             if (!folded) xi = _mm512_sub_ps(xi, c->shift);                                         \
             __m512 e = EXP(xi, c);                                                                 \
             _mm512_mask_storeu_ps(y + i, m, e);                                                    \
             s0 = _mm512_mask_add_ps(s0, m, s0, e);                                                 \
         }                                                                                          \
+        if (vmax) *vmax = _mm512_max_ps(m0, m1);                                                   \
         return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));                        \
     }
 #define EXP_SUM_AVX512(NAME, EXP, FOLDS, CALLS)                                                    \
     EXP_SUM_LANES_AVX512(NAME, EXP, CALLS)                                                         \
-    static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
+    ALWAYS_INLINE float NAME##_inline(float *y, const float *x, size_t n, float scale,             \
+                                      float shift, __m512 *vmax) {                                 \
         const __m512 vs = _mm512_set1_ps(scale);                                                   \
         const int folded = FOLDS && fabsf(shift) <= SDPA_EXP_FOLD_MAX;                             \
         const row_exp c = row_exp_fast(shift, folded, 1);                                          \
         __m512 s;                                                                                  \
         if (folded)                                                                                \
-            s = scale == 1.0f ? NAME##_lanes(y, x, n, vs, &c, 1, 1)                                \
-                              : NAME##_lanes(y, x, n, vs, &c, 0, 1);                               \
+            s = scale == 1.0f ? NAME##_lanes(y, x, n, vs, &c, 1, 1, vmax)                          \
+                              : NAME##_lanes(y, x, n, vs, &c, 0, 1, vmax);                         \
         else                                                                                       \
-            s = scale == 1.0f ? NAME##_lanes(y, x, n, vs, &c, 1, 0)                                \
-                              : NAME##_lanes(y, x, n, vs, &c, 0, 0);                               \
+            s = scale == 1.0f ? NAME##_lanes(y, x, n, vs, &c, 1, 0, vmax)                          \
+                              : NAME##_lanes(y, x, n, vs, &c, 0, 0, vmax);                         \
         return _mm512_reduce_add_ps(s);                                                            \
+    }                                                                                              \
+    static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
+        return NAME##_inline(y, x, n, scale, shift, NULL);                                         \
+    }                                                                                              \
+    static float NAME##_max(float *y, const float *x, size_t n, float scale, float shift,          \
+                            float *max) {                                                          \
+        __m512 vmax;                                                                               \
+        const float sum = NAME##_inline(y, x, n, scale, shift, &vmax);                             \
+        *max = _mm512_reduce_max_ps(vmax);                                                         \
+        return sum;                                                                                \
     }
 EXP_SUM_AVX512(exp_sum_fast_avx512, exp_row_fast, 1, 0)
 EXP_SUM_AVX512(exp_sum_sleef_avx512, exp_row_sleef, 0, 1)
 EXP_SUM_LANES_AVX512(exp_sum_fast32_avx512, exp_row_fast32, 0)
+#undef SCALED_
 
 /* y[i] *= factor; weights below FLT_MIN become exactly 0 (keep_normal). With x (not NULL), also
  * the lane maxima of z = scale x over x[0..n), for the check of softmax_short's guessed shift: the
@@ -512,7 +542,7 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
         const row_exp c = GUESS_EXP(g);                                                            \
         const size_t head = n & ~(size_t)(W - 1);                                                  \
         const __mmask16 last = tail_mask(n - head);                                                \
-        __m512 sum = EXP_SUM_LANES(y, x, head, vs, &c, unit, FOLDS);                               \
+        __m512 sum = EXP_SUM_LANES(y, x, head, vs, &c, unit, FOLDS, NULL);                         \
         __m512 e = _mm512_setzero_ps(), z = _mm512_set1_ps(-INFINITY);                             \
         if (last) {                                                                                \
             z = _mm512_maskz_loadu_ps(last, x + head);                                             \
@@ -584,8 +614,8 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
            64 took 21.4) */                                                                        \
         const size_t head = n & ~(size_t)(W - 1);                                                  \
         const __mmask16 last = tail_mask(n - head);                                                \
-        __m512 sum = folded ? EXP_SUM_LANES(y, x, head, vs, &c, unit, 1)                           \
-                            : EXP_SUM_LANES(y, x, head, vs, &c, unit, 0);                          \
+        __m512 sum = folded ? EXP_SUM_LANES(y, x, head, vs, &c, unit, 1, NULL)                     \
+                            : EXP_SUM_LANES(y, x, head, vs, &c, unit, 0, NULL);                    \
         __m512 e = _mm512_setzero_ps();                                                            \
         if (last) {                                                                                \
             __m512 z = _mm512_maskz_loadu_ps(last, x + head);                                      \
@@ -1304,6 +1334,7 @@ const sdpa_kernels sdpa_kernels_avx512 = {
     .max_scaled = max_scaled_avx512,
     .exp_sum = {exp_sum_fast_avx512, exp_sum_sleef_avx512},
     .exp_sum_block = 4096,
+    .exp_sum_max = {exp_sum_fast_avx512_max, exp_sum_sleef_avx512_max},
     .normalize = normalize_avx512,
     .softmax_backward = softmax_backward_avx512,
     .softmax_short = {softmax_short_fast_avx512, softmax_short_sleef_avx512},

@@ -277,12 +277,14 @@ static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, cons
  * skipped. One body for both exp kinds; the exp is inlined. Four independent exps per iteration
  * keep both FMA pipes busy through the exp's dependency chain. */
 #define EXP_SUM_AVX2(NAME, EXP, FOLDS)                                                             \
-    /* the loop itself, the lane sums left unreduced (softmax_short reduces them in registers) */  \
-    static inline __attribute__((always_inline)) __m256 NAME##_lanes(                              \
-        float *y, const float *x, size_t n, float scale, const row_exp *c, int unit, int folded) { \
-        const __m256 vs = _mm256_set1_ps(scale);                                                   \
+    /* the loop itself, the lane sums left unreduced (softmax_short reduces them in registers);    \
+       with vmax (not NULL), also the lane maxima of z (exp_sum_max) */                            \
+    static inline __attribute__((always_inline))                                                   \
+    __m256 NAME##_lanes(float *y, const float *x, size_t n, float scale, const row_exp *c,         \
+                        int unit, int folded, __m256 *vmax) {                                      \
+        const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);                 \
         __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),       \
-               s3 = _mm256_setzero_ps();                                                           \
+               s3 = _mm256_setzero_ps(), m0 = ninf, m1 = ninf;                                     \
         size_t i = 0;                                                                              \
         for (; i + 4 * W <= n; i += 4 * W) {                                                       \
             __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + W);                   \
@@ -290,6 +292,10 @@ static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, cons
             if (!unit) {                                                                           \
                 x0 = _mm256_mul_ps(x0, vs), x1 = _mm256_mul_ps(x1, vs);                            \
                 x2 = _mm256_mul_ps(x2, vs), x3 = _mm256_mul_ps(x3, vs);                            \
+            }                                                                                      \
+            if (vmax) {                                                                            \
+                m0 = _mm256_max_ps(_mm256_max_ps(x0, x2), m0);                                     \
+                m1 = _mm256_max_ps(_mm256_max_ps(x1, x3), m1);                                     \
             }                                                                                      \
             if (!folded) {                                                                         \
                 x0 = _mm256_sub_ps(x0, c->shift), x1 = _mm256_sub_ps(x1, c->shift);                \
@@ -309,25 +315,37 @@ static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, cons
             __m256i m = tail_mask(n - i < W ? n - i : W);                                          \
             __m256 xi = _mm256_maskload_ps(x + i, m);                                              \
             if (!unit) xi = _mm256_mul_ps(xi, vs);                                                 \
+            if (vmax) m0 = _mm256_max_ps(_mm256_blendv_ps(ninf, xi, _mm256_castsi256_ps(m)), m0);  \
             if (!folded) xi = _mm256_sub_ps(xi, c->shift);                                         \
             __m256 e = EXP(xi, c);                                                                 \
             _mm256_maskstore_ps(y + i, m, e);                                                      \
             s0 = _mm256_add_ps(s0, _mm256_and_ps(e, _mm256_castsi256_ps(m)));                      \
         }                                                                                          \
+        if (vmax) *vmax = _mm256_max_ps(m0, m1);                                                   \
         return _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));                        \
     }                                                                                              \
-    static inline __attribute__((always_inline)) float NAME##_body(                                \
-        float *y, const float *x, size_t n, float scale, const row_exp *c, int unit, int folded) { \
-        return hsum(NAME##_lanes(y, x, n, scale, c, unit, folded));                                \
-    }                                                                                              \
-    static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
+    static inline __attribute__((always_inline)) float NAME##_inline(                              \
+        float *y, const float *x, size_t n, float scale, float shift, __m256 *vmax) {              \
         const int folded = FOLDS && fabsf(shift) <= SDPA_EXP_FOLD_MAX;                             \
         const row_exp c = row_exp_fast(shift, folded, 1);                                          \
+        __m256 s;                                                                                  \
         if (folded)                                                                                \
-            return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, &c, 1, 1)                            \
-                                 : NAME##_body(y, x, n, scale, &c, 0, 1);                          \
-        return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, &c, 1, 0)                                \
-                             : NAME##_body(y, x, n, scale, &c, 0, 0);                              \
+            s = scale == 1.0f ? NAME##_lanes(y, x, n, 1.0f, &c, 1, 1, vmax)                        \
+                              : NAME##_lanes(y, x, n, scale, &c, 0, 1, vmax);                      \
+        else                                                                                       \
+            s = scale == 1.0f ? NAME##_lanes(y, x, n, 1.0f, &c, 1, 0, vmax)                        \
+                              : NAME##_lanes(y, x, n, scale, &c, 0, 0, vmax);                      \
+        return hsum(s);                                                                            \
+    }                                                                                              \
+    static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
+        return NAME##_inline(y, x, n, scale, shift, NULL);                                         \
+    }                                                                                              \
+    static float NAME##_max(float *y, const float *x, size_t n, float scale, float shift,          \
+                            float *max) {                                                          \
+        __m256 vmax;                                                                               \
+        const float sum = NAME##_inline(y, x, n, scale, shift, &vmax);                             \
+        *max = hmax(vmax);                                                                         \
+        return sum;                                                                                \
     }
 EXP_SUM_AVX2(exp_sum_fast_avx2, exp_row_fast, 1)
 EXP_SUM_AVX2(exp_sum_sleef_avx2, exp_row_sleef, 0)
@@ -411,7 +429,7 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
         const float g = ends_guess(x, n, scale);                                                   \
         if (sdpa_apart(y, x, n) && sdpa_guess_usable(g)) {                                         \
             const row_exp c = GUESS_EXP(g);                                                        \
-            const __m256 sum = allsum_avx2(EXP_SUM_LANES(y, x, n, scale, &c, unit, FOLDS));        \
+            const __m256 sum = allsum_avx2(EXP_SUM_LANES(y, x, n, scale, &c, unit, FOLDS, NULL));  \
             const float max = hmax(                                                                \
                 normalize_max_avx2(y, n, _mm256_div_ps(_mm256_set1_ps(1.0f), sum), x, vs, unit));  \
             if (sdpa_guess_fits(g, max)) return max;                                               \
@@ -439,8 +457,8 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
         /* the sum is > 0.9 (the max gives about exp(0)), or NaN when x holds a NaN: so is y */    \
         const int folded = FOLDS && fabsf(max) <= SDPA_EXP_FOLD_MAX;                               \
         const row_exp c = row_exp_fast(max, folded, 0);                                            \
-        const __m256 sum = allsum_avx2(folded ? EXP_SUM_LANES(y, x, n, scale, &c, unit, 1)         \
-                                              : EXP_SUM_LANES(y, x, n, scale, &c, unit, 0));       \
+        const __m256 sum = allsum_avx2(folded ? EXP_SUM_LANES(y, x, n, scale, &c, unit, 1, NULL)   \
+                                              : EXP_SUM_LANES(y, x, n, scale, &c, unit, 0, NULL)); \
         normalize_avx2_inline(y, n, _mm256_div_ps(_mm256_set1_ps(1.0f), sum));                     \
         return max;                                                                                \
     }                                                                                              \
@@ -1028,6 +1046,7 @@ const sdpa_kernels sdpa_kernels_avx2 = {
     .max_scaled = max_scaled_avx2,
     .exp_sum = {exp_sum_fast_avx2, exp_sum_sleef_avx2},
     .exp_sum_block = 2048,
+    .exp_sum_max = {exp_sum_fast_avx2_max, exp_sum_sleef_avx2_max},
     .normalize = normalize_avx2,
     .softmax_backward = softmax_backward_avx2,
     .softmax_short = {softmax_short_fast_avx2, softmax_short_sleef_avx2},

@@ -76,8 +76,10 @@ SDPA_API sdpa_status sdpa_dot_f32(const float *a, const float *b, size_t n, floa
 /* y[i] = alpha * x[i]; y == x is allowed. Any alpha, including non-finite, is valid. */
 SDPA_API sdpa_status sdpa_scale_f32(float *y, const float *x, size_t n, float alpha);
 
-/* y = softmax(scale * x), numerically stable (the row max is subtracted first, so no finite
- * input overflows); y == x is allowed. scale must be finite and non-zero (else SDPA_ERR_ARG). */
+/* y = softmax(scale * x), numerically stable: every exp is shifted by the row max, or by a
+ * value of the row at most 64 below it, checked against the max (avx512 and avx2 try such a
+ * guess first, so that the exps need not wait for the max), so no finite input overflows;
+ * y == x is allowed. scale must be finite and non-zero (else SDPA_ERR_ARG). */
 SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float scale);
 
 /* Gradient of softmax(scale * x) given its output y and the upstream gradient dy:

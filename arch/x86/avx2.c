@@ -365,38 +365,18 @@ static inline __m256 flush_below_min(__m256 w) {
     return _mm256_andnot_ps(_mm256_cmp_ps(w, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), w);
 }
 
-/* y[i] *= factor, weights below FLT_MIN flushed to 0. With x (not NULL), also the lane maxima
- * of z = scale x over x[0..n), for the check of softmax_short's guessed shift: the pass is bound
- * by its stores, with room for a load and a max beside them. */
-static inline __attribute__((always_inline)) __m256
-normalize_max_avx2(float *y, size_t n, __m256 vf, const float *x, __m256 vs, int unit) {
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    __m256 m0 = ninf, m1 = ninf;
-#define SCALED_(z) (unit ? (z) : _mm256_mul_ps((z), vs))
+static inline __attribute__((always_inline)) void normalize_avx2_inline(float *y, size_t n,
+                                                                        __m256 vf) {
     size_t i = 0;
     for (; i + 2 * W <= n; i += 2 * W) {
         _mm256_storeu_ps(y + i, flush_below_min(_mm256_mul_ps(_mm256_loadu_ps(y + i), vf)));
         _mm256_storeu_ps(y + i + W, flush_below_min(_mm256_mul_ps(_mm256_loadu_ps(y + i + W), vf)));
-        if (x) {
-            m0 = _mm256_max_ps(SCALED_(_mm256_loadu_ps(x + i)), m0);
-            m1 = _mm256_max_ps(SCALED_(_mm256_loadu_ps(x + i + W)), m1);
-        }
     }
     for (; i < n; i += W) {
         __m256i m = tail_mask(n - i < W ? n - i : W);
         _mm256_maskstore_ps(y + i, m,
                             flush_below_min(_mm256_mul_ps(_mm256_maskload_ps(y + i, m), vf)));
-        if (x)
-            m0 = _mm256_max_ps(_mm256_blendv_ps(ninf, SCALED_(_mm256_maskload_ps(x + i, m)),
-                                                _mm256_castsi256_ps(m)),
-                               m0);
     }
-#undef SCALED_
-    return _mm256_max_ps(m0, m1);
-}
-static inline __attribute__((always_inline)) void normalize_avx2_inline(float *y, size_t n,
-                                                                        __m256 vf) {
-    (void)normalize_max_avx2(y, n, vf, NULL, vf, 1);
 }
 
 static void normalize_avx2(float *y, size_t n, float factor) {
@@ -425,14 +405,14 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
         float *y, const float *x, size_t n, float scale, int unit) {                               \
         const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);                 \
         /* first against a guessed shift (kernels.h), when x survives y's writes: the max comes    \
-           from the normalisation, and a row that fails the check starts again below */            \
+           with the exps, and a row that fails the check starts again below */                     \
         const float g = ends_guess(x, n, scale);                                                   \
         if (sdpa_apart(y, x, n) && sdpa_guess_usable(g)) {                                         \
             const row_exp c = GUESS_EXP(g);                                                        \
-            const __m256 sum = allsum_avx2(EXP_SUM_LANES(y, x, n, scale, &c, unit, FOLDS, NULL));  \
-            const float max = hmax(                                                                \
-                normalize_max_avx2(y, n, _mm256_div_ps(_mm256_set1_ps(1.0f), sum), x, vs, unit));  \
-            if (sdpa_guess_fits(g, max)) return max;                                               \
+            __m256 vmax;                                                                           \
+            const __m256 sum = allsum_avx2(EXP_SUM_LANES(y, x, n, scale, &c, unit, FOLDS, &vmax)); \
+            normalize_avx2_inline(y, n, _mm256_div_ps(_mm256_set1_ps(1.0f), sum));                 \
+            if (sdpa_guess_fits(g, hmax(vmax))) return hmax(vmax);                                 \
         }                                                                                          \
         __m256 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;                                         \
         size_t i = 0;                                                                              \

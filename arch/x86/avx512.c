@@ -431,42 +431,26 @@ EXP_SUM_AVX512(exp_sum_sleef_avx512, exp_row_sleef, 0, 1)
 EXP_SUM_LANES_AVX512(exp_sum_fast32_avx512, exp_row_fast32, 0)
 #undef SCALED_
 
-/* y[i] *= factor; weights below FLT_MIN become exactly 0 (keep_normal). With x (not NULL), also
- * the lane maxima of z = scale x over x[0..n), for the check of softmax_short's guessed shift: the
- * pass is bound by its stores, with room for a load and a max beside them. */
-ALWAYS_INLINE __m512 normalize_max_avx512(float *y, size_t n, __m512 vf, const float *x, __m512 vs,
-                                          int unit) {
-    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
-#define SCALED_(z) (unit ? (z) : _mm512_mul_ps((z), vs))
+/* y[i] *= factor; weights below FLT_MIN become exactly 0 (keep_normal) */
+ALWAYS_INLINE void normalize_avx512_inline(float *y, size_t n, __m512 vf) {
     size_t i = 0;
     if (n >= 4 * W && lead_to_line(y)) {
         i = lead_to_line(y);
         __mmask16 m = tail_mask(i);
         __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y), vf);
         _mm512_mask_storeu_ps(y, m, keep_normal(w));
-        if (x) m1 = _mm512_mask_max_ps(m1, m, SCALED_(_mm512_maskz_loadu_ps(m, x)), m1);
     }
     for (; i + 2 * W <= n; i += 2 * W) {
         __m512 w0 = _mm512_mul_ps(_mm512_loadu_ps(y + i), vf);
         __m512 w1 = _mm512_mul_ps(_mm512_loadu_ps(y + i + W), vf);
         _mm512_storeu_ps(y + i, keep_normal(w0));
         _mm512_storeu_ps(y + i + W, keep_normal(w1));
-        if (x) {
-            m0 = _mm512_max_ps(SCALED_(_mm512_loadu_ps(x + i)), m0);
-            m1 = _mm512_max_ps(SCALED_(_mm512_loadu_ps(x + i + W)), m1);
-        }
     }
     for (; i < n; i += W) {
         __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);
         __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + i), vf);
         _mm512_mask_storeu_ps(y + i, m, keep_normal(w));
-        if (x) m0 = _mm512_mask_max_ps(m0, m, SCALED_(_mm512_maskz_loadu_ps(m, x + i)), m0);
     }
-#undef SCALED_
-    return _mm512_max_ps(m0, m1);
-}
-ALWAYS_INLINE void normalize_avx512_inline(float *y, size_t n, __m512 vf) {
-    (void)normalize_max_avx512(y, n, vf, NULL, vf, 1);
 }
 
 static void normalize_avx512(float *y, size_t n, float factor) {
@@ -497,9 +481,9 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
  * subtracted, as there. At n = 300, 1000 and 4096 this took 65, 152 and 506 ns where the
  * driver's three calls took 78, 165 and 520.
  * The exps first run against a guessed shift (kernels.h, "A guessed shift"). One vector, or a
- * row in registers, checks the guess against the max before it stores. A longer row checks it
- * after the normalisation, which finds the max on the side; such a row takes the guess only when
- * y and x are apart, so that x is still there to start again from. */
+ * row in registers, checks the guess against the max before it stores. A longer row finds the
+ * max beside its exps and checks it after its stores; such a row takes the guess only when y
+ * and x are apart, so that x is still there to start again from. */
 #define SOFTMAX_SHORT_AVX512(NAME, EXP_SUM_LANES, ROW_EXP, GUESS_EXP, EXP, FOLDS)                  \
     /* the exps of one vector of z's lanes in `valid` (z - shift, up to the shift's constant       \
        factor), 0 in the others */                                                                 \
@@ -536,13 +520,14 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
         return max;                                                                                \
     }                                                                                              \
     /* the exp pass and the normalisation against a guessed shift g, for y apart from x: the max   \
-       of z, found by the normalisation; the caller checks g against it */                         \
+       of z, found beside the exps; the caller checks g against it */                              \
     ALWAYS_INLINE float NAME##_guessed(float *y, const float *x, size_t n, __m512 vs, int unit,    \
                                        __m512 g) {                                                 \
         const row_exp c = GUESS_EXP(g);                                                            \
         const size_t head = n & ~(size_t)(W - 1);                                                  \
         const __mmask16 last = tail_mask(n - head);                                                \
-        __m512 sum = EXP_SUM_LANES(y, x, head, vs, &c, unit, FOLDS, NULL);                         \
+        __m512 vmax;                                                                               \
+        __m512 sum = EXP_SUM_LANES(y, x, head, vs, &c, unit, FOLDS, &vmax);                        \
         __m512 e = _mm512_setzero_ps(), z = _mm512_set1_ps(-INFINITY);                             \
         if (last) {                                                                                \
             z = _mm512_maskz_loadu_ps(last, x + head);                                             \
@@ -552,9 +537,9 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
             z = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), last, z);                            \
         }                                                                                          \
         const __m512 factor = _mm512_div_ps(_mm512_set1_ps(1.0f), allsum_avx512(sum));             \
-        const __m512 vmax = _mm512_max_ps(z, normalize_max_avx512(y, head, factor, x, vs, unit));  \
+        normalize_avx512_inline(y, head, factor);                                                  \
         if (last) _mm512_mask_storeu_ps(y + head, last, keep_normal(_mm512_mul_ps(e, factor)));    \
-        return _mm512_reduce_max_ps(vmax);                                                         \
+        return _mm512_reduce_max_ps(_mm512_max_ps(z, vmax));                                       \
     }                                                                                              \
     ALWAYS_INLINE float NAME##_body(float *y, const float *x, size_t n, float scale, int unit) {   \
         const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);                 \

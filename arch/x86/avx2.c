@@ -412,7 +412,8 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
             __m256 vmax;                                                                           \
             const __m256 sum = allsum_avx2(EXP_SUM_LANES(y, x, n, scale, &c, unit, FOLDS, &vmax)); \
             normalize_avx2_inline(y, n, _mm256_div_ps(_mm256_set1_ps(1.0f), sum));                 \
-            if (sdpa_guess_fits(g, hmax(vmax))) return hmax(vmax);                                 \
+            const float max = hmax(vmax);                                                          \
+            if (sdpa_guess_fits(g, max)) return max;                                               \
         }                                                                                          \
         __m256 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;                                         \
         size_t i = 0;                                                                              \

@@ -239,14 +239,17 @@ ALWAYS_INLINE row_exp row_exp_fast_lanes(__m512 shift, int folded) {
  * two registers for vpermt2ps; the shift folded as above, with no correction for its rounding,
  * which the weights' normalisation takes out */
 static const float EXP2_THIRTYSECONDS[32] = {SDPA_EXP2_THIRTYSECONDS};
-ALWAYS_INLINE row_exp row_exp_fast32_lanes(__m512 shift, int folded) {
-    row_exp c;
+ALWAYS_INLINE void exp32_tables(row_exp *c) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    c.table = _mm512_castsi512_ps(_mm512_sub_epi32(
+    c->table = _mm512_castsi512_ps(_mm512_sub_epi32(
         _mm512_castps_si512(_mm512_loadu_ps(EXP2_THIRTYSECONDS)), _mm512_slli_epi32(lane, 18)));
-    c.table_hi = _mm512_castsi512_ps(
+    c->table_hi = _mm512_castsi512_ps(
         _mm512_sub_epi32(_mm512_castps_si512(_mm512_loadu_ps(EXP2_THIRTYSECONDS + 16)),
                          _mm512_slli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(16)), 18)));
+}
+ALWAYS_INLINE row_exp row_exp_fast32_lanes(__m512 shift, int folded) {
+    row_exp c;
+    exp32_tables(&c);
     fold_lanes(&c, shift, SDPA_EXP32_SCALE, folded);
     return c;
 }
@@ -265,7 +268,9 @@ ALWAYS_INLINE __m512 ends_guess(const float *x, size_t n, __m512 vs, int unit) {
  * keeps weights that are its exps rounded once: tests/test_exp.c reads them in ULP). The clamp
  * stays g - 87.5: below it, weights are below FLT_MIN e^(g - max) whatever k is. */
 ALWAYS_INLINE row_exp row_exp_fast32_guess(__m512 g) {
-    row_exp c = row_exp_fast32_lanes(g, 0);
+    row_exp c;
+    exp32_tables(&c);
+    c.shift = g;
     const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(g, _mm512_set1_ps(0x1.715476p+0f)),
                                           _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     c.b = _mm512_fnmadd_ps(k, _mm512_set1_ps(32.0f), _mm512_set1_ps(0x1.8p23f));
@@ -276,14 +281,22 @@ ALWAYS_INLINE row_exp row_exp_fast32_guess(__m512 g) {
 /* SLEEF's exp against a guessed shift: z - g, unfolded */
 ALWAYS_INLINE row_exp row_exp_sleef_guess(__m512 g) { return row_exp_fast_lanes(g, 0); }
 
-ALWAYS_INLINE __m512 exp_row_fast32(__m512 z, const row_exp *c) {
+/* the folded reduction of both row exps: z clamped at c's lo, t = round(z K / ln2) against c's
+ * b (N in its low bits, returned in ti), and r = z - N ln2 / K in two steps */
+ALWAYS_INLINE __m512 reduce_row(__m512 z, const row_exp *c, float k_over_ln2, float ln2_hi,
+                                float ln2_lo, __m512i *ti) {
     z = _mm512_max_ps(c->lo, z);
-    __m512 t = _mm512_fmadd_round_ps(z, _mm512_set1_ps(SDPA_EXP32_SCALE), c->b,
+    __m512 t = _mm512_fmadd_round_ps(z, _mm512_set1_ps(k_over_ln2), c->b,
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 n = _mm512_sub_ps(t, c->b);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SDPA_EXP32_LN2_HI), z);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SDPA_EXP32_LN2_LO), r);
-    __m512i ti = _mm512_castps_si512(t);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_hi), z);
+    *ti = _mm512_castps_si512(t);
+    return _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_lo), r);
+}
+
+ALWAYS_INLINE __m512 exp_row_fast32(__m512 z, const row_exp *c) {
+    __m512i ti;
+    __m512 r = reduce_row(z, c, SDPA_EXP32_SCALE, SDPA_EXP32_LN2_HI, SDPA_EXP32_LN2_LO, &ti);
     __m512 T = _mm512_castsi512_ps(
         _mm512_add_epi32(_mm512_castps_si512(_mm512_permutex2var_ps(c->table, ti, c->table_hi)),
                          _mm512_slli_epi32(ti, 18)));
@@ -294,13 +307,8 @@ ALWAYS_INLINE __m512 exp_row_fast32(__m512 z, const row_exp *c) {
 
 /* the fast exp of exp_fast_avx512 (full = 0), with c's b, lo and polynomial */
 ALWAYS_INLINE __m512 exp_row_fast(__m512 z, const row_exp *c) {
-    z = _mm512_max_ps(c->lo, z);
-    __m512 t = _mm512_fmadd_round_ps(z, _mm512_set1_ps(SDPA_EXP16_SCALE), c->b,
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 n = _mm512_sub_ps(t, c->b);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SDPA_EXP16_LN2_HI), z);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SDPA_EXP16_LN2_LO), r);
-    __m512i ti = _mm512_castps_si512(t);
+    __m512i ti;
+    __m512 r = reduce_row(z, c, SDPA_EXP16_SCALE, SDPA_EXP16_LN2_HI, SDPA_EXP16_LN2_LO, &ti);
     __m512 T = _mm512_castsi512_ps(_mm512_add_epi32(
         _mm512_castps_si512(_mm512_permutexvar_ps(ti, c->table)), _mm512_slli_epi32(ti, 19)));
     __m512 p = _mm512_fmadd_ps(c->c3, r, c->c2);

@@ -190,6 +190,11 @@ static inline int sdpa_guess_usable(float g) {
 static inline int sdpa_guess_fits(float g, float max) {
     return sdpa_guess_usable(g) && max <= g + SDPA_SHIFT_GUESS_RANGE;
 }
+/* the guess: the larger of a row's two ends, z[0] and z[n - 1] (n >= 1) */
+static inline float sdpa_ends_guess(const float *x, size_t n, float scale) {
+    const float first = scale * x[0], last = scale * x[n - 1];
+    return first > last ? first : last;
+}
 /* y and x share no float: x is still whole after y is written, to start again from */
 static inline int sdpa_apart(const float *y, const float *x, size_t n) {
     return (uintptr_t)y >= (uintptr_t)(x + n) || (uintptr_t)x >= (uintptr_t)(y + n);

@@ -148,10 +148,8 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
     for (size_t i = 0; i < n; i += chunk, c++) {
         size_t len = n - i < chunk ? n - i : chunk;
         if (guess) {
-            const float first = scale * x[i], last = scale * x[i + len - 1];
-            float s = m;
-            if (first > s) s = first;
-            if (last > s) s = last;
+            const float ends = sdpa_ends_guess(x + i, len, scale);
+            float s = ends > m ? ends : m;
             if (sdpa_guess_usable(s)) {
                 float mc;
                 double sc = exp_sum_max_blocked(k, exp_kind, y + i, x + i, len, scale, s, &mc);

@@ -244,11 +244,6 @@ static inline __attribute__((always_inline)) row_exp row_exp_guess(float g) {
 static inline __attribute__((always_inline)) row_exp row_exp_sleef_guess(float g) {
     return row_exp_fast(g, 0, 0);
 }
-/* the guess: the larger of the row's two ends, z[0] and z[n - 1] */
-static inline float ends_guess(const float *x, size_t n, float scale) {
-    const float first = scale * x[0], last = scale * x[n - 1];
-    return first > last ? first : last;
-}
 
 /* exp_fast_avx2 (full = 0) with c's table, clamp and polynomial */
 static inline __attribute__((always_inline)) __m256 exp_row_fast(__m256 z, const row_exp *c) {
@@ -406,7 +401,7 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
         const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);                 \
         /* first against a guessed shift (kernels.h), when x survives y's writes: the max comes    \
            with the exps, and a row that fails the check starts again below */                     \
-        const float g = ends_guess(x, n, scale);                                                   \
+        const float g = sdpa_ends_guess(x, n, scale);                                              \
         if (sdpa_apart(y, x, n) && sdpa_guess_usable(g)) {                                         \
             const row_exp c = GUESS_EXP(g);                                                        \
             __m256 vmax;                                                                           \
@@ -475,7 +470,7 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
     if (V > 1) a0 = _mm256_max_ps(a0, a1);
     const __m256 vmax = allmax_avx2(a0);
     const float max = _mm256_cvtss_f32(vmax);
-    const float g = ends_guess(x, n, _mm256_cvtss_f32(vs));
+    const float g = sdpa_ends_guess(x, n, _mm256_cvtss_f32(vs));
     if (!isfinite(max)) return max;
         /* the exps against c's shift, then the sum and the stores: against the guessed shift when
            it holds (kernels.h), else against the max */

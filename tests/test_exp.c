@@ -6,6 +6,7 @@
  * Then the exp that softmax and attention run, inside exp_sum (arguments <= 0, kernels.h),
  * with the same bound, and results below FLT_MIN below it (the flush after makes them 0); and
  * softmax's own, read through rows that normalise exactly. */
+#include <fenv.h>
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -251,7 +252,22 @@ static void check_softmax_exps(const char *backend, const char *mode, double max
     free(y);
 }
 
+/* exp_sum under the directed rounding modes: the fast exp's arithmetic then rounds up, down or
+ * toward 0, but its reduction must still round N to nearest (avx2 rounds it with a magic number,
+ * which follows MXCSR, and sets round-to-nearest around its loops). Left to the mode, the reduced
+ * argument reaches ln2 / 8 and the error about 20 ULP. */
+static void check_exp_sum_directed(const char *backend) {
+    static const int modes[] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        cr_assert_eq(fesetround(modes[m]), 0);
+        check_exp_sum(backend, SDPA_EXP_FAST, 4.0);
+        cr_assert_eq(fegetround(), modes[m], "%s exp_sum changed the rounding mode", backend);
+        fesetround(FE_TONEAREST);
+    }
+}
+
 #define EXP_TESTS(b)                                                                               \
+    Test(exp, sum_fast_directed_##b) { check_exp_sum_directed(#b); }                               \
     Test(exp, fast_##b) { check_exp(#b, SDPA_EXP_FAST, 3.0); }                                     \
     Test(exp, sleef_##b) { check_exp(#b, SDPA_EXP_SLEEF, 1.0); }                                   \
     Test(exp, sum_fast_##b) { check_exp_sum(#b, SDPA_EXP_FAST, 3.0); }                             \

@@ -245,12 +245,26 @@ static inline __attribute__((always_inline)) row_exp row_exp_sleef_guess(float g
     return row_exp_fast(g, 0, 0);
 }
 
-/* exp_fast_avx2 (full = 0) with c's table, clamp and polynomial */
-static inline __attribute__((always_inline)) __m256 exp_row_fast(__m256 z, const row_exp *c) {
+/* exp_fast_avx2 (full = 0) with c's table, clamp and polynomial. `magic`: N rounded by adding
+ * 1.5 * 2^23 in the FMA that scales z (N then sits in its low bits), where exp_fast_avx2 takes a
+ * multiply, roundps and cvtps2dq: one operation fewer (4096 floats 916-940 -> 879-896 ns). That
+ * FMA rounds as MXCSR says, so its callers run it under round-to-nearest (NEAREST_BEGIN): a
+ * directed mode would take r to ln2 / 8, twice the cubic's interval, and the exp to about 20 ULP
+ * (tests/test_exp.c, sum_fast_directed). */
+static inline __attribute__((always_inline)) __m256 exp_row(__m256 z, const row_exp *c, int magic) {
     z = _mm256_max_ps(c->lo, z);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(SDPA_EXP8_SCALE)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256 n;
+    __m256i ni;
+    if (magic) {
+        const __m256 big = _mm256_set1_ps(0x1.8p23f);
+        const __m256 t = _mm256_fmadd_ps(z, _mm256_set1_ps(SDPA_EXP8_SCALE), big);
+        n = _mm256_sub_ps(t, big);
+        ni = _mm256_castps_si256(t);
+    } else {
+        n = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(SDPA_EXP8_SCALE)),
+                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        ni = _mm256_cvtps_epi32(n);
+    }
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP8_LN2_HI), z);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SDPA_EXP8_LN2_LO), r);
     __m256i tbits = _mm256_add_epi32(_mm256_castps_si256(_mm256_permutevar8x32_ps(c->table, ni)),
@@ -259,6 +273,12 @@ static inline __attribute__((always_inline)) __m256 exp_row_fast(__m256 z, const
     p = _mm256_fmadd_ps(p, r, c->c0);
     p = _mm256_fmadd_ps(p, r, c->c0);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(tbits));
+}
+static inline __attribute__((always_inline)) __m256 exp_row_fast(__m256 z, const row_exp *c) {
+    return exp_row(z, c, 0);
+}
+static inline __attribute__((always_inline)) __m256 exp_row_magic(__m256 z, const row_exp *c) {
+    return exp_row(z, c, 1);
 }
 
 static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, const row_exp *c) {
@@ -271,7 +291,7 @@ static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, cons
  * |z| > ~1e9, and a NaN row (tests/test_regressions.c). With scale 1 z = x and the multiply is
  * skipped. One body for both exp kinds; the exp is inlined. Four independent exps per iteration
  * keep both FMA pipes busy through the exp's dependency chain. */
-#define EXP_SUM_AVX2(NAME, EXP, FOLDS)                                                             \
+#define EXP_SUM_LANES_AVX2(NAME, EXP)                                                              \
     /* the loop itself, the lane sums left unreduced (softmax_short reduces them in registers);    \
        with vmax (not NULL), also the lane maxima of z (exp_sum_max) */                            \
     static inline __attribute__((always_inline))                                                   \
@@ -318,7 +338,9 @@ static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, cons
         }                                                                                          \
         if (vmax) *vmax = _mm256_max_ps(m0, m1);                                                   \
         return _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));                        \
-    }                                                                                              \
+    }
+#define EXP_SUM_AVX2(NAME, EXP, FOLDS)                                                             \
+    EXP_SUM_LANES_AVX2(NAME, EXP)                                                                  \
     static inline __attribute__((always_inline)) float NAME##_inline(                              \
         float *y, const float *x, size_t n, float scale, float shift, __m256 *vmax) {              \
         const int folded = FOLDS && fabsf(shift) <= SDPA_EXP_FOLD_MAX;                             \
@@ -342,8 +364,36 @@ static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, cons
         *max = hmax(vmax);                                                                         \
         return sum;                                                                                \
     }
-EXP_SUM_AVX2(exp_sum_fast_avx2, exp_row_fast, 1)
+/* The entries that reach exp_row_magic run it under round-to-nearest: a caller in a directed mode
+ * (MXCSR's RC bits) gets round-to-nearest for the call and its own mode back after it; the
+ * exception flags stay as the call left them. */
+#define MXCSR_RC 0x6000u
+/* Reading MXCSR waits for the floating-point work before it (its flags), which costs a short row
+ * its overlap with the call before (40 floats took 24.7 -> 27.1 ns): rows shorter than this keep
+ * roundps and read nothing. */
+#define SHORT_MAGIC_FROM 256
+#define NEAREST_BEGIN                                                                              \
+    const unsigned caller_rc = _mm_getcsr() & MXCSR_RC;                                            \
+    if (caller_rc) _mm_setcsr(_mm_getcsr() & ~MXCSR_RC);
+#define NEAREST_END                                                                                \
+    if (caller_rc) _mm_setcsr(_mm_getcsr() | caller_rc);
+
+EXP_SUM_LANES_AVX2(exp_sum_fast_avx2, exp_row_fast)
+EXP_SUM_AVX2(exp_sum_nearest_avx2, exp_row_magic, 1)
 EXP_SUM_AVX2(exp_sum_sleef_avx2, exp_row_sleef, 0)
+static float exp_sum_fast_avx2(float *y, const float *x, size_t n, float scale, float shift) {
+    NEAREST_BEGIN
+    const float sum = exp_sum_nearest_avx2(y, x, n, scale, shift);
+    NEAREST_END
+    return sum;
+}
+static float exp_sum_fast_avx2_max(float *y, const float *x, size_t n, float scale, float shift,
+                                   float *max) {
+    NEAREST_BEGIN
+    const float sum = exp_sum_nearest_avx2_max(y, x, n, scale, shift, max);
+    NEAREST_END
+    return sum;
+}
 
 #define EXP_ARRAY_AVX2(NAME, EXP)                                                                  \
     static void NAME(float *y, const float *x, size_t n) {                                         \
@@ -442,6 +492,7 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
         return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, 1) : NAME##_body(y, x, n, scale, 0);     \
     }
 SOFTMAX_SHORT_AVX2(softmax_short_passes_fast_avx2, exp_sum_fast_avx2_lanes, row_exp_guess, 1)
+SOFTMAX_SHORT_AVX2(softmax_short_passes_nearest_avx2, exp_sum_nearest_avx2_lanes, row_exp_guess, 1)
 SOFTMAX_SHORT_AVX2(softmax_short_sleef_avx2, exp_sum_sleef_avx2_lanes, row_exp_sleef_guess, 0)
 
 /* Rows of up to 32 floats with the fast exp, in V = 1, 2 or 4 vectors that stay in registers
@@ -509,6 +560,12 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
 #undef EACH_OF_4
 
 static float softmax_short_fast_avx2(float *y, const float *x, size_t n, float scale) {
+    if (n >= SHORT_MAGIC_FROM) {
+        NEAREST_BEGIN
+        const float max = softmax_short_passes_nearest_avx2(y, x, n, scale);
+        NEAREST_END
+        return max;
+    }
     if (n > 4 * W) return softmax_short_passes_fast_avx2(y, x, n, scale);
     const __m256 vs = _mm256_set1_ps(scale);
     const int unit = scale == 1.0f;
@@ -521,6 +578,8 @@ static float softmax_short_fast_avx2(float *y, const float *x, size_t n, float s
     return unit ? softmax_regs_fast_avx2(y, x, n, vs, 1, 4)
                 : softmax_regs_fast_avx2(y, x, n, vs, 0, 4);
 }
+#undef NEAREST_BEGIN
+#undef NEAREST_END
 
 static void softmax_backward_avx2(float *dx, const float *y, const float *dy, size_t n, float scale,
                                   float y_dot_dy) {

@@ -248,7 +248,7 @@ static inline __attribute__((always_inline)) row_exp row_exp_sleef_guess(float g
 /* exp_fast_avx2 (full = 0) with c's table, clamp and polynomial. `magic`: N rounded by adding
  * 1.5 * 2^23 in the FMA that scales z (N then sits in its low bits), where exp_fast_avx2 takes a
  * multiply, roundps and cvtps2dq: one operation fewer (4096 floats 916-940 -> 879-896 ns). That
- * FMA rounds as MXCSR says, so its callers run it under round-to-nearest (NEAREST_BEGIN): a
+ * FMA rounds as MXCSR says, so its callers run it under round-to-nearest (nearest_begin): a
  * directed mode would take r to ln2 / 8, twice the cubic's interval, and the exp to about 20 ULP
  * (tests/test_exp.c, sum_fast_directed). */
 static inline __attribute__((always_inline)) __m256 exp_row(__m256 z, const row_exp *c, int magic) {
@@ -372,26 +372,30 @@ static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, cons
  * its overlap with the call before (40 floats took 24.7 -> 27.1 ns): rows shorter than this keep
  * roundps and read nothing. */
 #define SHORT_MAGIC_FROM 256
-#define NEAREST_BEGIN                                                                              \
-    const unsigned caller_rc = _mm_getcsr() & MXCSR_RC;                                            \
+/* sets round-to-nearest if the caller had another mode, and returns that mode's RC bits */
+static inline unsigned nearest_begin(void) {
+    const unsigned caller_rc = _mm_getcsr() & MXCSR_RC;
     if (caller_rc) _mm_setcsr(_mm_getcsr() & ~MXCSR_RC);
-#define NEAREST_END                                                                                \
+    return caller_rc;
+}
+static inline void nearest_end(unsigned caller_rc) {
     if (caller_rc) _mm_setcsr(_mm_getcsr() | caller_rc);
+}
 
 EXP_SUM_LANES_AVX2(exp_sum_fast_avx2, exp_row_fast)
 EXP_SUM_AVX2(exp_sum_nearest_avx2, exp_row_magic, 1)
 EXP_SUM_AVX2(exp_sum_sleef_avx2, exp_row_sleef, 0)
 static float exp_sum_fast_avx2(float *y, const float *x, size_t n, float scale, float shift) {
-    NEAREST_BEGIN
+    const unsigned caller_rc = nearest_begin();
     const float sum = exp_sum_nearest_avx2(y, x, n, scale, shift);
-    NEAREST_END
+    nearest_end(caller_rc);
     return sum;
 }
 static float exp_sum_fast_avx2_max(float *y, const float *x, size_t n, float scale, float shift,
                                    float *max) {
-    NEAREST_BEGIN
+    const unsigned caller_rc = nearest_begin();
     const float sum = exp_sum_nearest_avx2_max(y, x, n, scale, shift, max);
-    NEAREST_END
+    nearest_end(caller_rc);
     return sum;
 }
 
@@ -561,9 +565,9 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
 
 static float softmax_short_fast_avx2(float *y, const float *x, size_t n, float scale) {
     if (n >= SHORT_MAGIC_FROM) {
-        NEAREST_BEGIN
+        const unsigned caller_rc = nearest_begin();
         const float max = softmax_short_passes_nearest_avx2(y, x, n, scale);
-        NEAREST_END
+        nearest_end(caller_rc);
         return max;
     }
     if (n > 4 * W) return softmax_short_passes_fast_avx2(y, x, n, scale);
@@ -578,8 +582,6 @@ static float softmax_short_fast_avx2(float *y, const float *x, size_t n, float s
     return unit ? softmax_regs_fast_avx2(y, x, n, vs, 1, 4)
                 : softmax_regs_fast_avx2(y, x, n, vs, 0, 4);
 }
-#undef NEAREST_BEGIN
-#undef NEAREST_END
 
 static void softmax_backward_avx2(float *dx, const float *y, const float *dy, size_t n, float scale,
                                   float y_dot_dy) {

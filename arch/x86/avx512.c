@@ -496,6 +496,12 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
 ALWAYS_INLINE __m512 weights_avx512(__m512 e, __m512 factor, __m512 keep_from) {
     return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(e, keep_from, _CMP_NLT_UQ), e, factor);
 }
+/* 1 / sum for weights_avx512, and its keep_from, from a row's lane sums */
+ALWAYS_INLINE __m512 row_factor_avx512(__m512 sums, __m512 *keep_from) {
+    const __m512 total = allsum_avx512(sums);
+    *keep_from = _mm512_mul_ps(total, _mm512_set1_ps(SDPA_KEEP_FLOOR));
+    return _mm512_div_ps(_mm512_set1_ps(1.0f), total);
+}
 
 /* A row of up to 4096 floats in one call (kernels.h, softmax_short): the three passes of the long
  * path without the calls between them, the max and the sum reduced in registers, and 1 / sum in
@@ -518,9 +524,8 @@ ALWAYS_INLINE __m512 weights_avx512(__m512 e, __m512 factor, __m512 keep_from) {
     ALWAYS_INLINE void NAME##_vector_store(float *y, __m512 z, __mmask16 valid, __m512 shift,      \
                                            const row_exp *c, int folded) {                         \
         const __m512 e = NAME##_exps(z, valid, shift, c, folded);                                  \
-        const __m512 total = allsum_avx512(e);                                                     \
-        const __m512 factor = _mm512_div_ps(_mm512_set1_ps(1.0f), total);                          \
-        const __m512 keep_from = _mm512_mul_ps(total, _mm512_set1_ps(SDPA_KEEP_FLOOR));            \
+        __m512 keep_from;                                                                          \
+        const __m512 factor = row_factor_avx512(e, &keep_from);                                    \
         _mm512_mask_storeu_ps(y, valid, weights_avx512(e, factor, keep_from));                     \
     }                                                                                              \
     /* a row of one vector, in a register from the load to the store, where longer rows store      \
@@ -696,9 +701,8 @@ ALWAYS_INLINE float softmax_regs_fast_avx512(float *y, const float *x, size_t n,
 #define FINISH_                                                                                    \
     EACH_OF_8(EXP_)                                                                                \
     TREE_OF_8(_mm512_add_ps, a)                                                                    \
-    const __m512 total = allsum_avx512(a0);                                                        \
-    const __m512 factor = _mm512_div_ps(_mm512_set1_ps(1.0f), total);                              \
-    const __m512 keep_from = _mm512_mul_ps(total, _mm512_set1_ps(SDPA_KEEP_FLOOR));                \
+    __m512 keep_from;                                                                              \
+    const __m512 factor = row_factor_avx512(a0, &keep_from);                                       \
     EACH_OF_8(STORE_)
     if (sdpa_guess_fits(_mm512_cvtss_f32(g), max)) {
         const int folded = 1;

@@ -110,29 +110,22 @@ static double exp_sum_max_blocked(const sdpa_kernels *k, int exp_kind, float *y,
     return sum;
 }
 
-SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float scale) {
-    if (n && (!y || !x)) return SDPA_ERR_NULL;
-    if (bad_scale(scale)) return SDPA_ERR_ARG;
-    if (!n) return SDPA_OK;
-    const sdpa_kernels *k = sdpa_kernels_now();
-    const int exp_kind = sdpa_exp_now();
-    if (n <= SDPA_SOFTMAX_SHORT && k->softmax_short[exp_kind]) {
-        /* one call for the whole row; it writes nothing when the max is not finite */
-        if (!isfinite(k->softmax_short[exp_kind](y, x, n, scale)))
-            softmax_nonfinite(y, x, n, scale, 0, 0);
-        return SDPA_OK;
-    }
+/* softmax of a row that softmax_short does not take, in chunks; apart from sdpa_softmax_f32 so
+ * that the short rows' path carries none of this one's frame (six saved registers and the chunks'
+ * shifts) */
+static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int exp_kind, float *y,
+                                                      const float *x, size_t n, float scale) {
     if (n <= SOFTMAX_CHUNK) {
         /* one chunk, straight through: short rows are dominated by fixed costs */
         float m = k->max_scaled(x, n, scale);
         if (!isfinite(m)) {
             softmax_nonfinite(y, x, n, scale, 0, 0);
-            return SDPA_OK;
+            return;
         }
         /* the sum is >= 1 (the max contributes exp(0)), or NaN when x holds a NaN: then the
            factor, and so every y, is NaN */
         k->normalize(y, n, (float)(1.0 / exp_sum_blocked(k, exp_kind, y, x, n, scale, m)));
-        return SDPA_OK;
+        return;
     }
     size_t chunk = SOFTMAX_CHUNK;
     if (n / SOFTMAX_MAX_CHUNKS >= chunk) chunk = (n / SOFTMAX_MAX_CHUNKS + 64) & ~(size_t)63;
@@ -156,7 +149,7 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
                 if (!sdpa_guess_fits(s, mc)) {
                     if (!isfinite(mc)) { /* NaN or +inf */
                         softmax_nonfinite(y, x, n, scale, i, isnan(sum));
-                        return SDPA_OK;
+                        return;
                     }
                     s = mc;
                     sc = exp_sum_blocked(k, exp_kind, y + i, x + i, len, scale, s);
@@ -173,14 +166,14 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
         float mc = k->max_scaled(x + i, len, scale);
         if (!isfinite(mc) && !(mc == -INFINITY)) { /* NaN or +inf */
             softmax_nonfinite(y, x, n, scale, i, isnan(sum));
-            return SDPA_OK;
+            return;
         }
         if (mc == -INFINITY) {
             /* all -inf, unless max_scaled passed over a NaN */
             for (size_t j = i; j < i + len; j++)
                 if (isnan(scale * x[j])) {
                     fill(y, n, NAN);
-                    return SDPA_OK;
+                    return;
                 }
             shift[c] = -INFINITY;
             continue;
@@ -198,7 +191,7 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
     }
     if (m == -INFINITY) { /* a fully masked row */
         fill(y, n, 0.0f);
-        return SDPA_OK;
+        return;
     }
     /* sum >= 1 (the max contributes exp(0)), or NaN when x holds a NaN: then every y is NaN */
     c = 0;
@@ -209,6 +202,21 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
         else
             k->normalize(y + i, len,
                          (float)(shift[c] == m ? 1.0 / sum : exp((double)shift[c] - m) / sum));
+    }
+}
+
+SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float scale) {
+    if (n && (!y || !x)) return SDPA_ERR_NULL;
+    if (bad_scale(scale)) return SDPA_ERR_ARG;
+    if (!n) return SDPA_OK;
+    const sdpa_kernels *k = sdpa_kernels_now();
+    const int exp_kind = sdpa_exp_now();
+    if (n <= SDPA_SOFTMAX_SHORT && k->softmax_short[exp_kind]) {
+        /* one call for the whole row; it writes nothing when the max is not finite */
+        if (!isfinite(k->softmax_short[exp_kind](y, x, n, scale)))
+            softmax_nonfinite(y, x, n, scale, 0, 0);
+    } else {
+        softmax_chunked(k, exp_kind, y, x, n, scale);
     }
     return SDPA_OK;
 }

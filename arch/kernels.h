@@ -104,11 +104,12 @@ typedef struct sdpa_kernels {
                              float y_dot_dy);
     /* optional (NULL: the three passes above): the whole softmax of a row of at most
        SDPA_SOFTMAX_SHORT floats in one call, for rows where calls and the latency between
-       passes cost more than the work. Returns the max of scale * x[i]; when that is not finite
-       (a NaN in x may or may not show in it), x is as it was, y has not been written if it is
-       x (it may have been otherwise), and the caller handles the row from x. Otherwise y =
-       softmax(scale * x) with weights below FLT_MIN flushed to 0, as max_scaled + exp_sum +
-       normalize would give up to rounding; y may equal x. */
+       passes cost more than the work. Returns a finite number (the row's max, or the shift it
+       used: "A capped guess" finds no max) when y = softmax(scale * x) with weights below
+       FLT_MIN flushed to 0, as max_scaled + exp_sum + normalize would give up to rounding; y
+       may equal x. Otherwise it returns the max, which is not finite (a NaN in x may or may
+       not show in it): x is as it was, y has not been written if it is x (it may have been
+       otherwise), and the caller handles the row from x. */
     float (*softmax_short[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale);
     /* y[i] = exp(x[i]); for tests of the exp itself */
     void (*exp[SDPA_EXP_KINDS])(float *y, const float *x, size_t n);
@@ -182,6 +183,14 @@ extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
  * still found, beside them, to check the guess; a row that fails the check (its ends 64 below its
  * max) is done again with the max. */
 #define SDPA_SHIFT_GUESS_RANGE 64.0f
+/* A capped guess (rows held in registers on avx512): no max at all. The exps take min(z, g + CAP)
+ * and the row is kept when the sum of its weights exp(z - g') (g' <= g, g - g' < ln2: the guess's
+ * fold) is at most GUESS_SUM_MAX. A capped z would weigh at least e^80 > GUESS_SUM_MAX, so a kept
+ * row had no z capped, and its max is below g + 79.1: its weights and sum stay below 2^113 and
+ * 1 / sum a normal float. NaN makes the sum NaN and +inf makes it e^80 or more: such rows, and
+ * those whose max lies far above the guess, fail the test and are done again with their max. */
+#define SDPA_GUESS_CAP     80.0f
+#define SDPA_GUESS_SUM_MAX 0x1p113f
 /* a guess g that folds: |g| within the magic number's integer range (false for inf and NaN) */
 static inline int sdpa_guess_usable(float g) {
     return g >= -SDPA_EXP_FOLD_MAX && g <= SDPA_EXP_FOLD_MAX;

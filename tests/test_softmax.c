@@ -214,12 +214,17 @@ BACKEND_TEST(softmax, nan_poisons_the_row) {
 /* avx512 shifts the exps by a guess from the row's two ends and checks it against the max
  * (arch/kernels.h, "A guessed shift"): the guess must hold while the ends lie up to 64 below the
  * max, with weights up to e^64 before the normalisation, and be dropped beyond (ends 64.5, 100,
- * 1e4 below; 1e6 is past the range the guess folds). Rows of every length to 130 (one vector, the
- * register tiers) and longer ones, whose guess is checked only after y is written, up to rows of
- * several chunks, where the driver guesses each chunk's shift (src/kernels_api.c): out of place,
- * in place (where x must survive), a positive and a negative scale, and a +inf or a NaN inside. */
+ * 1e4 below; 1e6 is past the range the guess folds). Rows held in registers check the guess by
+ * their sum instead ("A capped guess"): ends 78 to 79.5 below straddle the sum's limit, and from
+ * 80.5 below the max is capped, which only the sum's check keeps out of y (the ends' weights,
+ * e^-80.5 or more, are normal floats: a capped max would leave them 1.6 times too large). Rows of
+ * every length to 130 (one vector, the register tiers) and longer ones, whose guess is checked only
+ * after y is written, up to rows of several chunks, where the driver guesses each chunk's shift
+ * (src/kernels_api.c): out of place, in place (where x must survive), a positive and a negative
+ * scale, and a +inf or a NaN inside. */
 BACKEND_TEST(softmax, ends_far_below_the_max) {
-    static const float below[] = {0.0f, 10.0f, 63.0f, 63.9f, 64.5f, 100.0f, 1e4f, 1e6f};
+    static const float below[] = {0.0f,  10.0f, 63.0f, 63.9f, 64.5f,  78.0f, 78.5f,
+                                  79.0f, 79.5f, 80.5f, 84.0f, 100.0f, 1e4f,  1e6f};
     static const size_t longer[] = {255, 1000, 4095, 4096, 3 * 4096 + 100};
     enum { MAX_N = 3 * 4096 + 100 };
     float *x = malloc(MAX_N * sizeof(float)), *y = malloc(MAX_N * sizeof(float));

@@ -496,9 +496,8 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
 ALWAYS_INLINE __m512 weights_avx512(__m512 e, __m512 factor, __m512 keep_from) {
     return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(e, keep_from, _CMP_NLT_UQ), e, factor);
 }
-/* 1 / sum for weights_avx512, and its keep_from, from a row's lane sums */
-ALWAYS_INLINE __m512 row_factor_avx512(__m512 sums, __m512 *keep_from) {
-    const __m512 total = allsum_avx512(sums);
+/* 1 / total for weights_avx512, and its keep_from, from a row's sum in every lane */
+ALWAYS_INLINE __m512 row_factor_avx512(__m512 total, __m512 *keep_from) {
     *keep_from = _mm512_mul_ps(total, _mm512_set1_ps(SDPA_KEEP_FLOOR));
     return _mm512_div_ps(_mm512_set1_ps(1.0f), total);
 }
@@ -521,33 +520,41 @@ ALWAYS_INLINE __m512 row_factor_avx512(__m512 sums, __m512 *keep_from) {
                                      int folded) {                                                 \
         return _mm512_maskz_mov_ps(valid, EXP(folded ? z : _mm512_sub_ps(z, shift), c));           \
     }                                                                                              \
-    ALWAYS_INLINE void NAME##_vector_store(float *y, __m512 z, __mmask16 valid, __m512 shift,      \
-                                           const row_exp *c, int folded) {                         \
-        const __m512 e = NAME##_exps(z, valid, shift, c, folded);                                  \
+    /* the weights of one vector of exps e (lanes outside `valid` 0) whose sum is in every lane of \
+       total */                                                                                    \
+    ALWAYS_INLINE void NAME##_vector_store(float *y, __m512 e, __m512 total, __mmask16 valid) {    \
         __m512 keep_from;                                                                          \
-        const __m512 factor = row_factor_avx512(e, &keep_from);                                    \
+        const __m512 factor = row_factor_avx512(total, &keep_from);                                \
         _mm512_mask_storeu_ps(y, valid, weights_avx512(e, factor, keep_from));                     \
     }                                                                                              \
     /* a row of one vector, in a register from the load to the store, where longer rows store      \
        their weights and load them again (1 to 16 floats: 15.5 -> 11.1-11.8 ns, 27.3 -> 15.3-15.7  \
-       with SLEEF's exp) */                                                                        \
+       with SLEEF's exp); its guess is checked by the sum, with no max (kernels.h, "A capped       \
+       guess") */                                                                                  \
     ALWAYS_INLINE float NAME##_vector(float *y, const float *x, size_t n, __m512 vs, int unit) {   \
         const __mmask16 valid = tail_mask(n);                                                      \
         __m512 z = _mm512_maskz_loadu_ps(valid, x);                                                \
         if (!unit) z = _mm512_mul_ps(z, vs);                                                       \
+        const __m512 g = ends_guess(x, n, vs, unit);                                               \
+        const float gs = _mm512_cvtss_f32(g);                                                      \
+        if (sdpa_guess_usable(gs)) {                                                               \
+            const row_exp c = GUESS_EXP(g);                                                        \
+            const __m512 cap = _mm512_add_ps(g, _mm512_set1_ps(SDPA_GUESS_CAP));                   \
+            const __m512 e = NAME##_exps(_mm512_min_ps(cap, z), valid, g, &c, FOLDS);              \
+            const __m512 total = allsum_avx512(e);                                                 \
+            if (_mm512_cvtss_f32(total) <= SDPA_GUESS_SUM_MAX) {                                   \
+                NAME##_vector_store(y, e, total, valid);                                           \
+                return gs;                                                                         \
+            }                                                                                      \
+        }                                                                                          \
         const __m512 vmax =                                                                        \
             allmax_avx512(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, z));                \
         const float max = _mm512_cvtss_f32(vmax);                                                  \
-        const __m512 g = ends_guess(x, n, vs, unit);                                               \
         if (!isfinite(max)) return max;                                                            \
-        if (sdpa_guess_fits(_mm512_cvtss_f32(g), max)) {                                           \
-            const row_exp c = GUESS_EXP(g);                                                        \
-            NAME##_vector_store(y, z, valid, g, &c, FOLDS);                                        \
-            return max;                                                                            \
-        }                                                                                          \
         const int folded = FOLDS && fabsf(max) <= SDPA_EXP_FOLD_MAX;                               \
         const row_exp c = ROW_EXP(vmax, folded);                                                   \
-        NAME##_vector_store(y, z, valid, vmax, &c, folded);                                        \
+        const __m512 e = NAME##_exps(z, valid, vmax, &c, folded);                                  \
+        NAME##_vector_store(y, e, allsum_avx512(e), valid);                                        \
         return max;                                                                                \
     }                                                                                              \
     /* the exp pass and the normalisation against a guessed shift g, for y apart from x: the max   \
@@ -678,47 +685,62 @@ ALWAYS_INLINE float softmax_regs_fast_avx512(float *y, const float *x, size_t n,
     if (m##k) {                                                                                    \
         z##k = _mm512_maskz_loadu_ps(m##k, x + k * W);                                             \
         if (!unit) z##k = _mm512_mul_ps(z##k, vs);                                                 \
-    }                                                                                              \
-    __m512 a##k = _mm512_mask_mov_ps(ninf, m##k, z##k);
+    }
     EACH_OF_8(LOAD_)
 #undef LOAD_
-    TREE_OF_8(_mm512_max_ps, a)
-    const __m512 vmax = allmax_avx512(a0);
-    const float max = _mm512_cvtss_f32(vmax);
-    const __m512 g = ends_guess(x, n, vs, unit);
-    if (!isfinite(max)) return max;
-        /* the exps against `shift`, then the sum and the stores */
+    /* the exps of z (capped at `cap`) against `shift`, then their sum in every lane of a0 */
 #define EXP_(k)                                                                                    \
-    a##k = _mm512_setzero_ps();                                                                    \
+    __m512 e##k = _mm512_setzero_ps(), a##k = e##k;                                                \
     if (V > k && m##k) {                                                                           \
-        z##k = _mm512_maskz_mov_ps(                                                                \
-            m##k, exp_row_fast32(folded ? z##k : _mm512_sub_ps(z##k, shift), &c));                 \
-        a##k = z##k;                                                                               \
+        e##k = _mm512_maskz_mov_ps(m##k, exp_row_fast32(!folded  ? _mm512_sub_ps(z##k, shift)      \
+                                                        : capped ? _mm512_min_ps(cap, z##k)        \
+                                                                 : z##k,                           \
+                                                        &c));                                      \
+        a##k = e##k;                                                                               \
     }
-#define STORE_(k)                                                                                  \
-    if (V > k && m##k)                                                                             \
-        _mm512_mask_storeu_ps(y + k * W, m##k, weights_avx512(z##k, factor, keep_from));
-#define FINISH_                                                                                    \
+#define SUM_                                                                                       \
     EACH_OF_8(EXP_)                                                                                \
     TREE_OF_8(_mm512_add_ps, a)                                                                    \
+    const __m512 total = allsum_avx512(a0);
+#define STORE_(k)                                                                                  \
+    if (V > k && m##k)                                                                             \
+        _mm512_mask_storeu_ps(y + k * W, m##k, weights_avx512(e##k, factor, keep_from));
+#define FINISH_                                                                                    \
     __m512 keep_from;                                                                              \
-    const __m512 factor = row_factor_avx512(a0, &keep_from);                                       \
+    const __m512 factor = row_factor_avx512(total, &keep_from);                                    \
     EACH_OF_8(STORE_)
-    if (sdpa_guess_fits(_mm512_cvtss_f32(g), max)) {
-        const int folded = 1;
-        const __m512 shift = g;
+    const __m512 g = ends_guess(x, n, vs, unit);
+    const float gs = _mm512_cvtss_f32(g);
+    if (sdpa_guess_usable(gs)) {
+        /* no max: the sum checks the guess (kernels.h, "A capped guess") */
+        const int folded = 1, capped = 1;
+        const __m512 shift = g, cap = _mm512_add_ps(g, _mm512_set1_ps(SDPA_GUESS_CAP));
         const row_exp c = row_exp_fast32_guess(g);
-        FINISH_
-        return max;
+        SUM_ if (_mm512_cvtss_f32(total) <= SDPA_GUESS_SUM_MAX) {
+            FINISH_
+            return gs;
+        }
     }
+    __m512 vmax;
+    {
+#define MAX_(k) __m512 a##k = _mm512_mask_mov_ps(ninf, m##k, z##k);
+        EACH_OF_8(MAX_)
+#undef MAX_
+        TREE_OF_8(_mm512_max_ps, a)
+        vmax = allmax_avx512(a0);
+    }
+    const float max = _mm512_cvtss_f32(vmax);
+    if (!isfinite(max)) return max;
     const int folded = fabsf(max) <= SDPA_EXP_FOLD_MAX;
-    const __m512 shift = vmax;
+    const int capped = 0;
+    const __m512 shift = vmax, cap = ninf;
     const row_exp c = row_exp_fast32_lanes(vmax, folded);
-    FINISH_
+    SUM_ FINISH_
 #undef FINISH_
 #undef STORE_
+#undef SUM_
 #undef EXP_
-    return max;
+        return max;
 }
 
 static float softmax_short_fast_avx512(float *y, const float *x, size_t n, float scale) {

@@ -675,20 +675,20 @@ SOFTMAX_SHORT_AVX512(softmax_short_sleef_avx512, exp_sum_sleef_avx512_lanes, row
     if (V > 2) a##0 = OP(a##0, a##2), a##1 = OP(a##1, a##3);                                       \
     a##0 = OP(a##0, a##1);
 ALWAYS_INLINE float softmax_regs_fast_avx512(float *y, const float *x, size_t n, __m512 vs,
-                                             int unit, const int V) {
+                                             int unit, const int V, const int full) {
+    if (full) n = (size_t)V * W; /* no masks to form and no branches per vector */
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
-#define LOAD_(k)                                                                                   \
+#define MASK_(k)                                                                                   \
     const __mmask16 m##k = V <= k || n <= (size_t)k * W ? 0                                        \
                            : n >= (size_t)(k + 1) * W   ? (__mmask16)0xFFFF                        \
                                                         : tail_mask(n - (size_t)k * W);              \
-    __m512 z##k = ninf;                                                                            \
+    __m512 z##k = ninf;
+#define LOAD_(k)                                                                                   \
     if (m##k) {                                                                                    \
         z##k = _mm512_maskz_loadu_ps(m##k, x + k * W);                                             \
         if (!unit) z##k = _mm512_mul_ps(z##k, vs);                                                 \
     }
-    EACH_OF_8(LOAD_)
-#undef LOAD_
-    /* the exps of z (capped at `cap`) against `shift`, then their sum in every lane of a0 */
+    /* the exps of z (capped at `cap`) against `shift`, their sum in every lane of `total` */
 #define EXP_(k)                                                                                    \
     __m512 e##k = _mm512_setzero_ps(), a##k = e##k;                                                \
     if (V > k && m##k) {                                                                           \
@@ -698,17 +698,17 @@ ALWAYS_INLINE float softmax_regs_fast_avx512(float *y, const float *x, size_t n,
                                                         &c));                                      \
         a##k = e##k;                                                                               \
     }
-#define SUM_                                                                                       \
-    EACH_OF_8(EXP_)                                                                                \
-    TREE_OF_8(_mm512_add_ps, a)                                                                    \
-    const __m512 total = allsum_avx512(a0);
 #define STORE_(k)                                                                                  \
     if (V > k && m##k)                                                                             \
         _mm512_mask_storeu_ps(y + k * W, m##k, weights_avx512(e##k, factor, keep_from));
-#define FINISH_                                                                                    \
-    __m512 keep_from;                                                                              \
-    const __m512 factor = row_factor_avx512(total, &keep_from);                                    \
-    EACH_OF_8(STORE_)
+#define WEIGHTS_(total)                                                                            \
+    do {                                                                                           \
+        __m512 keep_from;                                                                          \
+        const __m512 factor = row_factor_avx512(total, &keep_from);                                \
+        EACH_OF_8(STORE_)                                                                          \
+    } while (0)
+    EACH_OF_8(MASK_)
+    EACH_OF_8(LOAD_)
     const __m512 g = ends_guess(x, n, vs, unit);
     const float gs = _mm512_cvtss_f32(g);
     if (sdpa_guess_usable(gs)) {
@@ -716,46 +716,55 @@ ALWAYS_INLINE float softmax_regs_fast_avx512(float *y, const float *x, size_t n,
         const int folded = 1, capped = 1;
         const __m512 shift = g, cap = _mm512_add_ps(g, _mm512_set1_ps(SDPA_GUESS_CAP));
         const row_exp c = row_exp_fast32_guess(g);
-        SUM_ if (_mm512_cvtss_f32(total) <= SDPA_GUESS_SUM_MAX) {
-            FINISH_
+        EACH_OF_8(EXP_)
+        TREE_OF_8(_mm512_add_ps, a)
+        const __m512 total = allsum_avx512(a0);
+        if (_mm512_cvtss_f32(total) <= SDPA_GUESS_SUM_MAX) {
+            WEIGHTS_(total);
             return gs;
         }
+        /* nothing is stored yet, so x is whole: z is loaded again rather than kept in registers
+           through the exps, where it crowded them into spills (the barrier stops gcc reusing the
+           first loads) */
+        __asm__ volatile("" ::: "memory");
+        EACH_OF_8(LOAD_)
     }
-    __m512 vmax;
-    {
 #define MAX_(k) __m512 a##k = _mm512_mask_mov_ps(ninf, m##k, z##k);
-        EACH_OF_8(MAX_)
+    EACH_OF_8(MAX_)
 #undef MAX_
-        TREE_OF_8(_mm512_max_ps, a)
-        vmax = allmax_avx512(a0);
-    }
+    TREE_OF_8(_mm512_max_ps, a)
+    const __m512 vmax = allmax_avx512(a0);
     const float max = _mm512_cvtss_f32(vmax);
     if (!isfinite(max)) return max;
-    const int folded = fabsf(max) <= SDPA_EXP_FOLD_MAX;
-    const int capped = 0;
-    const __m512 shift = vmax, cap = ninf;
-    const row_exp c = row_exp_fast32_lanes(vmax, folded);
-    SUM_ FINISH_
-#undef FINISH_
+    {
+        const int folded = fabsf(max) <= SDPA_EXP_FOLD_MAX, capped = 0;
+        const __m512 shift = vmax, cap = ninf;
+        const row_exp c = row_exp_fast32_lanes(vmax, folded);
+        EACH_OF_8(EXP_)
+        TREE_OF_8(_mm512_add_ps, a)
+        WEIGHTS_(allsum_avx512(a0));
+    }
+#undef WEIGHTS_
 #undef STORE_
-#undef SUM_
 #undef EXP_
-        return max;
+#undef LOAD_
+#undef MASK_
+    return max;
 }
 
+/* a row of 17 to 128 floats: in V = 2, 4 or 8 vectors, with no masks when it fills them */
+#define REGS_(V)                                                                                   \
+    (n == (V)*W ? (unit ? softmax_regs_fast_avx512(y, x, n, vs, 1, V, 1)                           \
+                        : softmax_regs_fast_avx512(y, x, n, vs, 0, V, 1))                          \
+     : unit     ? softmax_regs_fast_avx512(y, x, n, vs, 1, V, 0)                                   \
+                : softmax_regs_fast_avx512(y, x, n, vs, 0, V, 0))
 static float softmax_short_fast_avx512(float *y, const float *x, size_t n, float scale) {
     if (n <= W || n > 8 * W) return softmax_short_fast32_avx512(y, x, n, scale);
     const __m512 vs = _mm512_set1_ps(scale);
     const int unit = scale == 1.0f;
-    if (n <= 2 * W)
-        return unit ? softmax_regs_fast_avx512(y, x, n, vs, 1, 2)
-                    : softmax_regs_fast_avx512(y, x, n, vs, 0, 2);
-    if (n <= 4 * W)
-        return unit ? softmax_regs_fast_avx512(y, x, n, vs, 1, 4)
-                    : softmax_regs_fast_avx512(y, x, n, vs, 0, 4);
-    return unit ? softmax_regs_fast_avx512(y, x, n, vs, 1, 8)
-                : softmax_regs_fast_avx512(y, x, n, vs, 0, 8);
+    return n <= 2 * W ? REGS_(2) : n <= 4 * W ? REGS_(4) : REGS_(8);
 }
+#undef REGS_
 #undef EACH_OF_8
 #undef TREE_OF_8
 

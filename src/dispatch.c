@@ -124,6 +124,11 @@ void sdpa_dispatch_init(void) {
     pthread_once(&once, init_once);
 }
 
+__attribute__((cold, noinline)) const sdpa_kernels *sdpa_kernels_first(void) {
+    sdpa_dispatch_init();
+    return atomic_load_explicit(&sdpa_active_kernels, memory_order_acquire);
+}
+
 /* At load time, so that the first call pays nothing; calls that come earlier (from another
  * library's constructor) go through sdpa_dispatch_init themselves. */
 __attribute__((constructor)) static void sdpa_load(void) { sdpa_dispatch_init(); }

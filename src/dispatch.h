@@ -16,12 +16,16 @@ const sdpa_kernels *sdpa_backend_kernels(const char *name);
 /* Runs the one-time load-time choice (idempotent, thread-safe). */
 void sdpa_dispatch_init(void);
 
-/* The table a call should use: one acquire load once initialised. */
+/* sdpa_dispatch_init, then the table it published: for calls that come before the constructor */
+const sdpa_kernels *sdpa_kernels_first(void);
+
+/* The table a call should use: one acquire load once initialised. The first call's init is a
+ * call out of line, with nothing to keep across it: so the entry points with short work (dot of
+ * 16 floats) save no registers for it. */
 static inline const sdpa_kernels *sdpa_kernels_now(void) {
     const sdpa_kernels *k = atomic_load_explicit(&sdpa_active_kernels, memory_order_acquire);
-    if (k) return k;
-    sdpa_dispatch_init();
-    return atomic_load_explicit(&sdpa_active_kernels, memory_order_acquire);
+    if (__builtin_expect(k != NULL, 1)) return k;
+    return sdpa_kernels_first();
 }
 
 static inline int sdpa_exp_now(void) {

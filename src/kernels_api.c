@@ -32,8 +32,7 @@ static int bad_scale(float scale) { return !isfinite(scale) || scale == 0.0f; }
 
 SDPA_API sdpa_status sdpa_dot_f32(const float *a, const float *b, size_t n, float *result) {
     if (!result || (n && (!a || !b))) return SDPA_ERR_NULL;
-    *result = n ? sdpa_kernels_now()->dot(a, b, n) : 0.0f;
-    return SDPA_OK;
+    return (sdpa_status)sdpa_kernels_now()->dot_to(a, b, n, result); /* n == 0 too */
 }
 
 SDPA_API sdpa_status sdpa_scale_f32(float *y, const float *x, size_t n, float alpha) {

@@ -44,6 +44,7 @@ static float dot_neon(const float *a, const float *b, size_t n) {
     acc4 = vaddq_f32(vaddq_f32(acc4, acc5), vaddq_f32(acc6, acc7));
     return vaddvq_f32(vaddq_f32(acc0, acc4));
 }
+SDPA_DOT_TO(dot_neon)
 
 static void scale_neon(float *y, const float *x, size_t n, float alpha) {
     const float32x4_t va = vdupq_n_f32(alpha);
@@ -230,6 +231,7 @@ static void softmax_backward_neon(float *dx, const float *y, const float *dy, si
 const sdpa_kernels sdpa_kernels_neon = {
     .name = "neon",
     .dot = dot_neon,
+    .dot_to = dot_neon_to,
     .scale = scale_neon,
     .scores = scores_neon,
     .max_scaled = max_scaled_neon,

@@ -30,6 +30,7 @@ static float dot_scalar(const float *a, const float *b, size_t n) {
     }
     return total;
 }
+SDPA_DOT_TO(dot_scalar)
 
 static void scale_scalar(float *y, const float *x, size_t n, float alpha) {
     for (size_t i = 0; i < n; i++) y[i] = alpha * x[i];
@@ -164,6 +165,7 @@ static const sdpa_attention_kernels attention_scalar = {
 const sdpa_kernels sdpa_kernels_scalar = {
     .name = "scalar",
     .dot = dot_scalar,
+    .dot_to = dot_scalar_to,
     .scale = scale_scalar,
     .scores = scores_scalar,
     .max_scaled = max_scaled_scalar,

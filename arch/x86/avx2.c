@@ -72,6 +72,7 @@ static float dot_avx2(const float *a, const float *b, size_t n) {
     acc4 = _mm256_add_ps(_mm256_add_ps(acc4, acc5), _mm256_add_ps(acc6, acc7));
     return hsum(_mm256_add_ps(acc0, acc4));
 }
+SDPA_DOT_TO(dot_avx2)
 
 static void scale_avx2(float *y, const float *x, size_t n, float alpha) {
     const __m256 va = _mm256_set1_ps(alpha);
@@ -1078,6 +1079,7 @@ static const sdpa_attention_kernels attention_avx2 = {
 const sdpa_kernels sdpa_kernels_avx2 = {
     .name = "avx2",
     .dot = dot_avx2,
+    .dot_to = dot_avx2_to,
     .scale = scale_avx2,
     .scores = scores_avx2,
     .max_scaled = max_scaled_avx2,

@@ -34,7 +34,7 @@ static inline float hsum_avx512(__m512 v) {
 
 static float dot_avx512(const float *a, const float *b, size_t n) {
     /* short rows (the head dimensions of attention) first, without the four-way setup */
-    if (n <= W) {
+    if (__builtin_expect(n <= W, 1)) { /* straight through, with no taken branch */
         __mmask16 m = tail_mask(n);
         return hsum_avx512(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, a), _mm512_maskz_loadu_ps(m, b)));
     }
@@ -78,6 +78,7 @@ static float dot_avx512(const float *a, const float *b, size_t n) {
     }
     return hsum_avx512(_mm512_add_ps(acc0, acc1));
 }
+SDPA_DOT_TO(dot_avx512)
 
 static void scale_avx512(float *y, const float *x, size_t n, float alpha) {
     const __m512 va = _mm512_set1_ps(alpha);
@@ -1377,6 +1378,7 @@ static const sdpa_attention_kernels attention_avx512 = {
 const sdpa_kernels sdpa_kernels_avx512 = {
     .name = "avx512",
     .dot = dot_avx512,
+    .dot_to = dot_avx512_to,
     .scale = scale_avx512,
     .scores = scores_avx512,
     .max_scaled = max_scaled_avx512,

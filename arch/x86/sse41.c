@@ -61,6 +61,7 @@ static float dot_sse41(const float *a, const float *b, size_t n) {
     acc4 = _mm_add_ps(_mm_add_ps(acc4, acc5), _mm_add_ps(acc6, acc7));
     return hsum(_mm_add_ps(acc0, acc4));
 }
+SDPA_DOT_TO(dot_sse41)
 
 static void scale_sse41(float *y, const float *x, size_t n, float alpha) {
     const __m128 va = _mm_set1_ps(alpha);
@@ -678,6 +679,7 @@ static const sdpa_attention_kernels attention_sse41 = {
 const sdpa_kernels sdpa_kernels_sse41 = {
     .name = "sse",
     .dot = dot_sse41,
+    .dot_to = dot_sse41_to,
     .scale = scale_sse41,
     .scores = scores_sse41,
     .max_scaled = max_scaled_sse41,

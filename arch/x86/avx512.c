@@ -440,30 +440,51 @@ EXP_SUM_AVX512(exp_sum_sleef_avx512, exp_row_sleef, 0, 1)
 EXP_SUM_LANES_AVX512(exp_sum_fast32_avx512, exp_row_fast32, 0)
 #undef SCALED_
 
-/* y[i] *= factor; weights below FLT_MIN become exactly 0 (keep_normal) */
-ALWAYS_INLINE void normalize_avx512_inline(float *y, size_t n, __m512 vf) {
+/* w = e * factor for rows held in registers, with keep_normal's flush decided from e, beside the
+ * division, rather than from w after it: a compare into a mask register and the masked move take
+ * 8 cycles on Zen 5, at the end of the row's chain. `keep_from` is the row's sum times
+ * SDPA_KEEP_FLOOR, FLT_MIN (1 + 2^-18): a weight kept (e >= keep_from) is then >= FLT_MIN through
+ * the three roundings of keep_from, factor and w, and one flushed is below 2 FLT_MIN, which sdpa.h
+ * lets be 0. NaN is kept. */
+#define SDPA_KEEP_FLOOR 0x1.00004p-126f
+ALWAYS_INLINE __m512 weights_avx512(__m512 e, __m512 factor, __m512 keep_from) {
+    return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(e, keep_from, _CMP_NLT_UQ), e, factor);
+}
+/* 1 / total for weights_avx512, and its keep_from, from a row's sum in every lane */
+ALWAYS_INLINE __m512 row_factor_avx512(__m512 total, __m512 *keep_from) {
+    *keep_from = _mm512_mul_ps(total, _mm512_set1_ps(SDPA_KEEP_FLOOR));
+    return _mm512_div_ps(_mm512_set1_ps(1.0f), total);
+}
+
+/* y[i] *= factor; weights below FLT_MIN become exactly 0: decided from y[i] before the multiply
+ * against keep_from (weights_avx512, one operation fewer a vector) when `from_e`, for rows whose
+ * factor is 1 / total and keep_from is row_factor_avx512's; else by keep_normal after it */
+ALWAYS_INLINE __m512 weight_of(__m512 e, __m512 vf, __m512 keep_from, int from_e) {
+    return from_e ? weights_avx512(e, vf, keep_from) : keep_normal(_mm512_mul_ps(e, vf));
+}
+ALWAYS_INLINE void normalize_avx512_inline(float *y, size_t n, __m512 vf, __m512 keep_from,
+                                           int from_e) {
     size_t i = 0;
     if (n >= 4 * W && lead_to_line(y)) {
         i = lead_to_line(y);
         __mmask16 m = tail_mask(i);
-        __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y), vf);
-        _mm512_mask_storeu_ps(y, m, keep_normal(w));
+        _mm512_mask_storeu_ps(y, m, weight_of(_mm512_maskz_loadu_ps(m, y), vf, keep_from, from_e));
     }
     for (; i + 2 * W <= n; i += 2 * W) {
-        __m512 w0 = _mm512_mul_ps(_mm512_loadu_ps(y + i), vf);
-        __m512 w1 = _mm512_mul_ps(_mm512_loadu_ps(y + i + W), vf);
-        _mm512_storeu_ps(y + i, keep_normal(w0));
-        _mm512_storeu_ps(y + i + W, keep_normal(w1));
+        __m512 w0 = weight_of(_mm512_loadu_ps(y + i), vf, keep_from, from_e);
+        __m512 w1 = weight_of(_mm512_loadu_ps(y + i + W), vf, keep_from, from_e);
+        _mm512_storeu_ps(y + i, w0);
+        _mm512_storeu_ps(y + i + W, w1);
     }
     for (; i < n; i += W) {
         __mmask16 m = n - i >= W ? (__mmask16)0xFFFF : tail_mask(n - i);
-        __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + i), vf);
-        _mm512_mask_storeu_ps(y + i, m, keep_normal(w));
+        _mm512_mask_storeu_ps(y + i, m,
+                              weight_of(_mm512_maskz_loadu_ps(m, y + i), vf, keep_from, from_e));
     }
 }
 
 static void normalize_avx512(float *y, size_t n, float factor) {
-    normalize_avx512_inline(y, n, _mm512_set1_ps(factor));
+    normalize_avx512_inline(y, n, _mm512_set1_ps(factor), _mm512_setzero_ps(), 0);
 }
 
 /* Lane-wise max and sum of all 16 lanes, in every lane, with no trip through a scalar register
@@ -486,22 +507,6 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
 #undef IN_CHUNKS_
 #undef ACROSS_CHUNKS_
 #undef ALL_OF_4
-
-/* w = e * factor for rows held in registers, with keep_normal's flush decided from e, beside the
- * division, rather than from w after it: a compare into a mask register and the masked move take
- * 8 cycles on Zen 5, at the end of the row's chain. `keep_from` is the row's sum times
- * SDPA_KEEP_FLOOR, FLT_MIN (1 + 2^-18): a weight kept (e >= keep_from) is then >= FLT_MIN through
- * the three roundings of keep_from, factor and w, and one flushed is below 2 FLT_MIN, which sdpa.h
- * lets be 0. NaN is kept. */
-#define SDPA_KEEP_FLOOR 0x1.00004p-126f
-ALWAYS_INLINE __m512 weights_avx512(__m512 e, __m512 factor, __m512 keep_from) {
-    return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(e, keep_from, _CMP_NLT_UQ), e, factor);
-}
-/* 1 / total for weights_avx512, and its keep_from, from a row's sum in every lane */
-ALWAYS_INLINE __m512 row_factor_avx512(__m512 total, __m512 *keep_from) {
-    *keep_from = _mm512_mul_ps(total, _mm512_set1_ps(SDPA_KEEP_FLOOR));
-    return _mm512_div_ps(_mm512_set1_ps(1.0f), total);
-}
 
 /* A row of up to 4096 floats in one call (kernels.h, softmax_short): the three passes of the long
  * path without the calls between them, the max and the sum reduced in registers, and 1 / sum in
@@ -575,9 +580,10 @@ ALWAYS_INLINE __m512 row_factor_avx512(__m512 total, __m512 *keep_from) {
             sum = _mm512_add_ps(sum, e);                                                           \
             z = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), last, z);                            \
         }                                                                                          \
-        const __m512 factor = _mm512_div_ps(_mm512_set1_ps(1.0f), allsum_avx512(sum));             \
-        normalize_avx512_inline(y, head, factor);                                                  \
-        if (last) _mm512_mask_storeu_ps(y + head, last, keep_normal(_mm512_mul_ps(e, factor)));    \
+        __m512 keep_from;                                                                          \
+        const __m512 factor = row_factor_avx512(allsum_avx512(sum), &keep_from);                   \
+        normalize_avx512_inline(y, head, factor, keep_from, 1);                                    \
+        if (last) _mm512_mask_storeu_ps(y + head, last, weights_avx512(e, factor, keep_from));     \
         return _mm512_reduce_max_ps(_mm512_max_ps(z, vmax));                                       \
     }                                                                                              \
     ALWAYS_INLINE float NAME##_body(float *y, const float *x, size_t n, float scale, int unit) {   \
@@ -647,9 +653,10 @@ ALWAYS_INLINE __m512 row_factor_avx512(__m512 total, __m512 *keep_from) {
             e = NAME##_exps(z, last, vmax, &c, folded);                                            \
             sum = _mm512_add_ps(sum, e);                                                           \
         }                                                                                          \
-        const __m512 factor = _mm512_div_ps(_mm512_set1_ps(1.0f), allsum_avx512(sum));             \
-        normalize_avx512_inline(y, head, factor);                                                  \
-        if (last) _mm512_mask_storeu_ps(y + head, last, keep_normal(_mm512_mul_ps(e, factor)));    \
+        __m512 keep_from;                                                                          \
+        const __m512 factor = row_factor_avx512(allsum_avx512(sum), &keep_from);                   \
+        normalize_avx512_inline(y, head, factor, keep_from, 1);                                    \
+        if (last) _mm512_mask_storeu_ps(y + head, last, weights_avx512(e, factor, keep_from));     \
         return max;                                                                                \
     }                                                                                              \
     static float NAME(float *y, const float *x, size_t n, float scale) {                           \

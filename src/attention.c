@@ -276,7 +276,7 @@ static void attention_run_all(const attention_problem *p) {
     attention_run run;
     run.k = sdpa_kernels_now();
     run.a = run.k->attention ? run.k->attention : sdpa_kernels_scalar.attention;
-    const int exp_kind = sdpa_exp_now();
+    const int exp_kind = sdpa_exp_with(run.k);
     run.exp_sum = run.k->exp_sum[exp_kind];
     run.exp_tile = run.a->exp_tile[exp_kind];
     run.exp_pv = run.a->scores_max ? run.a->exp_pv[exp_kind] : NULL;

@@ -28,9 +28,14 @@ static inline const sdpa_kernels *sdpa_kernels_now(void) {
     return sdpa_kernels_first();
 }
 
-static inline int sdpa_exp_now(void) {
-    (void)sdpa_kernels_now(); /* the exp mode is chosen by the same init */
+/* The exp mode, for a caller that already holds the table from sdpa_kernels_now(): the same
+ * init chose both, and the acquire load of the table orders this one after it. One load, where
+ * sdpa_exp_now() loads and tests the table again. */
+static inline int sdpa_exp_with(const sdpa_kernels *k) {
+    (void)k;
     return atomic_load_explicit(&sdpa_active_exp, memory_order_relaxed);
 }
+
+static inline int sdpa_exp_now(void) { return sdpa_exp_with(sdpa_kernels_now()); }
 
 #endif

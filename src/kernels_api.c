@@ -209,7 +209,7 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
     if (bad_scale(scale)) return SDPA_ERR_ARG;
     if (!n) return SDPA_OK;
     const sdpa_kernels *k = sdpa_kernels_now();
-    const int exp_kind = sdpa_exp_now();
+    const int exp_kind = sdpa_exp_with(k);
     if (n <= SDPA_SOFTMAX_SHORT && k->softmax_short[exp_kind]) {
         /* one call for the whole row; it writes nothing when the max is not finite */
         if (!isfinite(k->softmax_short[exp_kind](y, x, n, scale)))

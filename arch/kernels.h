@@ -107,13 +107,10 @@ typedef struct sdpa_kernels {
                              float y_dot_dy);
     /* optional (NULL: the three passes above): the whole softmax of a row of at most
        SDPA_SOFTMAX_SHORT floats in one call, for rows where calls and the latency between
-       passes cost more than the work. Returns a finite number (the row's max, or the shift it
-       used: "A capped guess" finds no max) when y = softmax(scale * x) with weights below
-       FLT_MIN flushed to 0, as max_scaled + exp_sum + normalize would give up to rounding; y
-       may equal x. Otherwise it returns the max, which is not finite (a NaN in x may or may
-       not show in it): x is as it was, y has not been written if it is x (it may have been
-       otherwise), and the caller handles the row from x. */
-    float (*softmax_short[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale);
+       passes cost more than the work: y = softmax(scale * x) with weights below FLT_MIN
+       flushed to 0, as max_scaled + exp_sum + normalize would give up to rounding; y may equal
+       x. Returns 0, so that the entry point can jump to it (SDPA_SHORT_ENTRY below). */
+    int (*softmax_short[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale);
     /* y[i] = exp(x[i]); for tests of the exp itself */
     void (*exp[SDPA_EXP_KINDS])(float *y, const float *x, size_t n);
     /* attention microkernels; NULL makes the driver use the scalar backend's */
@@ -129,6 +126,28 @@ typedef struct sdpa_kernels {
                                                  float *result) {                                  \
         *result = dot(a, b, n);                                                                    \
         return 0;                                                                                  \
+    }
+
+/* The softmax of a row whose max is not finite (sdpa.h's special values), from x: src/, out of
+ * line and cold. Returns 0. */
+__attribute__((cold)) int sdpa_softmax_nonfinite(float *y, const float *x, size_t n, float scale);
+
+/* A backend's softmax_short, from a function `name` that returns a finite number (the row's max,
+ * or the shift it used: "A capped guess" finds no max) when y holds the row's softmax, and
+ * otherwise the max, which is not finite (a NaN in x may or may not show in it), with x as it
+ * was and y unwritten if it is x. Such a row goes on to sdpa_softmax_nonfinite in tail position.
+ * The check sits here rather than in the entry point, which had to keep y, x, n and scale across
+ * its call for it (old and new library in turn, 16 floats: avx512 7.56-7.91 -> 7.27-7.45 ns, avx2
+ * 12.4-12.7 -> 10.8-11.2; avx2's whole-function frame also left its rows in registers). */
+static inline int sdpa_short_done(float got, float *y, const float *x, size_t n, float scale) {
+    return __builtin_isfinite(got) ? 0 : sdpa_softmax_nonfinite(y, x, n, scale);
+}
+/* out of line, so that a caller choosing among such entries by n jumps to them and a long row's
+ * registers and stack do not become the short rows' */
+#define SDPA_SHORT_ENTRY(name)                                                                     \
+    __attribute__((noinline)) static int name##_entry(float *y, const float *x, size_t n,          \
+                                                      float scale) {                               \
+        return sdpa_short_done(name(y, x, n, scale), y, x, n, scale);                              \
     }
 
 /* One table per backend file; a backend that is not compiled in has no table. */

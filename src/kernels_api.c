@@ -78,6 +78,11 @@ static void softmax_nonfinite(float *y, const float *x, size_t n, float scale, s
     for (size_t i = from; i < n; i++) y[i] = scale * x[i] == INFINITY ? share : 0.0f;
 }
 
+int sdpa_softmax_nonfinite(float *y, const float *x, size_t n, float scale) {
+    softmax_nonfinite(y, x, n, scale, 0, 0);
+    return 0;
+}
+
 /* Each chunk's weights are computed against the running max when the chunk is reached (its
  * shift); the final pass scales chunk c by exp(shift[c] - max) / sum, which is exactly 1 / sum for
  * a row of one chunk. A chunk whose z are all -inf has no weights and gets zeros. */
@@ -210,13 +215,10 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
     if (!n) return SDPA_OK;
     const sdpa_kernels *k = sdpa_kernels_now();
     const int exp_kind = sdpa_exp_with(k);
-    if (n <= SDPA_SOFTMAX_SHORT && k->softmax_short[exp_kind]) {
-        /* one call for the whole row; it writes nothing when the max is not finite */
-        if (!isfinite(k->softmax_short[exp_kind](y, x, n, scale)))
-            softmax_nonfinite(y, x, n, scale, 0, 0);
-    } else {
-        softmax_chunked(k, exp_kind, y, x, n, scale);
-    }
+    /* one call for the whole row, a jump: softmax_short returns SDPA_OK */
+    if (n <= SDPA_SOFTMAX_SHORT && k->softmax_short[exp_kind])
+        return k->softmax_short[exp_kind](y, x, n, scale);
+    softmax_chunked(k, exp_kind, y, x, n, scale);
     return SDPA_OK;
 }
 

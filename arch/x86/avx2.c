@@ -564,14 +564,16 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
 }
 #undef EACH_OF_4
 
-static float softmax_short_fast_avx2(float *y, const float *x, size_t n, float scale) {
-    if (n >= SHORT_MAGIC_FROM) {
-        const unsigned caller_rc = nearest_begin();
-        const float max = softmax_short_passes_nearest_avx2(y, x, n, scale);
-        nearest_end(caller_rc);
-        return max;
-    }
-    if (n > 4 * W) return softmax_short_passes_fast_avx2(y, x, n, scale);
+/* rows of 256 floats and more: the magic-number rounding, under round-to-nearest */
+static float softmax_short_nearest_avx2(float *y, const float *x, size_t n, float scale) {
+    const unsigned caller_rc = nearest_begin();
+    const float max = softmax_short_passes_nearest_avx2(y, x, n, scale);
+    nearest_end(caller_rc);
+    return max;
+}
+SDPA_SHORT_ENTRY(softmax_short_nearest_avx2)
+SDPA_SHORT_ENTRY(softmax_short_passes_fast_avx2)
+static float softmax_short_regs_avx2(float *y, const float *x, size_t n, float scale) {
     const __m256 vs = _mm256_set1_ps(scale);
     const int unit = scale == 1.0f;
     if (n <= W)
@@ -583,6 +585,12 @@ static float softmax_short_fast_avx2(float *y, const float *x, size_t n, float s
     return unit ? softmax_regs_fast_avx2(y, x, n, vs, 1, 4)
                 : softmax_regs_fast_avx2(y, x, n, vs, 0, 4);
 }
+static int softmax_short_fast_avx2(float *y, const float *x, size_t n, float scale) {
+    if (n >= SHORT_MAGIC_FROM) return softmax_short_nearest_avx2_entry(y, x, n, scale);
+    if (n > 4 * W) return softmax_short_passes_fast_avx2_entry(y, x, n, scale);
+    return sdpa_short_done(softmax_short_regs_avx2(y, x, n, scale), y, x, n, scale);
+}
+SDPA_SHORT_ENTRY(softmax_short_sleef_avx2)
 
 static void softmax_backward_avx2(float *dx, const float *y, const float *dy, size_t n, float scale,
                                   float y_dot_dy) {
@@ -1088,7 +1096,7 @@ const sdpa_kernels sdpa_kernels_avx2 = {
     .exp_sum_max = {exp_sum_fast_avx2_max, exp_sum_sleef_avx2_max},
     .normalize = normalize_avx2,
     .softmax_backward = softmax_backward_avx2,
-    .softmax_short = {softmax_short_fast_avx2, softmax_short_sleef_avx2},
+    .softmax_short = {softmax_short_fast_avx2, softmax_short_sleef_avx2_entry},
     .exp = {exp_fast_array_avx2, exp_sleef_array_avx2},
     .attention = &attention_avx2,
 };

@@ -766,11 +766,21 @@ ALWAYS_INLINE float softmax_regs_fast_avx512(float *y, const float *x, size_t n,
                         : softmax_regs_fast_avx512(y, x, n, vs, 0, V, 1))                          \
      : unit     ? softmax_regs_fast_avx512(y, x, n, vs, 1, V, 0)                                   \
                 : softmax_regs_fast_avx512(y, x, n, vs, 0, V, 0))
-static float softmax_short_fast_avx512(float *y, const float *x, size_t n, float scale) {
-    if (n <= W || n > 8 * W) return softmax_short_fast32_avx512(y, x, n, scale);
+SDPA_SHORT_ENTRY(softmax_short_fast32_avx512)
+SDPA_SHORT_ENTRY(softmax_short_sleef_avx512)
+/* rows of up to 128 floats here, in registers; longer ones jump to the three passes, whose
+ * loops' registers and frame stay there */
+static int softmax_short_fast_avx512(float *y, const float *x, size_t n, float scale) {
+    if (n > 8 * W) return softmax_short_fast32_avx512_entry(y, x, n, scale);
     const __m512 vs = _mm512_set1_ps(scale);
     const int unit = scale == 1.0f;
-    return n <= 2 * W ? REGS_(2) : n <= 4 * W ? REGS_(4) : REGS_(8);
+    float got;
+    if (n <= W)
+        got = unit ? softmax_short_fast32_avx512_vector(y, x, n, vs, 1)
+                   : softmax_short_fast32_avx512_vector(y, x, n, vs, 0);
+    else
+        got = n <= 2 * W ? REGS_(2) : n <= 4 * W ? REGS_(4) : REGS_(8);
+    return sdpa_short_done(got, y, x, n, scale);
 }
 #undef REGS_
 #undef EACH_OF_8
@@ -1394,7 +1404,7 @@ const sdpa_kernels sdpa_kernels_avx512 = {
     .exp_sum_max = {exp_sum_fast_avx512_max, exp_sum_sleef_avx512_max},
     .normalize = normalize_avx512,
     .softmax_backward = softmax_backward_avx512,
-    .softmax_short = {softmax_short_fast_avx512, softmax_short_sleef_avx512},
+    .softmax_short = {softmax_short_fast_avx512, softmax_short_sleef_avx512_entry},
     .exp = {exp_fast_array_avx512, exp_sleef_array_avx512},
     .attention = &attention_avx512,
 };

@@ -508,6 +508,16 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
 #undef ACROSS_CHUNKS_
 #undef ALL_OF_4
 
+/* the weights of a row whose exps are in y[0, head) and, for the `last` lanes of a partial
+ * vector past them, in e, from the row's lane sums */
+ALWAYS_INLINE void weights_of_row_avx512(float *y, size_t head, __m512 e, __mmask16 last,
+                                         __m512 sums) {
+    __m512 keep_from;
+    const __m512 factor = row_factor_avx512(allsum_avx512(sums), &keep_from);
+    normalize_avx512_inline(y, head, factor, keep_from, 1);
+    if (last) _mm512_mask_storeu_ps(y + head, last, weights_avx512(e, factor, keep_from));
+}
+
 /* A row of up to 4096 floats in one call (kernels.h, softmax_short): the three passes of the long
  * path without the calls between them, the max and the sum reduced in registers, and 1 / sum in
  * float: the sum comes from 64 partial sums of at most 64 weights each, as exp_sum's 4096-float
@@ -580,10 +590,7 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
             sum = _mm512_add_ps(sum, e);                                                           \
             z = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), last, z);                            \
         }                                                                                          \
-        __m512 keep_from;                                                                          \
-        const __m512 factor = row_factor_avx512(allsum_avx512(sum), &keep_from);                   \
-        normalize_avx512_inline(y, head, factor, keep_from, 1);                                    \
-        if (last) _mm512_mask_storeu_ps(y + head, last, weights_avx512(e, factor, keep_from));     \
+        weights_of_row_avx512(y, head, e, last, sum);                                              \
         return _mm512_reduce_max_ps(_mm512_max_ps(z, vmax));                                       \
     }                                                                                              \
     ALWAYS_INLINE float NAME##_body(float *y, const float *x, size_t n, float scale, int unit) {   \
@@ -653,10 +660,7 @@ ALWAYS_INLINE __m512 allsum_avx512(__m512 v) {
             e = NAME##_exps(z, last, vmax, &c, folded);                                            \
             sum = _mm512_add_ps(sum, e);                                                           \
         }                                                                                          \
-        __m512 keep_from;                                                                          \
-        const __m512 factor = row_factor_avx512(allsum_avx512(sum), &keep_from);                   \
-        normalize_avx512_inline(y, head, factor, keep_from, 1);                                    \
-        if (last) _mm512_mask_storeu_ps(y + head, last, weights_avx512(e, factor, keep_from));     \
+        weights_of_row_avx512(y, head, e, last, sum);                                              \
         return max;                                                                                \
     }                                                                                              \
     static float NAME(float *y, const float *x, size_t n, float scale) {                           \

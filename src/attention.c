@@ -13,6 +13,7 @@
 
 #include "dispatch.h"
 #include "sdpa.h"
+#include "sizes.h"
 
 #if defined(__AVX__) || defined(__SSE4_1__)
 #error "src/attention.c must be compiled for the baseline ISA, without -m flags"
@@ -36,26 +37,6 @@ typedef struct attention_problem {
 
 /* ---- argument checks ---- */
 
-/* a * b + c without overflow, or 0 on overflow (with *ok cleared) */
-static size_t mul_add(size_t a, size_t b, size_t c, int *ok) {
-    if (b && a > (SIZE_MAX - c) / b) {
-        *ok = 0;
-        return 0;
-    }
-    return a * b + c;
-}
-
-/* Index one past the last element of a [d0][d1][d2][row] view (d0, d1, d2 >= 1) fits, in bytes,
- * in size_t. */
-static int extent_fits(const size_t stride[3], size_t d0, size_t d1, size_t d2, size_t row) {
-    int ok = 1;
-    size_t end = mul_add(d0 - 1, stride[0], row, &ok);
-    end = mul_add(d1 - 1, stride[1], end, &ok);
-    end = mul_add(d2 - 1, stride[2], end, &ok);
-    mul_add(end, sizeof(float), 0, &ok);
-    return ok;
-}
-
 static sdpa_status check_problem(const attention_problem *p, uint32_t flags) {
     int has_out = p->batch && p->heads_q && p->len_q;
     int reads_inputs = has_out && p->len_kv;
@@ -67,16 +48,17 @@ static sdpa_status check_problem(const attention_problem *p, uint32_t flags) {
     if (!has_out) return SDPA_OK;
     if (!p->d_k || !p->d_v) return SDPA_ERR_SIZE;
     if (p->len_q > 1 && p->out_stride[2] < p->d_v) return SDPA_ERR_SIZE;
-    if (!extent_fits(p->out_stride, p->batch, p->heads_q, p->len_q, p->d_v)) return SDPA_ERR_SIZE;
+    if (!sdpa_view_fits(p->out_stride, p->batch, p->heads_q, p->len_q, p->d_v))
+        return SDPA_ERR_SIZE;
     if (!reads_inputs) return SDPA_OK;
     if ((p->len_q > 1 && p->q_stride[2] < p->d_k) || (p->len_kv > 1 && p->k_stride[2] < p->d_k) ||
         (p->len_kv > 1 && p->v_stride[2] < p->d_v))
         return SDPA_ERR_SIZE;
-    if (!extent_fits(p->q_stride, p->batch, p->heads_q, p->len_q, p->d_k) ||
-        !extent_fits(p->k_stride, p->batch, p->heads_kv, p->len_kv, p->d_k) ||
-        !extent_fits(p->v_stride, p->batch, p->heads_kv, p->len_kv, p->d_v))
+    if (!sdpa_view_fits(p->q_stride, p->batch, p->heads_q, p->len_q, p->d_k) ||
+        !sdpa_view_fits(p->k_stride, p->batch, p->heads_kv, p->len_kv, p->d_k) ||
+        !sdpa_view_fits(p->v_stride, p->batch, p->heads_kv, p->len_kv, p->d_v))
         return SDPA_ERR_SIZE;
-    if (p->mask && !extent_fits(p->mask_stride, p->batch, p->heads_q, p->len_q, p->len_kv))
+    if (p->mask && !sdpa_view_fits(p->mask_stride, p->batch, p->heads_q, p->len_q, p->len_kv))
         return SDPA_ERR_SIZE;
     return SDPA_OK;
 }
@@ -414,8 +396,8 @@ static void desc_init(sdpa_mha_desc *desc, size_t batch, size_t heads_q, size_t 
  * whose products overflow give strides that sdpa_mha_f32's extent check rejects. */
 static void set_strides(size_t stride[3], size_t heads, size_t len, size_t row, int bshd) {
     int ok = 1;
-    size_t plane = mul_add(heads, mul_add(len, row, 0, &ok), 0, &ok);
-    size_t head_row = mul_add(heads, row, 0, &ok), len_row = mul_add(len, row, 0, &ok);
+    size_t plane = sdpa_mul_add(heads, sdpa_mul_add(len, row, 0, &ok), 0, &ok);
+    size_t head_row = sdpa_mul_add(heads, row, 0, &ok), len_row = sdpa_mul_add(len, row, 0, &ok);
     stride[0] = plane;
     stride[1] = bshd ? row : len_row;
     stride[2] = bshd ? head_row : row;

@@ -5,6 +5,7 @@
 
 #include "dispatch.h"
 #include "sdpa.h"
+#include "sizes.h"
 
 /* softmax works on chunks of at least SOFTMAX_CHUNK floats (16 KiB, which stays in L1 between a
  * chunk's max pass and its exp pass, so a long row is read from memory once, not twice), at most
@@ -32,11 +33,13 @@ static int bad_scale(float scale) { return !isfinite(scale) || scale == 0.0f; }
 
 SDPA_API sdpa_status sdpa_dot_f32(const float *a, const float *b, size_t n, float *result) {
     if (!result || (n && (!a || !b))) return SDPA_ERR_NULL;
+    if (n > SDPA_MAX_FLOATS) return SDPA_ERR_SIZE;
     return (sdpa_status)sdpa_kernels_now()->dot_to(a, b, n, result); /* n == 0 too */
 }
 
 SDPA_API sdpa_status sdpa_scale_f32(float *y, const float *x, size_t n, float alpha) {
     if (n && (!y || !x)) return SDPA_ERR_NULL;
+    if (n > SDPA_MAX_FLOATS) return SDPA_ERR_SIZE;
     if (n) sdpa_kernels_now()->scale(y, x, n, alpha);
     return SDPA_OK;
 }
@@ -44,8 +47,7 @@ SDPA_API sdpa_status sdpa_scale_f32(float *y, const float *x, size_t n, float al
 SDPA_API sdpa_status sdpa_scores_f32(float *s, const float *q, const float *k, size_t n_keys,
                                      size_t d, size_t k_stride, float scale) {
     if (n_keys && (!s || !q || !k)) return SDPA_ERR_NULL;
-    if (n_keys &&
-        (d == 0 || k_stride < d || (n_keys - 1) > (SIZE_MAX / sizeof(float) - d) / k_stride))
+    if (n_keys && (d == 0 || k_stride < d || !sdpa_rows_fit(n_keys, d, k_stride)))
         return SDPA_ERR_SIZE;
     if (!isfinite(scale)) return SDPA_ERR_ARG;
     if (n_keys) sdpa_kernels_now()->scores(s, q, k, n_keys, d, k_stride, scale);
@@ -211,6 +213,7 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
 
 SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float scale) {
     if (n && (!y || !x)) return SDPA_ERR_NULL;
+    if (n > SDPA_MAX_FLOATS) return SDPA_ERR_SIZE;
     if (bad_scale(scale)) return SDPA_ERR_ARG;
     if (!n) return SDPA_OK;
     const sdpa_kernels *k = sdpa_kernels_now();
@@ -225,6 +228,7 @@ SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float 
 SDPA_API sdpa_status sdpa_softmax_backward_f32(float *dx, const float *y, const float *dy, size_t n,
                                                float scale) {
     if (n && (!dx || !y || !dy)) return SDPA_ERR_NULL;
+    if (n > SDPA_MAX_FLOATS) return SDPA_ERR_SIZE;
     if (bad_scale(scale)) return SDPA_ERR_ARG;
     if (!n) return SDPA_OK;
     const sdpa_kernels *k = sdpa_kernels_now();

@@ -29,12 +29,13 @@
 #define MAX_LEN 40
 #define MAX_D   40
 
-/* A view [d0][d1][d2][row] with strides; extent in floats, or SIZE_MAX when it overflows. */
+/* A view [d0][d1][d2][row] with strides; extent in floats, or SIZE_MAX when it passes
+ * PTRDIFF_MAX bytes (no array is larger). */
 static size_t view_extent(const size_t s[3], size_t d0, size_t d1, size_t d2, size_t row) {
     if (!d0 || !d1 || !d2 || !row) return 0;
     unsigned __int128 e = (unsigned __int128)(d0 - 1) * s[0] + (unsigned __int128)(d1 - 1) * s[1] +
                           (unsigned __int128)(d2 - 1) * s[2] + row;
-    return e > SIZE_MAX / sizeof(float) ? SIZE_MAX : (size_t)e;
+    return e > PTRDIFF_MAX / sizeof(float) ? SIZE_MAX : (size_t)e;
 }
 
 /* Values: moderate (|x| <= range) except, in "special" cases, roughly one in `rate` elements is

@@ -425,12 +425,12 @@ static void fuzz_scores(fuzz_reader *r) {
     else if (ssel < 230)
         stride = d;
     else if (ssel < 245 && n_keys >= 2)
-        /* the smallest stride whose extent overflows size_t bytes, and a few above */
-        stride = (SIZE_MAX / sizeof(float) - d) / (n_keys - 1) + 1 + ssel % 3;
+        /* the smallest stride whose extent passes PTRDIFF_MAX bytes, and a few above */
+        stride = (PTRDIFF_MAX / sizeof(float) - d) / (n_keys - 1) + 1 + ssel % 3;
     else
         stride = SIZE_MAX - ssel % 3;
     unsigned __int128 extent = n_keys ? (unsigned __int128)(n_keys - 1) * stride + d : 0;
-    int overflow = extent > SIZE_MAX / sizeof(float);
+    int overflow = extent > PTRDIFF_MAX / sizeof(float); /* no array is larger */
     int want_size = n_keys && (d == 0 || stride < d || overflow);
     int want_arg = !isfinite(c.scale);
     /* when the call must fail on size, the keys are never read: d floats stand for them */

@@ -56,7 +56,10 @@ int check_backward(const float *dx, const float *y, const float *dy, size_t n, f
     double s = ref_dot(y, dy, n), s_abs = ref_dot_abs(y, dy, n);
     for (size_t i = 0; i < n; i++) {
         double want = (double)scale * y[i] * (dy[i] - s);
-        double bound = 1e-5 * fabs(scale) * fabs(y[i]) * (fabs(dy[i]) + s_abs) + 1e-37;
+        /* sdpa.h's bound: relative to the terms, plus what flushing intermediates to zero can
+           lose (FTZ): FLT_MIN for each of the products, the sums and the last three operations */
+        double terms = fabs(dy[i]) + s_abs, sy = fabs(scale) * fabs(y[i]);
+        double bound = (1e-5 * sy + FLT_MIN) * terms + FLT_MIN * (1.0 + (2.0 * n + 1.0) * sy);
         if (!(fabs(dx[i] - want) <= bound)) {
             snprintf(why, WHY_LEN, "softmax_backward n=%zu i=%zu: got %.9g want %.9g", n, i, dx[i],
                      want);

@@ -6,6 +6,7 @@
 #include <fenv.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -156,4 +157,46 @@ BACKEND_TEST(fpenv, special_values_in_every_environment) {
         }
         restore_default();
     }
+}
+
+/* softmax_backward's sum y_j dy_j over long rows, in every environment: each dx depends on it,
+ * and a float sum of equal terms drifts with n (every rounding errs the same way). The row of a
+ * constant softmax, y = 1/n and dy = 1.0001, has exact dx = 0 and the smallest bound there is. */
+static void backward_long_row(const environment *env, size_t n, int constant, rng *r) {
+    float *y = malloc(n * sizeof(float)), *dy = malloc(n * sizeof(float)),
+          *dx = malloc(n * sizeof(float));
+    cr_assert(y && dy && dx);
+    if (constant) {
+        for (size_t i = 0; i < n; i++) y[i] = 1.0f / (float)n, dy[i] = 1.0001f;
+    } else {
+        double sum = 0.0;
+        for (size_t i = 0; i < n; i++) sum += y[i] = (float)rng_uniform(r, 0.0, 2.0);
+        for (size_t i = 0; i < n; i++) y[i] = (float)(y[i] / sum);
+        fill_uniform(r, dy, n, 0.5f, 1.5f); /* one sign: the drift of a float sum is largest */
+    }
+    cr_assert_eq(fesetround(env->round), 0);
+    set_ftz_daz(env->ftz_daz);
+    sdpa_status st = sdpa_softmax_backward_f32(dx, y, dy, n, 1.0f);
+    restore_default();
+    cr_assert_eq(st, SDPA_OK);
+    char context[96];
+    snprintf(context, sizeof context, "%s, n = %zu, %s row", env->name, n,
+             constant ? "constant" : "random");
+    CHECK_OK(check_backward, context, dx, y, dy, n, 1.0f);
+    free(y);
+    free(dy);
+    free(dx);
+}
+
+BACKEND_TEST(fpenv, softmax_backward_long_rows_within_bound) {
+    const size_t sizes[] = {12345, (size_t)1 << 18, (size_t)1 << 20, (size_t)1 << 22};
+    /* emulated CPUs: up to 2^20, enough for the drift to show on every backend */
+    const size_t n_sizes = test_quick() ? 3 : 4;
+    rng r = rng_seed(404);
+    for (size_t k = 0; k < sizeof ENVIRONMENTS / sizeof ENVIRONMENTS[0]; k++)
+        for (size_t s = 0; s < n_sizes; s++) {
+            if ((sizes[s] & (sizes[s] - 1)) == 0)
+                backward_long_row(&ENVIRONMENTS[k], sizes[s], 1, &r);
+            backward_long_row(&ENVIRONMENTS[k], sizes[s], 0, &r);
+        }
 }

@@ -37,6 +37,31 @@ typedef struct attention_problem {
 
 /* ---- argument checks ---- */
 
+/* The rows of the output view never share a float: sorted by stride, each axis of more than one
+ * entry (and the row itself) steps past everything the axes inside it span. Otherwise two rows
+ * would write the same place, and a batch of any size with a stride of 0 would be accepted and
+ * computed in full. Layouts that interleave axes without sharing a float are rejected too; no
+ * tensor library makes one. */
+static int view_is_disjoint(const size_t stride[3], const size_t dims[3], size_t row) {
+    size_t axis_stride[3], axis_len[3], n = 0;
+    for (int i = 0; i < 3; i++) {
+        if (dims[i] < 2) continue;
+        size_t j = n++;
+        for (; j > 0 && axis_stride[j - 1] > stride[i]; j--) {
+            axis_stride[j] = axis_stride[j - 1];
+            axis_len[j] = axis_len[j - 1];
+        }
+        axis_stride[j] = stride[i];
+        axis_len[j] = dims[i];
+    }
+    size_t span = row; /* floats spanned by the axes inside the current one; fits (checked) */
+    for (size_t i = 0; i < n; i++) {
+        if (axis_stride[i] < span) return 0;
+        span += (axis_len[i] - 1) * axis_stride[i];
+    }
+    return 1;
+}
+
 static sdpa_status check_problem(const attention_problem *p, uint32_t flags) {
     int has_out = p->batch && p->heads_q && p->len_q;
     int reads_inputs = has_out && p->len_kv;
@@ -44,12 +69,14 @@ static sdpa_status check_problem(const attention_problem *p, uint32_t flags) {
     if (reads_inputs && (!p->q || !p->k || !p->v)) return SDPA_ERR_NULL;
     if (flags & ~SDPA_CAUSAL) return SDPA_ERR_ARG;
     if (!isfinite(p->scale)) return SDPA_ERR_ARG;
-    if (p->heads_q && (p->heads_kv == 0 || p->heads_q % p->heads_kv)) return SDPA_ERR_SIZE;
+    if (p->heads_kv == 0 || p->heads_q % p->heads_kv) return SDPA_ERR_SIZE;
     if (!has_out) return SDPA_OK;
     if (!p->d_k || !p->d_v) return SDPA_ERR_SIZE;
     if (p->len_q > 1 && p->out_stride[2] < p->d_v) return SDPA_ERR_SIZE;
     if (!sdpa_view_fits(p->out_stride, p->batch, p->heads_q, p->len_q, p->d_v))
         return SDPA_ERR_SIZE;
+    const size_t out_dims[3] = {p->batch, p->heads_q, p->len_q};
+    if (!view_is_disjoint(p->out_stride, out_dims, p->d_v)) return SDPA_ERR_SIZE;
     if (!reads_inputs) return SDPA_OK;
     if ((p->len_q > 1 && p->q_stride[2] < p->d_k) || (p->len_kv > 1 && p->k_stride[2] < p->d_k) ||
         (p->len_kv > 1 && p->v_stride[2] < p->d_v))

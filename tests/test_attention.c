@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checks.h"
 #include "common.h"
 #include "reference.h"
 
@@ -607,6 +608,58 @@ BACKEND_TEST(attention, errors_mha) {
     EXPECT_MHA(SDPA_ERR_SIZE, d);
     cr_assert_eq(sdpa_mha_desc_bshd(&d, 2, SIZE_MAX / 4, 1, 4, 4, 4, 4, 0.0f, 0), SDPA_OK);
     EXPECT_MHA(SDPA_ERR_SIZE, d);
+}
+
+/* heads_kv divides heads_q, so 0 is an error even when there are no query heads; an output view
+ * whose rows share floats (a stride of 0 over a batch or heads, a head stride inside a row) is an
+ * error, where it would compute every batch entry into one place. */
+BACKEND_TEST(attention, mha_errors_heads_and_output_overlap) {
+    static float in[64];
+    sdpa_mha_desc ok, d;
+    cr_assert_eq(sdpa_mha_desc_dense(&ok, 2, 2, 1, 2, 3, 2, 2, 0.0f, 0), SDPA_OK);
+    d = ok, d.heads_q = 0, d.heads_kv = 0;
+    EXPECT_MHA(SDPA_ERR_SIZE, d);
+    d = ok, d.batch = 0, d.heads_kv = 0;
+    EXPECT_MHA(SDPA_ERR_SIZE, d);
+    d = ok, d.out_stride[0] = 0;
+    EXPECT_MHA(SDPA_ERR_SIZE, d);
+    d = ok, d.out_stride[1] = 1; /* heads one float apart, rows of two */
+    EXPECT_MHA(SDPA_ERR_SIZE, d);
+    d = ok, d.out_stride[0] = 4, d.out_stride[1] = 4; /* batch and heads on one place */
+    EXPECT_MHA(SDPA_ERR_SIZE, d);
+    d = ok, d.batch = SIZE_MAX, d.out_stride[0] = 0, d.q_stride[0] = d.k_stride[0] = 0;
+    d.v_stride[0] = 0;
+    EXPECT_MHA(SDPA_ERR_SIZE, d);
+    /* interleaved but disjoint, the BSHD layout: valid */
+    cr_assert_eq(sdpa_mha_desc_bshd(&d, 2, 2, 1, 2, 3, 2, 2, 0.0f, 0), SDPA_OK);
+    reset_out();
+    cr_assert_eq(sdpa_mha_f32(&d, ERR_OUT, in, in, in), SDPA_OK);
+    /* an axis of one entry may have any stride */
+    d = ok, d.batch = 1, d.out_stride[0] = 0;
+    cr_assert_eq(sdpa_mha_f32(&d, ERR_OUT, in, in, in), SDPA_OK);
+}
+
+/* The mask is only read, so its strides may be anything that stays in range: a row stride of 0
+ * gives every query row the same mask row (a key-padding mask, as PyTorch broadcasts one). */
+BACKEND_TEST(attention, mask_row_broadcast) {
+    enum { LQ = 9, LKV = 13, D = 8 };
+    static float q[LQ * D], k[LKV * D], v[LKV * D], out[LQ * D], want[LQ * D], row[LKV],
+        full[LQ * LKV];
+    rng r = rng_seed(77);
+    fill_uniform(&r, q, LQ * D, -1.0f, 1.0f);
+    fill_uniform(&r, k, LKV * D, -1.0f, 1.0f);
+    fill_uniform(&r, v, LKV * D, -1.0f, 1.0f);
+    for (size_t j = 0; j < LKV; j++) row[j] = j % 4 == 3 ? -INFINITY : (float)j * 0.1f;
+    for (size_t i = 0; i < LQ; i++) memcpy(full + i * LKV, row, sizeof row);
+    sdpa_mha_desc d;
+    cr_assert_eq(sdpa_mha_desc_dense(&d, 1, 1, 1, LQ, LKV, D, D, 0.0f, 0), SDPA_OK);
+    cr_assert_eq(sdpa_mha_desc_set_mask(&d, row, 0, 0, 0), SDPA_OK);
+    cr_assert_eq(sdpa_mha_f32(&d, out, q, k, v), SDPA_OK);
+    CHECK_OK(check_attention, "row stride 0", out, D, q, D, k, D, v, D, row, 0, LQ, LKV, D, D, 0.0f,
+             0);
+    cr_assert_eq(sdpa_mha_desc_set_mask(&d, full, 0, 0, LKV), SDPA_OK);
+    cr_assert_eq(sdpa_mha_f32(&d, want, q, k, v), SDPA_OK);
+    cr_assert_arr_eq(out, want, sizeof out, "the broadcast row is the full mask");
 }
 
 /* No output rows: nothing to do, so nothing is read or written (but arguments are checked). */

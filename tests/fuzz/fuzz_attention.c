@@ -179,7 +179,7 @@ static void read_case(fuzz_reader *r, fcase *c) {
     if (d->flags & ~SDPA_CAUSAL || !isfinite(d->scale)) c->want_arg = 1;
     if (c->null_index == 0 && has_out) c->want_null = 1;
     if (c->null_index > 0 && reads) c->want_null = 1;
-    if (heads_q && (heads_kv == 0 || heads_q % heads_kv)) c->want_size = 1;
+    if (heads_kv == 0 || heads_q % heads_kv) c->want_size = 1;
     if (has_out) {
         if (!d_k || !d_v) c->want_size = 1;
         if (len_q > 1 && d->out_stride[2] < d_v) c->want_size = 1;

@@ -111,11 +111,18 @@ static void init_once(void) {
             fprintf(stderr, "sdpa: SDPA_BACKEND=%s is %s; using %s\n", forced,
                     b ? "not supported on this CPU" : "not a known backend", chosen->name);
     }
+    /* an unknown exp mode is reported like an unknown backend: one line, then the default */
     const char *exp = getenv("SDPA_EXP");
-    atomic_store_explicit(&sdpa_active_exp,
-                          exp && strcmp(exp, EXP_NAMES[SDPA_EXP_SLEEF]) == 0 ? SDPA_EXP_SLEEF
-                                                                             : SDPA_EXP_FAST,
-                          memory_order_relaxed);
+    int exp_kind = SDPA_EXP_FAST;
+    if (exp && *exp) {
+        int known = 0;
+        for (int i = 0; i < SDPA_EXP_KINDS; i++)
+            if (strcmp(exp, EXP_NAMES[i]) == 0) exp_kind = i, known = 1;
+        if (!known)
+            fprintf(stderr, "sdpa: SDPA_EXP=%s is not a known exp mode; using %s\n", exp,
+                    EXP_NAMES[exp_kind]);
+    }
+    atomic_store_explicit(&sdpa_active_exp, exp_kind, memory_order_relaxed);
     atomic_store_explicit(&sdpa_active_kernels, chosen, memory_order_release);
 }
 

@@ -89,11 +89,12 @@ static void read_all(int fd, char *buf, size_t len) {
     buf[got] = 0;
 }
 
-/* Runs the helper program (it prints the backend it loaded with) with SDPA_BACKEND set; returns
-   its stdout line and its stderr. fork + execve, not popen: popen's shell is a host program,
-   which under qemu-user would escape the emulator (tests/qexec.c routes execve only). */
-static void run_with_backend_env(const char *value, char *out, size_t out_len, char *err,
-                                 size_t err_len) {
+/* Runs the helper program (it prints the backend it loaded with, or with arg "exp" the exp mode)
+   with the environment variable var set to value; returns its stdout line and its stderr.
+   fork + execve, not popen: popen's shell is a host program, which under qemu-user would escape
+   the emulator (tests/qexec.c routes execve only). */
+static void run_with_env(const char *var, const char *value, const char *arg, char *out,
+                         size_t out_len, char *err, size_t err_len) {
     /* the helper is built next to this test binary (meson also passes its path) */
     char helper[4096];
     const char *path = getenv("SDPA_PRINT_BACKEND");
@@ -105,17 +106,18 @@ static void run_with_backend_env(const char *value, char *out, size_t out_len, c
         helper[len] = 0;
         strcpy(strrchr(helper, '/') + 1, "print_backend");
     }
-    /* this environment, with SDPA_BACKEND replaced */
+    /* this environment, with var replaced */
     extern char **environ;
-    size_t n_env = 0;
+    size_t n_env = 0, var_len = strlen(var);
     while (environ[n_env]) n_env++;
     char **env = calloc(n_env + 2, sizeof *env);
     cr_assert_not_null(env);
     size_t k = 0;
     for (size_t i = 0; i < n_env; i++)
-        if (strncmp(environ[i], "SDPA_BACKEND=", 13) != 0) env[k++] = environ[i];
+        if (strncmp(environ[i], var, var_len) != 0 || environ[i][var_len] != '=')
+            env[k++] = environ[i];
     char forced[256];
-    snprintf(forced, sizeof forced, "SDPA_BACKEND=%s", value);
+    snprintf(forced, sizeof forced, "%s=%s", var, value);
     env[k++] = forced;
     env[k] = NULL;
 
@@ -131,7 +133,7 @@ static void run_with_backend_env(const char *value, char *out, size_t out_len, c
         close(out_pipe[1]);
         close(err_pipe[0]);
         close(err_pipe[1]);
-        char *argv[] = {helper, NULL};
+        char *argv[] = {helper, (char *)arg, NULL};
         execve(helper, argv, env);
         _exit(127);
     }
@@ -153,7 +155,7 @@ Test(dispatch, environment_forces_each_supported_backend) {
     char out[256], err[1024];
     for (size_t i = 0; sdpa_backend_name(i); i++) {
         const char *name = sdpa_backend_name(i);
-        run_with_backend_env(name, out, sizeof out, err, sizeof err);
+        run_with_env("SDPA_BACKEND", name, NULL, out, sizeof out, err, sizeof err);
         if (sdpa_backend_supported(name)) {
             cr_assert_str_eq(out, name);
             cr_assert_str_empty(err, "no message when the forced backend runs: %s", err);
@@ -166,8 +168,24 @@ Test(dispatch, environment_forces_each_supported_backend) {
 
 Test(dispatch, environment_with_unknown_name_falls_back_with_one_line) {
     char out[256], err[1024];
-    run_with_backend_env("bogus", out, sizeof out, err, sizeof err);
+    run_with_env("SDPA_BACKEND", "bogus", NULL, out, sizeof out, err, sizeof err);
     cr_assert_str_eq(out, best_supported());
     cr_assert(strstr(err, "bogus") != NULL, "stderr names the bad value: %s", err);
+    cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "exactly one line: %s", err);
+}
+
+/* SDPA_EXP is read like SDPA_BACKEND: a known name is used silently, an unknown one falls back
+ * to "fast" with one line on stderr that names it. */
+Test(dispatch, environment_sets_the_exp_mode_or_says_why_not) {
+    char out[256], err[1024];
+    run_with_env("SDPA_EXP", "sleef", "exp", out, sizeof out, err, sizeof err);
+    cr_assert_str_eq(out, "sleef");
+    cr_assert_str_empty(err, "no message for a known mode: %s", err);
+    run_with_env("SDPA_EXP", "fast", "exp", out, sizeof out, err, sizeof err);
+    cr_assert_str_eq(out, "fast");
+    cr_assert_str_empty(err, "no message for a known mode: %s", err);
+    run_with_env("SDPA_EXP", "sleeef", "exp", out, sizeof out, err, sizeof err);
+    cr_assert_str_eq(out, "fast");
+    cr_assert(strstr(err, "sleeef") != NULL, "stderr names the bad value: %s", err);
     cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "exactly one line: %s", err);
 }

@@ -6,8 +6,17 @@
  * only ever added. Every function is thread-safe. Pointers need no particular alignment.
  *
  * Errors: every call that can fail returns an sdpa_status. Arguments are checked before any work,
- * and on error no output is written. Nothing aborts and nothing prints, except one line on
- * stderr at load time when SDPA_BACKEND names a backend that cannot run here.
+ * and on error no output is written and no input is read. Nothing aborts and nothing prints,
+ * except one line on stderr at load time when SDPA_BACKEND or SDPA_EXP names something that
+ * cannot be used here. No array can hold more than PTRDIFF_MAX bytes: a count or an extent past
+ * that is SDPA_ERR_SIZE, whatever the pointer.
+ *
+ * Floating-point environment: no call changes the rounding mode or the flush-to-zero and
+ * denormals-are-zero bits, failed calls included. Exception flags: dot, scale and scores raise
+ * what their IEEE arithmetic raises; softmax, softmax_backward and attention may raise
+ * FE_INVALID, FE_OVERFLOW, FE_UNDERFLOW and FE_INEXACT on any input, finite ones too (their
+ * vector exps run on lanes and rows whose results are dropped), and never FE_DIVBYZERO. Calls
+ * expect the default masked exceptions: with a trap enabled, a call may trap.
  *
  * Special values (z below is the scaled input of a softmax, z_i = scale * x_i rounded to float):
  *   - entries with z = -inf get exactly 0; a row that is entirely -inf gives all zeros (a fully
@@ -22,7 +31,9 @@
  *   - sdpa_dot_f32, sdpa_scores_f32: |error| <= 1e-5 * sum_i |a_i * b_i| for n <= 4096;
  *   - sdpa_softmax_f32: relative error per element <= 2e-5 for n <= 4096 and <= 1e-4 for
  *     n <= 2^20 when |scale * x_i| <= 80 (outputs below 2 * FLT_MIN may be 0);
- *   - sdpa_softmax_backward_f32: |error| <= 1e-5 * |scale| * y_i * (|dy_i| + sum_j y_j |dy_j|).
+ *   - sdpa_softmax_backward_f32, with D_i = |dy_i| + sum_j |y_j dy_j|, at any n:
+ *     |error| <= (1e-5 * |scale * y_i| + FLT_MIN) * D_i + FLT_MIN * (1 + (2n + 1) |scale * y_i|);
+ *     the FLT_MIN terms are what flush-to-zero can lose (without FTZ, a few 2^-149).
  *   The default exp ("fast", inlined: a table of 2^(j/16) or 2^(j/8) and a cubic on avx512 and
  * avx2, a degree-5 polynomial elsewhere) is within 3 ULP of exp (measured: 1.63 ULP avx512, 1.90
  * avx2, at most 2.40 the others) over the whole float range where the result is a normal float
@@ -140,9 +151,13 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTE
  *     calls are fine.
  * Errors (checked before any work; out is untouched on error):
  *   SDPA_ERR_NULL  a pointer that would be read or written is NULL (and desc == NULL);
- *   SDPA_ERR_SIZE  d_k or d_v zero while there are output rows, heads_kv zero or not dividing
- *                  heads_q, a row stride smaller than its row (only checked where a view has
- *                  more than one row), an extent whose size in bytes overflows size_t;
+ *   SDPA_ERR_SIZE  heads_kv zero or not dividing heads_q (always); with output rows: d_k or d_v
+ *                  zero, a row stride of q, k, v or out smaller than its row (only checked
+ *                  where a view has more than one row), an out view whose rows share a float
+ *                  (a stride of 0, or one inside the span of an inner axis, on an axis of more
+ *                  than one entry), an extent past PTRDIFF_MAX bytes. The mask is only read:
+ *                  any strides are valid (0 broadcasts, and a row stride of 0 gives every query
+ *                  row one mask row) within that extent;
  *   SDPA_ERR_ARG   unknown flags, non-finite scale, struct_size smaller than the v1 struct.
  * Accuracy (unit-normal q, k, v and the default scale, which gives the scores about unit
  * variance; measured in the test suite on every backend and both exp modes against a

@@ -200,3 +200,42 @@ BACKEND_TEST(fpenv, softmax_backward_long_rows_within_bound) {
             backward_long_row(&ENVIRONMENTS[k], sizes[s], 0, &r);
         }
 }
+
+/* The exception flags sdpa.h lets a call raise: dot, scale and scores only what their IEEE
+ * arithmetic raises (moderate finite inputs: none of FE_INVALID, FE_DIVBYZERO, FE_OVERFLOW);
+ * softmax, its backward and attention anything but FE_DIVBYZERO, since their exps run on lanes
+ * and rows whose results are then dropped. Finite inputs, some far apart (|z| up to 1e4). */
+BACKEND_TEST(fpenv, exception_flags_as_documented) {
+    enum { N = 5000, D = 64 };
+    static float x[N], y[N], dy[N], out[N];
+    rng r = rng_seed(31);
+    fill_uniform(&r, x, N, -50.0f, 50.0f);
+    fill_uniform(&r, dy, N, -1.0f, 1.0f);
+    const size_t sizes[] = {1, 3, 16, 17, 100, 4096, N};
+    const char *modes[] = {"fast", "sleef"};
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(modes[e]), SDPA_OK);
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            const size_t n = sizes[s];
+            float dot;
+            feclearexcept(FE_ALL_EXCEPT);
+            cr_assert_eq(sdpa_dot_f32(x, dy, n, &dot), SDPA_OK);
+            cr_assert_eq(sdpa_scale_f32(out, x, n, 0.3f), SDPA_OK);
+            cr_assert_eq(sdpa_scores_f32(out, x, dy, n / D, n < D ? n : D, D, 0.125f), SDPA_OK);
+            cr_assert(!fetestexcept(FE_INVALID | FE_DIVBYZERO | FE_OVERFLOW),
+                      "%s n=%zu: dot, scale or scores raised %#x", modes[e], n,
+                      fetestexcept(FE_ALL_EXCEPT));
+            for (float scale = 1.0f; scale <= 200.0f; scale *= 14.0f) {
+                cr_assert_eq(sdpa_softmax_f32(y, x, n, scale), SDPA_OK);
+                cr_assert_eq(sdpa_softmax_backward_f32(out, y, dy, n, scale), SDPA_OK);
+            }
+            const size_t len = n / D ? n / D : 1, d = n < D ? n : D;
+            for (int causal = 0; causal < 2; causal++)
+                cr_assert_eq(sdpa_attention_f32(out, x, x, dy, len, len, d, d, 0.5f,
+                                                causal ? SDPA_CAUSAL : 0),
+                             SDPA_OK);
+            cr_assert(!fetestexcept(FE_DIVBYZERO), "%s n=%zu: FE_DIVBYZERO", modes[e], n);
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}

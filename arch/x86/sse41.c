@@ -201,9 +201,8 @@ ALWAYS_INLINE void exp_sleef_light4_sse41(__m128 x[4]) {
 }
 
 /* Four vectors a step, their exps side by side (EXP4): with one or two, the exp's chain of some
- * fifty cycles filled the scheduler before the pipes (4096 floats: 16.5 cycles a vector). The
- * last vectors take EXP, the full-range exp, whose flush makes the padded lanes of a partial one
- * exactly 0. */
+ * fifty cycles fills the scheduler before it fills the pipes. The last vectors take EXP, the
+ * full-range exp, whose flush makes the padded lanes of a partial one exactly 0. */
 #define EXP_SUM_SSE41(NAME, EXP, EXP4)                                                             \
     static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
         const __m128 vs = _mm_set1_ps(scale), vshift = _mm_set1_ps(shift);                         \

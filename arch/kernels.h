@@ -3,7 +3,11 @@
  *
  * Contracts (the entry points in src/ check arguments, so kernels assume valid input):
  * no kernel reads or writes outside [p, p + n) of any array it is given, whatever n is; none
- * allocates, keeps state, or changes the floating-point environment. */
+ * allocates or keeps state. Every kernel returns with the caller's rounding mode, but not every
+ * kernel runs under it: avx2's fast exp_sum and exp_sum_max, and its softmax_short for rows of
+ * 256 floats and more, round with a magic-number FMA, so they set MXCSR's rounding mode to
+ * round-to-nearest for the call when the caller's is another and put that mode back before they
+ * return (arch/x86/avx2.c, nearest_begin); the exception flags stay as the call left them. */
 #ifndef SDPA_ARCH_KERNELS_H
 #define SDPA_ARCH_KERNELS_H
 
@@ -117,10 +121,9 @@ typedef struct sdpa_kernels {
     const sdpa_attention_kernels *attention;
 } sdpa_kernels;
 
-/* A backend's dot_to, from its dot (inlined into it). A 16-float dot is about a dozen vector
- * instructions: the entry point's own frame, a second return and the store after it cost as
- * much (16 floats, old and new library in turn: avx512 3.45 -> 2.30 ns, avx2 4.0 -> 3.16, sse 4.3
- * -> 3.45). */
+/* A backend's dot_to, from its dot (inlined into it), so that the entry point can jump to it. A
+ * 16-float dot is about a dozen vector instructions: the entry point's own frame, a second return
+ * and the store after it would cost as much as the work. */
 #define SDPA_DOT_TO(dot)                                                                           \
     __attribute__((flatten)) static int dot##_to(const float *a, const float *b, size_t n,         \
                                                  float *result) {                                  \
@@ -136,9 +139,9 @@ __attribute__((cold)) int sdpa_softmax_nonfinite(float *y, const float *x, size_
  * or the shift it used: "A capped guess" finds no max) when y holds the row's softmax, and
  * otherwise the max, which is not finite (a NaN in x may or may not show in it), with x as it
  * was and y unwritten if it is x. Such a row goes on to sdpa_softmax_nonfinite in tail position.
- * The check sits here rather than in the entry point, which had to keep y, x, n and scale across
- * its call for it (old and new library in turn, 16 floats: avx512 7.56-7.91 -> 7.27-7.45 ns, avx2
- * 12.4-12.7 -> 10.8-11.2; avx2's whole-function frame also left its rows in registers). */
+ * The check sits here rather than in the entry point, which would have to keep y, x, n and scale
+ * across its call for it, and so need a frame that a short row's call cannot afford; here the
+ * entry point jumps, and the kernel reaches the special-value path in tail position. */
 static inline int sdpa_short_done(float got, float *y, const float *x, size_t n, float scale) {
     return __builtin_isfinite(got) ? 0 : sdpa_softmax_nonfinite(y, x, n, scale);
 }

@@ -175,8 +175,8 @@ static void dot_prepare(job *j) {
 /* Each call's result goes to its own slot of a small ring, summed once at the end: the calls are
  * independent, as the other ops' are. An accumulator (acc += r) would chain them instead: it
  * lives in memory across the call (no float register survives one), and its store, reload and
- * add took about 12 cycles a call, the whole time of a 16-float dot (3.4 ns for every row, an
- * empty function's too). */
+ * add take about 12 cycles a call, as long as a whole 16-float dot, and would set one floor under
+ * every row, an empty function's too. */
 #define DOT_RING 16
 static void dot_run(enum kind kind, job *j, size_t iters) {
     float ring[DOT_RING] = {0};
@@ -497,9 +497,9 @@ static void attention_release(job *j) {
 
 /* ---- the ops table ----
  * Sizes: powers of 4 from 16 to 2^24 floats (64 MiB per array), so each op walks from L1 through
- * L2 and L3 to DRAM; softmax adds 128 (a target of issue 2); scores walks 16 to 2^18 keys
- * (K is 128 MiB at 2^18 x 128).
- * (K is 128 MiB at 2^18 x 128); attention indexes ATTENTION_SHAPES (1-based). */
+ * L2 and L3 to DRAM; softmax adds 128 (a short row, whose calls and chain cost as much as its
+ * work); scores walks 16 to 2^18 keys (K is 128 MiB at 2^18 x 128); attention's sizes are
+ * 1-based indices into attention_shapes. */
 static const op_def OPS[] = {
     {"dot",
      {16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1u << 20, 1u << 22, 1u << 24},

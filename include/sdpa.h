@@ -35,14 +35,14 @@
  *     |error| <= (1e-5 * |scale * y_i| + FLT_MIN) * D_i + FLT_MIN * (1 + (2n + 1) |scale * y_i|);
  *     the FLT_MIN terms are what flush-to-zero can lose (without FTZ, a few 2^-149).
  *   The default exp ("fast", inlined: a table of 2^(j/16) or 2^(j/8) and a cubic on avx512 and
- * avx2, a degree-5 polynomial elsewhere) is within 3 ULP of exp (measured: 1.63 ULP avx512, 1.90
- * avx2, at most 2.40 the others) over the whole float range where the result is a normal float
- * (subnormal results are flushed to 0, overflow gives +inf, NaN stays NaN); as softmax runs it,
- * with the row's max folded into it, 2.10 avx512 and 2.11 avx2 against exp(z - max), and 2.61
- * in avx512's softmax of rows up to 4096 floats, whose exp takes a table of 2^(j/32) and a
- * quadratic (the weights only matter up to a common factor there); under the directed rounding
- * modes, within 4 ULP (measured: 3.05 avx512, 2.88 sse and scalar, 1.90 avx2). "sleef" uses
- * SLEEF's 1-ULP expf instead (SDPA_EXP=sleef or sdpa_set_exp_mode("sleef")).
+ * avx2, a degree-5 polynomial elsewhere) is within 3 ULP of exp over the whole float range where
+ * the result is a normal float (subnormal results are flushed to 0, overflow gives +inf, NaN
+ * stays NaN); so is the exp as softmax runs it, with the row's max folded into it, against
+ * exp(z - max), including avx512's softmax of rows up to 4096 floats, whose exp takes a table of
+ * 2^(j/32) and a quadratic (the weights only matter up to a common factor there); under the
+ * directed rounding modes, within 4 ULP. "sleef" uses SLEEF's expf instead, within 1 ULP
+ * (SDPA_EXP=sleef or sdpa_set_exp_mode("sleef")). What each backend measures against these
+ * bounds: docs/performance.md, "Measured accuracy".
  */
 #ifndef SDPA_H
 #define SDPA_H

@@ -10,7 +10,7 @@
 
 #define W 8
 
-/* lanes [0, remaining) set, for remaining < W */
+/* lanes [0, remaining) set, for remaining <= W (W sets them all) */
 static inline __m256i tail_mask(size_t remaining) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)remaining),
                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -38,7 +38,7 @@ static float dot_avx2(const float *a, const float *b, size_t n) {
     if (n >= 8 * W) {
         /* A load that straddles two cache lines costs two of the load ports' slots: a masked
            head brings a to a 32-byte boundary (no 32-byte load then crosses a line), and b with
-           it when they are misaligned alike (buffers from malloc): 35 -> 56 GFLOP/s at 4096. */
+           it when they are misaligned alike (buffers from malloc, in place). */
         size_t lead = (32 - ((uintptr_t)a & 31)) % 32 / sizeof(float);
         if (lead) {
             __m256i m = tail_mask(lead);
@@ -248,7 +248,7 @@ static inline __attribute__((always_inline)) row_exp row_exp_sleef_guess(float g
 
 /* exp_fast_avx2 (full = 0) with c's table, clamp and polynomial. `magic`: N rounded by adding
  * 1.5 * 2^23 in the FMA that scales z (N then sits in its low bits), where exp_fast_avx2 takes a
- * multiply, roundps and cvtps2dq: one operation fewer (4096 floats 916-940 -> 879-896 ns). That
+ * multiply, roundps and cvtps2dq: one operation fewer, in a loop bound by its operation count. That
  * FMA rounds as MXCSR says, so its callers run it under round-to-nearest (nearest_begin): a
  * directed mode would take r to ln2 / 8, twice the cubic's interval, and the exp to about 20 ULP
  * (tests/test_exp.c, sum_fast_directed). */
@@ -370,7 +370,7 @@ static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, cons
  * exception flags stay as the call left them. */
 #define MXCSR_RC 0x6000u
 /* Reading MXCSR waits for the floating-point work before it (its flags), which costs a short row
- * its overlap with the call before (40 floats took 24.7 -> 27.1 ns): rows shorter than this keep
+ * its overlap with the call before, more than the operation saved: rows shorter than this keep
  * roundps and read nothing. */
 #define SHORT_MAGIC_FROM 256
 /* sets round-to-nearest if the caller had another mode, and returns that mode's RC bits */
@@ -502,9 +502,8 @@ SOFTMAX_SHORT_AVX2(softmax_short_sleef_avx2, exp_sum_sleef_avx2_lanes, row_exp_s
 
 /* Rows of up to 32 floats with the fast exp, in V = 1, 2 or 4 vectors that stay in registers
  * from their loads to their stores, where the three-pass body stores the weights and loads them
- * again (as on avx512): 1-8 floats 15.3-15.7 -> 11.7-12.2 ns, 13 20.6 -> 14.0-14.2, 24 22.7-23.0
- * -> 17.3-17.6, 32 19.2-19.8 -> 19.4-19.6. Vectors past the row's end are skipped. SLEEF's exp,
- * a call, keeps the three passes. */
+ * again (as on avx512): in a row this short, that store and reload are a large part of the work.
+ * Vectors past the row's end are skipped. SLEEF's exp, a call, keeps the three passes. */
 #define EACH_OF_4(OP) OP(0) OP(1) OP(2) OP(3)
 static inline __attribute__((always_inline)) float
 softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, const int V) {

@@ -41,7 +41,7 @@ static float dot_avx512(const float *a, const float *b, size_t n) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     size_t i = 0;
     if (n >= 4 * W) {
-        /* a to a line boundary, b with it when misaligned alike: 54 -> 110 GFLOP/s at 4096 */
+        /* a to a line boundary, b with it when misaligned alike: no load straddles two lines */
         size_t lead = lead_to_line(a);
         if (lead) {
             __mmask16 m = tail_mask(lead);
@@ -491,7 +491,7 @@ static void normalize_avx512(float *y, size_t n, float factor) {
  * (the result feeds vector code at once): inside each 128-bit chunk, then across the four chunks,
  * each as three exchanges side by side (the partners i ^ 1, i ^ 2 and i ^ 3), not two in turn. A
  * 512-bit shuffle across chunks takes 5 cycles on Zen 5: the reduction's chain is one such
- * shuffle, not two (128 floats 24.9 -> 24.4 ns). */
+ * shuffle, not two, and a short row's time includes that chain. */
 #define ALL_OF_4(OP, v, SHUFFLE, i1, i2, i3)                                                       \
     OP(OP(v, SHUFFLE(v, i1)), OP(SHUFFLE(v, i2), SHUFFLE(v, i3)))
 #define IN_CHUNKS_(v, imm)     _mm512_permute_ps(v, imm)
@@ -522,9 +522,9 @@ ALWAYS_INLINE void weights_of_row_avx512(float *y, size_t head, __m512 e, __mmas
  * path without the calls between them, the max and the sum reduced in registers, and 1 / sum in
  * float: the sum comes from 64 partial sums of at most 64 weights each, as exp_sum's 4096-float
  * blocks do. The exp pass is exp_sum's own loop, with the 32-entry exp (kernels.h: one FMA
- * fewer, 4096 floats 500 -> 477-489 ns); z = scale * x is rounded before the max is
- * subtracted, as there. At n = 300, 1000 and 4096 this took 65, 152 and 506 ns where the
- * driver's three calls took 78, 165 and 520.
+ * fewer, in a pass bound by its operation count); z = scale * x is rounded before the max is
+ * subtracted, as there. Up to 4096 floats the calls between the driver's passes and the latency
+ * from one pass to the next are a visible part of the row's time.
  * The exps first run against a guessed shift (kernels.h, "A guessed shift"). One vector, or a
  * row in registers, checks the guess against the max before it stores. A longer row finds the
  * max beside its exps and checks it after its stores; such a row takes the guess only when y
@@ -544,9 +544,8 @@ ALWAYS_INLINE void weights_of_row_avx512(float *y, size_t head, __m512 e, __mmas
         _mm512_mask_storeu_ps(y, valid, weights_avx512(e, factor, keep_from));                     \
     }                                                                                              \
     /* a row of one vector, in a register from the load to the store, where longer rows store      \
-       their weights and load them again (1 to 16 floats: 15.5 -> 11.1-11.8 ns, 27.3 -> 15.3-15.7  \
-       with SLEEF's exp); its guess is checked by the sum, with no max (kernels.h, "A capped       \
-       guess") */                                                                                  \
+       their weights and load them again (a store and reload on the chain of a row this short);    \
+       its guess is checked by the sum, with no max (kernels.h, "A capped guess") */               \
     ALWAYS_INLINE float NAME##_vector(float *y, const float *x, size_t n, __m512 vs, int unit) {   \
         const __mmask16 valid = tail_mask(n);                                                      \
         __m512 z = _mm512_maskz_loadu_ps(valid, x);                                                \
@@ -647,8 +646,8 @@ ALWAYS_INLINE void weights_of_row_avx512(float *y, size_t head, __m512 e, __mmas
         const int folded = FOLDS && fabsf(max) <= SDPA_EXP_FOLD_MAX;                               \
         const row_exp c = ROW_EXP(vmax, folded);                                                   \
         /* a partial last vector stays in a register from its exp to its store: a masked store     \
-           and a masked load of the same bytes cost a short row dearly (63 floats took 25.4 ns,    \
-           64 took 21.4) */                                                                        \
+           followed by a masked load of the same bytes is not forwarded cheaply, and a short row   \
+           would pay for it */                                                                     \
         const size_t head = n & ~(size_t)(W - 1);                                                  \
         const __mmask16 last = tail_mask(n - head);                                                \
         __m512 sum = folded ? EXP_SUM_LANES(y, x, head, vs, &c, unit, 1, NULL)                     \
@@ -674,11 +673,11 @@ SOFTMAX_SHORT_AVX512(softmax_short_sleef_avx512, exp_sum_sleef_avx512_lanes, row
 
 /* Rows of 17 to 128 floats with the fast exp, in V = 2, 4 or 8 vectors that stay in registers
  * from their loads to their stores, where the three-pass body stores the weights and loads them
- * again (17 floats 16.7 -> 14.4 ns, 80 floats 24.8 -> 21.9, 128 floats 30.1 -> 29.3). Vectors
- * past the row's end are skipped by a branch, not loaded with an empty mask: such a load still
- * takes a slow fault-suppression assist when its bytes lie on an unmapped page (65 floats took
- * 41 ns that way). Named variables, not arrays: gcc kept the arrays on the stack. SLEEF's exp is
- * a call, across which nothing stays in a register: that kind keeps the three passes. */
+ * again: the store and the reload are a large part of a row this short. Vectors past the row's
+ * end are skipped by a branch, not loaded with an empty mask: such a load still takes a slow
+ * fault-suppression assist when its bytes lie on an unmapped page. Named variables, not arrays:
+ * gcc kept the arrays on the stack. SLEEF's exp is a call, across which nothing stays in a
+ * register: that kind keeps the three passes. */
 #define EACH_OF_8(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7)
 #define TREE_OF_8(OP, a)                                                                           \
     if (V > 4)                                                                                     \

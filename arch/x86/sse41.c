@@ -10,8 +10,8 @@
 #define W 4
 
 /* the first `len` (< W) floats of p in a vector, the rest `fill`; element loads, not a memcpy
- * through the stack: a call and a store-forwarding stall cost a 1-float softmax 67 ns against
- * 21 ns for 4 floats */
+ * through the stack: a libc call and a 16-byte load of bytes just stored in pieces (not
+ * forwarded) would cost a short row more than its work */
 static inline __m128 load_partial(const float *p, size_t len, float fill) {
     return _mm_setr_ps(p[0], len > 1 ? p[1] : fill, len > 2 ? p[2] : fill, fill);
 }
@@ -137,7 +137,7 @@ static float max_scaled_sse41(const float *x, size_t n, float scale) {
 /* The shared "fast" exp (kernels.h) without FMA: the 15-bit ln 2 split keeps n * LN2_HI exact.
  * x[u] = exp(x[u]) for u < count (at most 4), each step for all of them before the next: one
  * exp is a chain of some fifty cycles, and only exps side by side in the instruction stream
- * keep the pipes busy (four: 2.6 -> 2.0 ns a vector on the Zen 5 of docs/performance.md).
+ * keep the pipes busy (four fill them where one or two leave them waiting on the chain).
  * full = 1 (exp_sum, the exp entry): the whole float range. full = 0, for exp_pv, whose
  * arguments are s - max <= 0: no upper clamp, no overflow case, and results below FLT_MIN are
  * left below it (as exp_sum's contract allows), five operations of about twenty fewer; the
@@ -201,9 +201,8 @@ ALWAYS_INLINE void exp_sleef_light4_sse41(__m128 x[4]) {
 }
 
 /* Four vectors a step, their exps side by side (EXP4): with one or two, the exp's chain of some
- * fifty cycles filled the scheduler before the pipes (4096 floats: 16.5 cycles a vector). The
- * last vectors take EXP, the full-range exp, whose flush makes the padded lanes of a partial one
- * exactly 0. */
+ * fifty cycles fills the scheduler before it fills the pipes. The last vectors take EXP, the
+ * full-range exp, whose flush makes the padded lanes of a partial one exactly 0. */
 #define EXP_SUM_SSE41(NAME, EXP, EXP4)                                                             \
     static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
         const __m128 vs = _mm_set1_ps(scale), vshift = _mm_set1_ps(shift);                         \

@@ -1,0 +1,181 @@
+/* Attention's arguments: the problem a call or a descriptor states, its checks, and the
+ * descriptor helpers. */
+#include "attention_problem.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "sizes.h"
+
+/* The v1 struct ends with mask_stride; a caller compiled against v1 passes at least this. */
+#define MHA_DESC_V1_SIZE (offsetof(sdpa_mha_desc, mask_stride) + 3 * sizeof(size_t))
+
+/* The rows of the output view never share a float: sorted by stride, each axis of more than one
+ * entry (and the row itself) steps past everything the axes inside it span. Otherwise two rows
+ * would write the same place, and a batch of any size with a stride of 0 would be accepted and
+ * computed in full. Layouts that interleave axes without sharing a float are rejected too; no
+ * tensor library makes one. */
+static int view_is_disjoint(const size_t stride[3], const size_t dims[3], size_t row) {
+    size_t axis_stride[3], axis_len[3], n = 0;
+    for (int i = 0; i < 3; i++) {
+        if (dims[i] < 2) continue;
+        size_t j = n++;
+        for (; j > 0 && axis_stride[j - 1] > stride[i]; j--) {
+            axis_stride[j] = axis_stride[j - 1];
+            axis_len[j] = axis_len[j - 1];
+        }
+        axis_stride[j] = stride[i];
+        axis_len[j] = dims[i];
+    }
+    size_t span = row; /* floats spanned by the axes inside the current one; fits (checked) */
+    for (size_t i = 0; i < n; i++) {
+        if (axis_stride[i] < span) return 0;
+        span += (axis_len[i] - 1) * axis_stride[i];
+    }
+    return 1;
+}
+
+static sdpa_status check(const attention_problem *p, uint32_t flags) {
+    int has_out = p->batch && p->heads_q && p->len_q;
+    int reads_inputs = has_out && p->len_kv;
+    if (has_out && !p->out) return SDPA_ERR_NULL;
+    if (reads_inputs && (!p->q || !p->k || !p->v)) return SDPA_ERR_NULL;
+    if (flags & ~SDPA_CAUSAL) return SDPA_ERR_ARG;
+    if (!isfinite(p->scale)) return SDPA_ERR_ARG;
+    if (p->heads_kv == 0 || p->heads_q % p->heads_kv) return SDPA_ERR_SIZE;
+    if (!has_out) return SDPA_OK;
+    if (!p->d_k || !p->d_v) return SDPA_ERR_SIZE;
+    if (p->len_q > 1 && p->out_stride[2] < p->d_v) return SDPA_ERR_SIZE;
+    if (!sdpa_view_fits(p->out_stride, p->batch, p->heads_q, p->len_q, p->d_v))
+        return SDPA_ERR_SIZE;
+    const size_t out_dims[3] = {p->batch, p->heads_q, p->len_q};
+    if (!view_is_disjoint(p->out_stride, out_dims, p->d_v)) return SDPA_ERR_SIZE;
+    if (!reads_inputs) return SDPA_OK;
+    if ((p->len_q > 1 && p->q_stride[2] < p->d_k) || (p->len_kv > 1 && p->k_stride[2] < p->d_k) ||
+        (p->len_kv > 1 && p->v_stride[2] < p->d_v))
+        return SDPA_ERR_SIZE;
+    if (!sdpa_view_fits(p->q_stride, p->batch, p->heads_q, p->len_q, p->d_k) ||
+        !sdpa_view_fits(p->k_stride, p->batch, p->heads_kv, p->len_kv, p->d_k) ||
+        !sdpa_view_fits(p->v_stride, p->batch, p->heads_kv, p->len_kv, p->d_v))
+        return SDPA_ERR_SIZE;
+    if (p->mask && !sdpa_view_fits(p->mask_stride, p->batch, p->heads_q, p->len_q, p->len_kv))
+        return SDPA_ERR_SIZE;
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_problem_check(attention_problem *p, uint32_t flags) {
+    sdpa_status st = check(p, flags);
+    if (st != SDPA_OK) return st;
+    if (p->scale == SDPA_DEFAULT_SCALE && p->d_k) p->scale = (float)(1.0 / sqrt((double)p->d_k));
+    p->causal = (flags & SDPA_CAUSAL) != 0;
+    return SDPA_OK;
+}
+
+void sdpa_problem_single(attention_problem *p, float *out, const float *q, const float *k,
+                         const float *v, size_t len_q, size_t len_kv, size_t d_k, size_t d_v,
+                         float scale) {
+    memset(p, 0, sizeof *p);
+    p->batch = p->heads_q = p->heads_kv = 1;
+    p->len_q = len_q;
+    p->len_kv = len_kv;
+    p->d_k = d_k;
+    p->d_v = d_v;
+    p->scale = scale;
+    p->q = q;
+    p->k = k;
+    p->v = v;
+    p->out = out;
+    p->q_stride[2] = p->k_stride[2] = d_k;
+    p->v_stride[2] = p->out_stride[2] = d_v;
+}
+
+sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *desc, float *out,
+                                   const float *q, const float *k, const float *v) {
+    if (!desc) return SDPA_ERR_NULL;
+    if (desc->struct_size < MHA_DESC_V1_SIZE) return SDPA_ERR_ARG;
+    memset(p, 0, sizeof *p);
+    p->batch = desc->batch;
+    p->heads_q = desc->heads_q;
+    p->heads_kv = desc->heads_kv;
+    p->len_q = desc->len_q;
+    p->len_kv = desc->len_kv;
+    p->d_k = desc->d_k;
+    p->d_v = desc->d_v;
+    p->scale = desc->scale;
+    p->q = q;
+    p->k = k;
+    p->v = v;
+    p->out = out;
+    p->mask = desc->mask;
+    for (int i = 0; i < 3; i++) {
+        p->q_stride[i] = desc->q_stride[i];
+        p->k_stride[i] = desc->k_stride[i];
+        p->v_stride[i] = desc->v_stride[i];
+        p->out_stride[i] = desc->out_stride[i];
+        p->mask_stride[i] = desc->mask_stride[i];
+    }
+    return SDPA_OK;
+}
+
+static void desc_init(sdpa_mha_desc *desc, size_t batch, size_t heads_q, size_t heads_kv,
+                      size_t len_q, size_t len_kv, size_t d_k, size_t d_v, float scale,
+                      uint32_t flags) {
+    memset(desc, 0, sizeof *desc);
+    desc->struct_size = (uint32_t)sizeof *desc;
+    desc->flags = flags;
+    desc->batch = batch;
+    desc->heads_q = heads_q;
+    desc->heads_kv = heads_kv;
+    desc->len_q = len_q;
+    desc->len_kv = len_kv;
+    desc->d_k = d_k;
+    desc->d_v = d_v;
+    desc->scale = scale;
+}
+
+/* The strides of a [d0][d1][d2][row] tensor, or its [d0][d2][d1][row] transpose (bshd). Sizes
+ * whose products overflow give strides that sdpa_mha_f32's extent check rejects. */
+static void set_strides(size_t stride[3], size_t heads, size_t len, size_t row, int bshd) {
+    int ok = 1;
+    size_t plane = sdpa_mul_add(heads, sdpa_mul_add(len, row, 0, &ok), 0, &ok);
+    size_t head_row = sdpa_mul_add(heads, row, 0, &ok), len_row = sdpa_mul_add(len, row, 0, &ok);
+    stride[0] = plane;
+    stride[1] = bshd ? row : len_row;
+    stride[2] = bshd ? head_row : row;
+    if (!ok) stride[0] = stride[1] = stride[2] = SIZE_MAX;
+}
+
+SDPA_API sdpa_status sdpa_mha_desc_dense(sdpa_mha_desc *desc, size_t batch, size_t heads_q,
+                                         size_t heads_kv, size_t len_q, size_t len_kv, size_t d_k,
+                                         size_t d_v, float scale, uint32_t flags) {
+    if (!desc) return SDPA_ERR_NULL;
+    desc_init(desc, batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v, scale, flags);
+    set_strides(desc->q_stride, heads_q, len_q, d_k, 0);
+    set_strides(desc->k_stride, heads_kv, len_kv, d_k, 0);
+    set_strides(desc->v_stride, heads_kv, len_kv, d_v, 0);
+    set_strides(desc->out_stride, heads_q, len_q, d_v, 0);
+    return SDPA_OK;
+}
+
+SDPA_API sdpa_status sdpa_mha_desc_bshd(sdpa_mha_desc *desc, size_t batch, size_t heads_q,
+                                        size_t heads_kv, size_t len_q, size_t len_kv, size_t d_k,
+                                        size_t d_v, float scale, uint32_t flags) {
+    if (!desc) return SDPA_ERR_NULL;
+    desc_init(desc, batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v, scale, flags);
+    set_strides(desc->q_stride, heads_q, len_q, d_k, 1);
+    set_strides(desc->k_stride, heads_kv, len_kv, d_k, 1);
+    set_strides(desc->v_stride, heads_kv, len_kv, d_v, 1);
+    set_strides(desc->out_stride, heads_q, len_q, d_v, 1);
+    return SDPA_OK;
+}
+
+SDPA_API sdpa_status sdpa_mha_desc_set_mask(sdpa_mha_desc *desc, const float *mask,
+                                            size_t stride_batch, size_t stride_head,
+                                            size_t stride_row) {
+    if (!desc) return SDPA_ERR_NULL;
+    desc->mask = mask;
+    desc->mask_stride[0] = stride_batch;
+    desc->mask_stride[1] = stride_head;
+    desc->mask_stride[2] = stride_row;
+    return SDPA_OK;
+}

@@ -1,0 +1,42 @@
+/* Internal: the problem an attention call states, from its arguments or its descriptor, and
+ * the one check every attention entry point (forward, and later backward) runs before any work.
+ * Strides are in elements; [b][h][r][c] of a view X is X[b s0 + h s1 + r s2 + c]. */
+#ifndef SDPA_SRC_ATTENTION_PROBLEM_H
+#define SDPA_SRC_ATTENTION_PROBLEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sdpa.h"
+
+typedef struct attention_problem {
+    size_t batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v;
+    float scale; /* after sdpa_problem_check: never SDPA_DEFAULT_SCALE */
+    int causal;
+    const float *q, *k, *v, *mask;
+    float *out;
+    size_t q_stride[3], k_stride[3], v_stride[3], out_stride[3], mask_stride[3];
+    /* optional: each query row's log-sum-exp of its scores, lse[b s0 + h s1 + r] */
+    float *lse;
+    size_t lse_stride[2];
+} attention_problem;
+
+/* One dense head (sdpa_attention_f32's arguments). */
+void sdpa_problem_single(attention_problem *p, float *out, const float *q, const float *k,
+                         const float *v, size_t len_q, size_t len_kv, size_t d_k, size_t d_v,
+                         float scale);
+
+/* The descriptor's problem; SDPA_ERR_NULL or SDPA_ERR_ARG for a missing or too short desc. */
+sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *desc, float *out,
+                                   const float *q, const float *k, const float *v);
+
+/* Every rule of sdpa.h's attention errors, in one place; on SDPA_OK the scale is resolved and
+ * causal set from flags. */
+sdpa_status sdpa_problem_check(attention_problem *p, uint32_t flags);
+
+/* There is at least one output row. */
+static inline int sdpa_problem_has_rows(const attention_problem *p) {
+    return p->batch && p->heads_q && p->len_q;
+}
+
+#endif

@@ -195,6 +195,17 @@ typedef struct sdpa_mha_desc {
     size_t q_stride[3], k_stride[3], v_stride[3], out_stride[3];
     const float *mask; /* optional additive mask [len_q][len_kv] per (batch, head); NULL for none */
     size_t mask_stride[3]; /* [batch][head][row]; 0 broadcasts; columns contiguous */
+    /* ---- v2: read only when struct_size covers them (a v1 caller gets f32 and no lse) ---- */
+    uint32_t q_type, kv_type, out_type; /* element types; 0 is f32, the only one sdpa_mha_f32 takes
+                                           (anything else: SDPA_ERR_ARG) */
+    uint32_t reserved;                  /* 0 (else SDPA_ERR_ARG) */
+    /* Optional output (NULL for none): lse[b * lse_stride[0] + h * lse_stride[1] + r], the
+     * natural log of sum_j exp(s_rj) over the keys query row r sees, s the scores with scale and
+     * mask applied; -inf for a row that sees no key, NaN where the output row is NaN. With it, a
+     * host can merge partial attentions over disjoint sets of keys. Like out, it must not overlap
+     * the inputs or out; two of its own entries in one place are SDPA_ERR_SIZE. */
+    float *lse;
+    size_t lse_stride[2];
 } sdpa_mha_desc;
 
 SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const float *q,

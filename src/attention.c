@@ -69,7 +69,7 @@ static int packed_step(const attention_run *run, float *st, float *acc, size_t l
 /* One block of nq query rows of one head against all the keys they see. */
 static void attention_block(const attention_run *run, const attention_problem *p, const float *q,
                             const float *k, const float *v, const float *mask, size_t mask_row,
-                            float *out, size_t q0, size_t nq) {
+                            float *out, float *lse, size_t lse_row, size_t q0, size_t nq) {
     const sdpa_attention_kernels *a = run->a;
     const size_t block_kv = a->block_kv, d_v = p->d_v;
     const size_t qs = p->q_stride[2], ks = p->k_stride[2], vs = p->v_stride[2];
@@ -203,13 +203,18 @@ static void attention_block(const attention_run *run, const attention_problem *p
 
     for (size_t r = 0; r < nq; r++) {
         float *o = out + (q0 + r) * os;
+        float row_lse;
         if (poisoned[r] || isnan(l[r])) {
             for (size_t c = 0; c < d_v; c++) o[c] = NAN;
+            row_lse = NAN;
         } else if (l[r] == 0.0) {
             memset(o, 0, d_v * sizeof(float));
+            row_lse = -INFINITY;
         } else {
             run->k->scale(o, acc + r * ld_acc, d_v, (float)(1.0 / l[r]));
+            row_lse = (float)((double)m[r] + log(l[r]));
         }
+        if (lse) lse[(q0 + r) * lse_row] = row_lse;
     }
 }
 
@@ -241,8 +246,10 @@ static void attention_run_all(const attention_problem *p) {
                     const float *mask =
                         p->mask ? p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] : NULL;
                     float *out = p->out + b * p->out_stride[0] + h * p->out_stride[1];
-                    attention_block(&run, &rows, q, k, v, mask, p->mask_stride[1], out, 0,
-                                    rows.len_q);
+                    float *lse =
+                        p->lse ? p->lse + b * p->lse_stride[0] + h * p->lse_stride[1] : NULL;
+                    attention_block(&run, &rows, q, k, v, mask, p->mask_stride[1], out, lse,
+                                    p->lse_stride[1], 0, rows.len_q);
                 }
             }
         }
@@ -257,9 +264,10 @@ static void attention_run_all(const attention_problem *p) {
             const float *mask =
                 p->mask ? p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] : NULL;
             float *out = p->out + b * p->out_stride[0] + h * p->out_stride[1];
+            float *lse = p->lse ? p->lse + b * p->lse_stride[0] + h * p->lse_stride[1] : NULL;
             for (size_t q0 = 0; q0 < p->len_q; q0 += block_q) {
                 size_t nq = p->len_q - q0 < block_q ? p->len_q - q0 : block_q;
-                attention_block(&run, p, q, k, v, mask, p->mask_stride[2], out, q0, nq);
+                attention_block(&run, p, q, k, v, mask, p->mask_stride[2], out, lse, 1, q0, nq);
             }
         }
     }
@@ -269,13 +277,15 @@ static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {
     sdpa_status st = sdpa_problem_check(p, flags);
     if (st != SDPA_OK) return st;
     if (!sdpa_problem_has_rows(p)) return SDPA_OK;
-    if (p->len_kv == 0) { /* no key at all: every row is zeros */
+    if (p->len_kv == 0) { /* no key at all: every row is zeros, its log-sum-exp -inf */
         for (size_t b = 0; b < p->batch; b++)
             for (size_t h = 0; h < p->heads_q; h++)
-                for (size_t i = 0; i < p->len_q; i++)
+                for (size_t i = 0; i < p->len_q; i++) {
                     memset(p->out + b * p->out_stride[0] + h * p->out_stride[1] +
                                i * p->out_stride[2],
                            0, p->d_v * sizeof(float));
+                    if (p->lse) p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i] = -INFINITY;
+                }
         return SDPA_OK;
     }
     attention_run_all(p);

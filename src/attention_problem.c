@@ -7,8 +7,10 @@
 
 #include "sizes.h"
 
-/* The v1 struct ends with mask_stride; a caller compiled against v1 passes at least this. */
-#define MHA_DESC_V1_SIZE (offsetof(sdpa_mha_desc, mask_stride) + 3 * sizeof(size_t))
+/* desc's caller compiled a header that has `field` (struct_size says how much of the struct it
+ * knows); the v1 struct ends with mask_stride */
+#define DESC_HAS(desc, field)                                                                      \
+    ((desc)->struct_size >= offsetof(sdpa_mha_desc, field) + sizeof((desc)->field))
 
 /* The rows of the output view never share a float: sorted by stride, each axis of more than one
  * entry (and the row itself) steps past everything the axes inside it span. Otherwise two rows
@@ -63,8 +65,20 @@ static sdpa_status check(const attention_problem *p, uint32_t flags) {
     return SDPA_OK;
 }
 
+/* the lse view, [batch][heads_q] rows of len_q contiguous floats, written whenever out is */
+static sdpa_status check_lse(const attention_problem *p) {
+    if (!p->lse || !sdpa_problem_has_rows(p)) return SDPA_OK;
+    const size_t stride[3] = {p->lse_stride[0], p->lse_stride[1], 1};
+    const size_t dims[3] = {p->batch, p->heads_q, 1};
+    if (!sdpa_view_fits(stride, p->batch, p->heads_q, 1, p->len_q) ||
+        !view_is_disjoint(stride, dims, p->len_q))
+        return SDPA_ERR_SIZE;
+    return SDPA_OK;
+}
+
 sdpa_status sdpa_problem_check(attention_problem *p, uint32_t flags) {
     sdpa_status st = check(p, flags);
+    if (st == SDPA_OK) st = check_lse(p);
     if (st != SDPA_OK) return st;
     if (p->scale == SDPA_DEFAULT_SCALE && p->d_k) p->scale = (float)(1.0 / sqrt((double)p->d_k));
     p->causal = (flags & SDPA_CAUSAL) != 0;
@@ -92,7 +106,7 @@ void sdpa_problem_single(attention_problem *p, float *out, const float *q, const
 sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *desc, float *out,
                                    const float *q, const float *k, const float *v) {
     if (!desc) return SDPA_ERR_NULL;
-    if (desc->struct_size < MHA_DESC_V1_SIZE) return SDPA_ERR_ARG;
+    if (!DESC_HAS(desc, mask_stride)) return SDPA_ERR_ARG;
     memset(p, 0, sizeof *p);
     p->batch = desc->batch;
     p->heads_q = desc->heads_q;
@@ -113,6 +127,12 @@ sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *de
         p->v_stride[i] = desc->v_stride[i];
         p->out_stride[i] = desc->out_stride[i];
         p->mask_stride[i] = desc->mask_stride[i];
+    }
+    if (DESC_HAS(desc, lse_stride)) {
+        if (desc->q_type || desc->kv_type || desc->out_type || desc->reserved) return SDPA_ERR_ARG;
+        p->lse = desc->lse;
+        p->lse_stride[0] = desc->lse_stride[0];
+        p->lse_stride[1] = desc->lse_stride[1];
     }
     return SDPA_OK;
 }

@@ -549,6 +549,10 @@ BACKEND_TEST(attention, errors_single_head) {
     EXPECT_ATT(SDPA_ERR_ARG, ERR_OUT, in, in, in, 2, 2, 4, 4, -INFINITY, SDPA_CAUSAL);
 }
 
+/* the size of sdpa_mha_desc in a v1 header: it ended with mask_stride */
+#define V1_DESC_SIZE                                                                               \
+    (offsetof(sdpa_mha_desc, mask_stride) + sizeof(((sdpa_mha_desc *)0)->mask_stride))
+
 BACKEND_TEST(attention, errors_mha) {
     static float in[64];
     sdpa_mha_desc ok, d;
@@ -571,7 +575,7 @@ BACKEND_TEST(attention, errors_mha) {
     expect_untouched();
     d = ok, d.struct_size = 0;
     EXPECT_MHA(SDPA_ERR_ARG, d);
-    d = ok, d.struct_size = (uint32_t)sizeof d - 1;
+    d = ok, d.struct_size = (uint32_t)V1_DESC_SIZE - 1;
     EXPECT_MHA(SDPA_ERR_ARG, d);
     d = ok, d.flags = 4;
     EXPECT_MHA(SDPA_ERR_ARG, d);

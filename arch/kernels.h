@@ -117,7 +117,7 @@ typedef struct sdpa_kernels {
     int (*softmax_short[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale);
     /* y[i] = exp(x[i]); for tests of the exp itself */
     void (*exp[SDPA_EXP_KINDS])(float *y, const float *x, size_t n);
-    /* attention microkernels; NULL makes the driver use the scalar backend's */
+    /* attention microkernels (every backend has them) */
     const sdpa_attention_kernels *attention;
 } sdpa_kernels;
 
@@ -131,8 +131,14 @@ typedef struct sdpa_kernels {
         return 0;                                                                                  \
     }
 
-/* The softmax of a row whose max is not finite (sdpa.h's special values), from x: src/, out of
- * line and cold. Returns 0. */
+/* The softmax of a row whose max is not finite (sdpa.h's special values), from x: NaN anywhere
+ * gives NaN everywhere, else the +inf entries share the mass (all zeros when there are none, a
+ * fully masked row). Baseline code (arch/softmax_special.c), out of line and cold.
+ * _from: found at element `from`, where x[0, from) may already be overwritten (y == x) but held
+ * only finite z, and nan_before says whether a NaN was among them. sdpa_softmax_nonfinite
+ * returns 0, so that a softmax_short can end in a jump to it. */
+__attribute__((cold)) void sdpa_softmax_nonfinite_from(float *y, const float *x, size_t n,
+                                                       float scale, size_t from, int nan_before);
 __attribute__((cold)) int sdpa_softmax_nonfinite(float *y, const float *x, size_t n, float scale);
 
 /* A backend's softmax_short, from a function `name` that returns a finite number (the row's max,

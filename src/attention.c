@@ -221,7 +221,7 @@ static void attention_block(const attention_run *run, const attention_problem *p
 static void attention_run_all(const attention_problem *p) {
     attention_run run;
     run.k = sdpa_kernels_now();
-    run.a = run.k->attention ? run.k->attention : sdpa_kernels_scalar.attention;
+    run.a = run.k->attention;
     const int exp_kind = sdpa_exp_with(run.k);
     run.exp_sum = run.k->exp_sum[exp_kind];
     run.exp_tile = run.a->exp_tile[exp_kind];

@@ -58,33 +58,6 @@ static void fill(float *y, size_t n, float value) {
     for (size_t i = 0; i < n; i++) y[i] = value;
 }
 
-/* The rare rows whose largest z is not finite, found at chunk `from`: x[0, from) may already be
- * overwritten (y == x) but held only finite z, and nan_before says whether a NaN was among them.
- * NaN anywhere gives NaN everywhere; otherwise the +inf entries share the mass (all zeros when
- * there are none, a fully masked row). */
-static void softmax_nonfinite(float *y, const float *x, size_t n, float scale, size_t from,
-                              int nan_before) {
-    size_t n_inf = 0;
-    int has_nan = nan_before;
-    for (size_t i = from; i < n; i++) {
-        float z = scale * x[i];
-        has_nan |= isnan(z);
-        n_inf += z == INFINITY;
-    }
-    if (has_nan) {
-        fill(y, n, NAN);
-        return;
-    }
-    float share = n_inf ? 1.0f / (float)n_inf : 0.0f;
-    fill(y, from, 0.0f);
-    for (size_t i = from; i < n; i++) y[i] = scale * x[i] == INFINITY ? share : 0.0f;
-}
-
-int sdpa_softmax_nonfinite(float *y, const float *x, size_t n, float scale) {
-    softmax_nonfinite(y, x, n, scale, 0, 0);
-    return 0;
-}
-
 /* Each chunk's weights are computed against the running max when the chunk is reached (its
  * shift); the final pass scales chunk c by exp(shift[c] - max) / sum, which is exactly 1 / sum for
  * a row of one chunk. A chunk whose z are all -inf has no weights and gets zeros. */
@@ -125,7 +98,7 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
         /* one chunk, straight through: short rows are dominated by fixed costs */
         float m = k->max_scaled(x, n, scale);
         if (!isfinite(m)) {
-            softmax_nonfinite(y, x, n, scale, 0, 0);
+            sdpa_softmax_nonfinite_from(y, x, n, scale, 0, 0);
             return;
         }
         /* the sum is >= 1 (the max contributes exp(0)), or NaN when x holds a NaN: then the
@@ -154,7 +127,7 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
                 double sc = exp_sum_max_blocked(k, exp_kind, y + i, x + i, len, scale, s, &mc);
                 if (!sdpa_guess_fits(s, mc)) {
                     if (!isfinite(mc)) { /* NaN or +inf */
-                        softmax_nonfinite(y, x, n, scale, i, isnan(sum));
+                        sdpa_softmax_nonfinite_from(y, x, n, scale, i, isnan(sum));
                         return;
                     }
                     s = mc;
@@ -171,7 +144,7 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
         }
         float mc = k->max_scaled(x + i, len, scale);
         if (!isfinite(mc) && !(mc == -INFINITY)) { /* NaN or +inf */
-            softmax_nonfinite(y, x, n, scale, i, isnan(sum));
+            sdpa_softmax_nonfinite_from(y, x, n, scale, i, isnan(sum));
             return;
         }
         if (mc == -INFINITY) {

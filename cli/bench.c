@@ -1,0 +1,214 @@
+/* sdpa bench: a quick timing of dot, softmax and the fused attention on every backend this CPU
+ * runs, with the speedup over scalar. The full benchmark is bench/. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct bench_data {
+    size_t n;
+    float *a, *b, *y;
+    /* attention, fused: len_q x len_kv, d_k = d_v = d */
+    size_t lq, lkv, d;
+    uint32_t flags;
+    float *q, *k, *v, *out;
+} bench_data;
+
+enum { KERNEL_DOT, KERNEL_SOFTMAX, KERNEL_ATTENTION };
+static const char *const KERNEL_NAMES[] = {"dot", "softmax", "attention"};
+
+static void run_once(int kernel, bench_data *bd) {
+    float r;
+    switch (kernel) {
+    case KERNEL_DOT: api->dot_f32(bd->a, bd->b, bd->n, &r); break;
+    case KERNEL_SOFTMAX: api->softmax_f32(bd->y, bd->a, bd->n, 0.125f); break;
+    case KERNEL_ATTENTION:
+        api->attention_f32(bd->out, bd->q, bd->k, bd->v, bd->lq, bd->lkv, bd->d, bd->d,
+                           SDPA_DEFAULT_SCALE, bd->flags);
+        break;
+    }
+}
+
+/* Best time of 5 runs of enough calls for about 4 ms each, in nanoseconds per call. */
+static double time_kernel(int kernel, bench_data *bd) {
+    long calls = 1;
+    for (;;) {
+        double t0 = now_seconds();
+        for (long i = 0; i < calls; i++) run_once(kernel, bd);
+        double dt = now_seconds() - t0;
+        if (dt > 0.004 || calls > (1L << 24)) break;
+        calls *= dt > 0.0005 ? (long)(0.004 / dt) + 1 : 8;
+    }
+    double best = INFINITY;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_seconds();
+        for (long i = 0; i < calls; i++) run_once(kernel, bd);
+        double dt = (now_seconds() - t0) / (double)calls;
+        best = dt < best ? dt : best;
+    }
+    return best * 1e9;
+}
+
+/* One row of the table: a kernel at a size (an attention shape in the benchdnn style). */
+typedef struct bench_row {
+    int kernel;
+    size_t n, lq, lkv, d;
+    uint32_t flags;
+    char label[32];
+} bench_row;
+
+static double row_flops(const bench_row *row) {
+    if (row->kernel == KERNEL_DOT) return 2.0 * (double)row->n;
+    if (row->kernel == KERNEL_SOFTMAX) return 0; /* not a flop-bound kernel: ns/element */
+    double pairs = (double)row->lq * (double)row->lkv;
+    if (row->flags & SDPA_CAUSAL) pairs = (double)row->lq * ((double)row->lq + 1) / 2;
+    return 4.0 * pairs * (double)row->d; /* Q K^T and P V */
+}
+
+int cmd_bench(int json) {
+    static const size_t SIZES[] = {256, 4096, 65536};
+    static const struct {
+        size_t lq, lkv, d;
+        uint32_t flags;
+    } SHAPES[] = {{1, 4096, 128, 0}, {256, 256, 64, 0}, {256, 256, 64, SDPA_CAUSAL}};
+    enum {
+        N_SIZES = 3,
+        N_SHAPES = 3,
+        ROWS = 2 * N_SIZES + N_SHAPES,
+        QMAX = 256 * 128,
+        KMAX = 4096 * 128
+    };
+    size_t n_max = SIZES[N_SIZES - 1];
+    if (!SDPA_API_HAS(api, attention_f32)) {
+        fprintf(stderr, "sdpa bench: this library has no attention_f32\n");
+        return 1;
+    }
+    bench_data bd = {.a = malloc(n_max * 4),
+                     .b = malloc(n_max * 4),
+                     .y = malloc(n_max * 4),
+                     .q = malloc(QMAX * 4),
+                     .k = malloc(KMAX * 4),
+                     .v = malloc(KMAX * 4),
+                     .out = malloc(QMAX * 4)};
+    int status = 0;
+    if (!bd.a || !bd.b || !bd.y || !bd.q || !bd.k || !bd.v || !bd.out) {
+        fprintf(stderr, "sdpa bench: out of memory\n");
+        status = 1;
+        goto done;
+    }
+    rng r = rng_seed(1);
+    fill(&r, bd.a, n_max, -1, 1);
+    fill(&r, bd.b, n_max, -1, 1);
+    fill(&r, bd.q, QMAX, -1, 1);
+    fill(&r, bd.k, KMAX, -1, 1);
+    fill(&r, bd.v, KMAX, -1, 1);
+
+    bench_row rows[ROWS];
+    for (int i = 0; i < ROWS; i++) {
+        bench_row *row = &rows[i];
+        memset(row, 0, sizeof *row);
+        if (i < 2 * N_SIZES) {
+            row->kernel = i / N_SIZES;
+            row->n = SIZES[i % N_SIZES];
+            snprintf(row->label, sizeof row->label, "n=%zu", row->n);
+        } else {
+            int sh = i - 2 * N_SIZES;
+            row->kernel = KERNEL_ATTENTION;
+            row->lq = SHAPES[sh].lq;
+            row->lkv = SHAPES[sh].lkv;
+            row->d = SHAPES[sh].d;
+            row->flags = SHAPES[sh].flags;
+            snprintf(row->label, sizeof row->label, "q%zuk%zud%zu%s", row->lq, row->lkv, row->d,
+                     row->flags & SDPA_CAUSAL ? " causal" : "");
+        }
+    }
+
+    char initial[32];
+    snprintf(initial, sizeof initial, "%s", api->backend());
+    const char *names[MAX_BACKENDS];
+    size_t n_backends = 0;
+    for (size_t i = 0; api->backend_name(i) && n_backends < MAX_BACKENDS; i++)
+        if (api->backend_supported(api->backend_name(i)))
+            names[n_backends++] = api->backend_name(i);
+
+    double ns[ROWS][MAX_BACKENDS];
+    for (size_t b = 0; b < n_backends; b++) {
+        api->set_backend(names[b]);
+        for (int i = 0; i < ROWS; i++) {
+            bd.n = rows[i].n;
+            bd.lq = rows[i].lq;
+            bd.lkv = rows[i].lkv;
+            bd.d = rows[i].d;
+            bd.flags = rows[i].flags;
+            ns[i][b] = time_kernel(rows[i].kernel, &bd);
+        }
+    }
+    api->set_backend(initial);
+    size_t scalar = 0;
+    for (size_t b = 0; b < n_backends; b++)
+        if (strcmp(names[b], "scalar") == 0) scalar = b;
+
+    if (json) {
+        printf("{\n  \"library_version\": ");
+        json_string(api->version());
+        printf(",\n  \"backends\": [");
+        for (size_t b = 0; b < n_backends; b++) {
+            printf("%s", b ? ", " : "");
+            json_string(names[b]);
+        }
+        printf("],\n  \"results\": [\n");
+        for (int i = 0; i < ROWS; i++) {
+            const bench_row *row = &rows[i];
+            for (size_t b = 0; b < n_backends; b++) {
+                printf("    {\"kernel\": \"%s\", ", KERNEL_NAMES[row->kernel]);
+                if (row->kernel == KERNEL_ATTENTION)
+                    printf("\"len_q\": %zu, \"len_kv\": %zu, \"d\": %zu, \"causal\": %s, ", row->lq,
+                           row->lkv, row->d, row->flags & SDPA_CAUSAL ? "true" : "false");
+                else
+                    printf("\"n\": %zu, ", row->n);
+                printf("\"backend\": \"%s\", \"ns_per_call\": %.1f, ", names[b], ns[i][b]);
+                if (row_flops(row) > 0) printf("\"gflops\": %.2f, ", row_flops(row) / ns[i][b]);
+                printf("\"speedup_vs_scalar\": %.3f}%s\n", ns[i][scalar] / ns[i][b],
+                       i + 1 == ROWS && b + 1 == n_backends ? "" : ",");
+            }
+        }
+        printf("  ]\n}\n");
+    } else {
+        printf("sdpa bench: best of 5 runs; dot and attention in GFLOP/s, softmax in ns per\n"
+               "element; in parentheses the speedup over scalar. Attention is the fused\n"
+               "sdpa_attention_f32, shapes q<len_q>k<len_kv>d<d_k = d_v>, scale 1/sqrt(d).\n\n");
+        printf("  %-10s %-18s", "kernel", "size");
+        for (size_t b = 0; b < n_backends; b++) printf(" %17s", names[b]);
+        printf("\n");
+        for (int i = 0; i < ROWS; i++) {
+            const bench_row *row = &rows[i];
+            printf("  %-10s %-18s", KERNEL_NAMES[row->kernel], row->label);
+            for (size_t b = 0; b < n_backends; b++) {
+                double f = row_flops(row);
+                double shown = f > 0 ? f / ns[i][b] : ns[i][b] / (double)row->n;
+                printf(" %8.*f (%5.1fx)", f > 0 ? 1 : 3, shown, ns[i][scalar] / ns[i][b]);
+            }
+            printf("\n");
+        }
+        printf("\nThe full benchmark, with peers and a roofline, is in bench/ "
+               "(docs/performance.md).\n");
+    }
+done:
+    free(bd.a);
+    free(bd.b);
+    free(bd.y);
+    free(bd.q);
+    free(bd.k);
+    free(bd.v);
+    free(bd.out);
+    return status;
+}

@@ -1,0 +1,314 @@
+/* sdpa info: the library, the CPU and its features, and every backend with whether it is
+ * compiled in, whether this CPU runs it, and why the active one was chosen. */
+#include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpu_features/cpuinfo_x86.h>
+#include <cpuid.h>
+#elif defined(__aarch64__)
+#include <cpu_features/cpuinfo_aarch64.h>
+#endif
+
+#ifndef SDPA_SLEEF_VERSION
+#define SDPA_SLEEF_VERSION "unknown"
+#endif
+
+/* The file the dynamic loader mapped for handle, or for the loaded object whose name contains
+ * part (when part is not NULL); "" if unknown. */
+static const char *loaded_file(void *handle, const char *part, char *buf, size_t size) {
+    struct link_map *map = NULL;
+    buf[0] = 0;
+    if (dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || !map) return buf;
+    if (part) {
+        while (map->l_prev) map = map->l_prev;
+        while (map && !strstr(map->l_name, part)) map = map->l_next;
+        if (!map) return buf;
+    }
+    char *real = realpath(map->l_name, NULL);
+    snprintf(buf, size, "%s", real ? real : map->l_name);
+    free(real);
+    return buf;
+}
+
+/* ---- CPU ---- */
+
+typedef struct feature {
+    const char *name;
+    int present;
+} feature;
+
+typedef struct cpu_report {
+    char vendor[16];
+    char model[64];
+    int family, model_number, stepping;
+    feature features[8];
+    int n_features;
+    int os_known, os_ymm, os_zmm; /* OS saves the AVX / AVX-512 register state (XCR0) */
+    unsigned long long xcr0;
+} cpu_report;
+
+#if defined(__x86_64__) || defined(__i386__)
+/* XCR0, read only when CPUID says the OS has enabled XSAVE (else xgetbv would fault). */
+static int read_xcr0(unsigned long long *xcr0) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    *xcr0 = ((unsigned long long)hi << 32) | lo;
+    return 1;
+}
+#endif
+
+static cpu_report cpu_probe(void) {
+    cpu_report r;
+    memset(&r, 0, sizeof r);
+#if defined(__x86_64__) || defined(__i386__)
+    X86Info info = GetX86Info();
+    snprintf(r.vendor, sizeof r.vendor, "%s", info.vendor);
+    const char *brand = info.brand_string;
+    while (*brand == ' ') brand++;
+    snprintf(r.model, sizeof r.model, "%s", brand);
+    for (size_t len = strlen(r.model); len && r.model[len - 1] == ' ';) r.model[--len] = 0;
+    r.family = info.family;
+    r.model_number = info.model;
+    r.stepping = info.stepping;
+    feature f[] = {{"SSE4.1", info.features.sse4_1},
+                   {"AVX", info.features.avx},
+                   {"AVX2", info.features.avx2},
+                   {"FMA", info.features.fma3},
+                   {"AVX-512F", info.features.avx512f}};
+    r.n_features = (int)(sizeof f / sizeof f[0]);
+    memcpy(r.features, f, sizeof f);
+    r.os_known = read_xcr0(&r.xcr0);
+    r.os_ymm = (r.xcr0 & 0x6) == 0x6;   /* SSE and AVX state */
+    r.os_zmm = (r.xcr0 & 0xe6) == 0xe6; /* plus opmask, ZMM0-15 upper halves, ZMM16-31 */
+#elif defined(__aarch64__)
+    Aarch64Info info = GetAarch64Info();
+    snprintf(r.vendor, sizeof r.vendor, "0x%02x", info.implementer);
+    snprintf(r.model, sizeof r.model, "part 0x%03x, variant %d, revision %d", info.part,
+             info.variant, info.revision);
+    feature f[] = {{"ASIMD", info.features.asimd}, {"SVE", info.features.sve}};
+    r.n_features = (int)(sizeof f / sizeof f[0]);
+    memcpy(r.features, f, sizeof f);
+#else
+    snprintf(r.vendor, sizeof r.vendor, "unknown");
+#endif
+    return r;
+}
+
+static int has_feature(const cpu_report *r, const char *name) {
+    for (int i = 0; i < r->n_features; i++)
+        if (strcmp(r->features[i].name, name) == 0) return r->features[i].present;
+    return 0;
+}
+
+/* Whether this command was built alongside each backend (the library it loads is normally the
+ * one built with it; a backend the library reports as supported is compiled in either way). */
+static int built_with(const char *name) {
+    static const char *const BUILT[] = {
+#if defined(SDPA_HAVE_SSE41)
+        "sse",
+#endif
+#if defined(SDPA_HAVE_AVX2)
+        "avx2",
+#endif
+#if defined(SDPA_HAVE_AVX512)
+        "avx512",
+#endif
+#if defined(SDPA_HAVE_NEON)
+        "neon",
+#endif
+        "scalar"
+    };
+    for (size_t i = 0; i < sizeof BUILT / sizeof BUILT[0]; i++)
+        if (strcmp(BUILT[i], name) == 0) return 1;
+    return 0;
+}
+
+/* Why this CPU cannot run a backend, or NULL if it can (the dispatcher's rules). */
+static const char *cpu_reason(const cpu_report *r, const char *name) {
+    if (strcmp(name, "avx512") == 0) {
+        if (has_feature(r, "AVX-512F")) return NULL;
+        return r->os_known && !r->os_zmm ? "OS does not enable the ZMM/opmask state"
+                                         : "CPU lacks AVX-512F";
+    }
+    if (strcmp(name, "avx2") == 0) {
+        if (!has_feature(r, "AVX2")) return "CPU lacks AVX2";
+        if (!has_feature(r, "FMA")) return "CPU lacks FMA";
+        return NULL;
+    }
+    if (strcmp(name, "sse") == 0) return has_feature(r, "SSE4.1") ? NULL : "CPU lacks SSE4.1";
+    if (strcmp(name, "neon") == 0) {
+#if defined(__aarch64__)
+        return has_feature(r, "ASIMD") ? NULL : "CPU lacks ASIMD";
+#else
+        return "AArch64 only";
+#endif
+    }
+    return NULL;
+}
+
+/* ---- JSON ---- */
+
+void json_string(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+const char *json_bool(int b) { return b ? "true" : "false"; }
+
+/* ---- info ---- */
+
+typedef struct backend_row {
+    const char *name;
+    int compiled, supported, active;
+    char note[128];
+} backend_row;
+
+/* The backend table of `sdpa info`; returns the number of rows and whether SDPA_BACKEND forced
+ * the active backend. */
+static size_t backend_rows(const cpu_report *cpu, backend_row *rows, int *forced) {
+    const char *env = getenv("SDPA_BACKEND");
+    int env_set = env && *env && strcmp(env, "auto") != 0;
+    const char *active = api->backend();
+    *forced = env_set && strcmp(env, active) == 0;
+    size_t n = 0, active_index = 0;
+    const char *best = NULL;
+    for (size_t i = 0; api->backend_name(i) && n < MAX_BACKENDS; i++, n++) {
+        backend_row *r = &rows[i];
+        r->name = api->backend_name(i);
+        r->supported = api->backend_supported(r->name);
+        r->compiled = r->supported || built_with(r->name);
+        r->active = strcmp(r->name, active) == 0;
+        if (r->active) active_index = i;
+        if (r->supported && !best) best = r->name;
+    }
+    for (size_t i = 0; i < n; i++) {
+        backend_row *r = &rows[i];
+        const char *why = cpu_reason(cpu, r->name);
+        if (r->active)
+            snprintf(r->note, sizeof r->note, "%s",
+                     *forced                              ? "active: forced by SDPA_BACKEND"
+                     : best && strcmp(best, r->name) == 0 ? "active: the best this CPU and OS run"
+                                                          : "active: chosen with sdpa_set_backend");
+        else if (!r->compiled)
+            snprintf(r->note, sizeof r->note, "not compiled into this library%s%s%s",
+                     why ? " (" : "", why ? why : "", why ? ")" : "");
+        else if (!r->supported)
+            snprintf(r->note, sizeof r->note, "%s", why ? why : "not runnable here");
+        else if (i < active_index)
+            snprintf(r->note, sizeof r->note, "runnable, not chosen: %s",
+                     *forced ? "SDPA_BACKEND forces another" : "another was set at run time");
+        else
+            snprintf(r->note, sizeof r->note, "runnable; a better backend is active");
+    }
+    return n;
+}
+
+int cmd_info(int json) {
+    cpu_report cpu = cpu_probe();
+    backend_row rows[MAX_BACKENDS];
+    int forced;
+    size_t n = backend_rows(&cpu, rows, &forced);
+    char lib_path[PATH_MAX], sleef_path[PATH_MAX];
+    loaded_file(library, NULL, lib_path, sizeof lib_path);
+    loaded_file(library, "libsleef", sleef_path, sizeof sleef_path);
+    const char *env = getenv("SDPA_BACKEND");
+
+    if (json) {
+        printf("{\n  \"command_version\": ");
+        json_string(SDPA_COMMAND_VERSION);
+        printf(",\n  \"library\": {\"path\": ");
+        json_string(lib_path);
+        printf(", \"version\": ");
+        json_string(api->version());
+        printf(", \"abi_version\": %u, \"table_size\": %u},\n", api->abi_version_fn(),
+               api->struct_size);
+        printf("  \"sleef\": {\"version\": ");
+        json_string(SDPA_SLEEF_VERSION);
+        printf(", \"path\": ");
+        json_string(sleef_path);
+        printf("},\n  \"cpu\": {\"vendor\": ");
+        json_string(cpu.vendor);
+        printf(", \"model\": ");
+        json_string(cpu.model);
+        printf(", \"family\": %d, \"model_number\": %d, \"stepping\": %d, \"features\": {",
+               cpu.family, cpu.model_number, cpu.stepping);
+        for (int i = 0; i < cpu.n_features; i++) {
+            printf("%s", i ? ", " : "");
+            json_string(cpu.features[i].name);
+            printf(": %s", json_bool(cpu.features[i].present));
+        }
+        printf("}");
+        if (cpu.os_known)
+            printf(", \"os\": {\"xcr0\": %llu, \"ymm_state\": %s, \"zmm_state\": %s}", cpu.xcr0,
+                   json_bool(cpu.os_ymm), json_bool(cpu.os_zmm));
+        printf("},\n  \"backends\": [\n");
+        for (size_t i = 0; i < n; i++) {
+            printf("    {\"name\": ");
+            json_string(rows[i].name);
+            printf(", \"compiled\": %s, \"supported\": %s, \"active\": %s, \"note\": ",
+                   json_bool(rows[i].compiled), json_bool(rows[i].supported),
+                   json_bool(rows[i].active));
+            json_string(rows[i].note);
+            printf("}%s\n", i + 1 < n ? "," : "");
+        }
+        printf("  ],\n  \"active\": ");
+        json_string(api->backend());
+        printf(",\n  \"forced\": %s,\n  \"sdpa_backend_env\": ", json_bool(forced));
+        if (env)
+            json_string(env);
+        else
+            printf("null");
+        printf(",\n  \"exp_mode\": ");
+        json_string(api->exp_mode());
+        printf("\n}\n");
+        return 0;
+    }
+
+    printf("sdpa %s\n", SDPA_COMMAND_VERSION);
+    printf("  library   %s\n            version %s, ABI %u (table of %u bytes)\n", lib_path,
+           api->version(), api->abi_version_fn(), api->struct_size);
+    printf("  SLEEF     %s%s%s\n", SDPA_SLEEF_VERSION, *sleef_path ? ", " : "", sleef_path);
+    printf("\nCPU\n  vendor    %s\n  model     %s\n", cpu.vendor, *cpu.model ? cpu.model : "?");
+#if defined(__x86_64__) || defined(__i386__)
+    printf("            family %d, model %d, stepping %d\n", cpu.family, cpu.model_number,
+           cpu.stepping);
+#endif
+    printf("  features ");
+    for (int i = 0; i < cpu.n_features; i++)
+        printf(" %s %s", cpu.features[i].name, cpu.features[i].present ? "yes" : "no");
+    printf("\n");
+    if (cpu.os_known)
+        printf("  OS        saves AVX (YMM) state: %s, AVX-512 (ZMM, opmask) state: %s "
+               "(XCR0 = 0x%llx)\n",
+               cpu.os_ymm ? "yes" : "no", cpu.os_zmm ? "yes" : "no", cpu.xcr0);
+    printf("\nBackends, best first\n  %-8s %-9s %-10s %-7s %s\n", "name", "compiled", "supported",
+           "active", "");
+    for (size_t i = 0; i < n; i++)
+        printf("  %-8s %-9s %-10s %-7s %s\n", rows[i].name, rows[i].compiled ? "yes" : "no",
+               rows[i].supported ? "yes" : "no", rows[i].active ? "yes" : "-", rows[i].note);
+    if (env && *env && strcmp(env, "auto") != 0 && !forced)
+        printf("\n  SDPA_BACKEND=%s was ignored: %s\n", env,
+               api->backend_supported(env) ? "another backend was set at run time"
+                                           : "not a backend this library and CPU can run");
+    printf("\nactive backend: %s%s; exp: %s\n", api->backend(),
+           forced ? " (forced by SDPA_BACKEND)" : "", api->exp_mode());
+    return 0;
+}

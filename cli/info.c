@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends.h"
 #include "cli.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,6 +43,7 @@ static const char *loaded_file(void *handle, const char *part, char *buf, size_t
 typedef struct feature {
     const char *name;
     int present;
+    const char *os_off; /* when absent: the reason if the OS, not the CPU, lacks it; else NULL */
 } feature;
 
 typedef struct cpu_report {
@@ -79,22 +81,25 @@ static cpu_report cpu_probe(void) {
     r.family = info.family;
     r.model_number = info.model;
     r.stepping = info.stepping;
-    feature f[] = {{"SSE4.1", info.features.sse4_1},
-                   {"AVX", info.features.avx},
-                   {"AVX2", info.features.avx2},
-                   {"FMA", info.features.fma3},
-                   {"AVX-512F", info.features.avx512f}};
-    r.n_features = (int)(sizeof f / sizeof f[0]);
-    memcpy(r.features, f, sizeof f);
     r.os_known = read_xcr0(&r.xcr0);
     r.os_ymm = (r.xcr0 & 0x6) == 0x6;   /* SSE and AVX state */
     r.os_zmm = (r.xcr0 & 0xe6) == 0xe6; /* plus opmask, ZMM0-15 upper halves, ZMM16-31 */
+    /* cpu_features reports the wide-register features only when the OS saves their state */
+    const char *no_ymm = r.os_known && !r.os_ymm ? "OS does not enable the YMM state" : NULL;
+    const char *no_zmm = r.os_known && !r.os_zmm ? "OS does not enable the ZMM/opmask state" : NULL;
+    feature f[] = {{"SSE4.1", info.features.sse4_1, NULL},
+                   {"AVX", info.features.avx, no_ymm},
+                   {"AVX2", info.features.avx2, no_ymm},
+                   {"FMA", info.features.fma3, no_ymm},
+                   {"AVX-512F", info.features.avx512f, no_zmm}};
+    r.n_features = (int)(sizeof f / sizeof f[0]);
+    memcpy(r.features, f, sizeof f);
 #elif defined(__aarch64__)
     Aarch64Info info = GetAarch64Info();
     snprintf(r.vendor, sizeof r.vendor, "0x%02x", info.implementer);
     snprintf(r.model, sizeof r.model, "part 0x%03x, variant %d, revision %d", info.part,
              info.variant, info.revision);
-    feature f[] = {{"ASIMD", info.features.asimd}, {"SVE", info.features.sve}};
+    feature f[] = {{"ASIMD", info.features.asimd, NULL}, {"SVE", info.features.sve, NULL}};
     r.n_features = (int)(sizeof f / sizeof f[0]);
     memcpy(r.features, f, sizeof f);
 #else
@@ -103,54 +108,51 @@ static cpu_report cpu_probe(void) {
     return r;
 }
 
-static int has_feature(const cpu_report *r, const char *name) {
+/* The feature named by the len characters at name; NULL if this CPU report has none such. */
+static const feature *find_feature(const cpu_report *r, const char *name, size_t len) {
     for (int i = 0; i < r->n_features; i++)
-        if (strcmp(r->features[i].name, name) == 0) return r->features[i].present;
-    return 0;
+        if (strncmp(r->features[i].name, name, len) == 0 && r->features[i].name[len] == 0)
+            return &r->features[i];
+    return NULL;
 }
 
-/* Whether this command was built alongside each backend (the library it loads is normally the
- * one built with it; a backend the library reports as supported is compiled in either way). */
-static int built_with(const char *name) {
-    static const char *const BUILT[] = {
-#if defined(SDPA_HAVE_SSE41)
-        "sse",
-#endif
-#if defined(SDPA_HAVE_AVX2)
-        "avx2",
-#endif
-#if defined(SDPA_HAVE_AVX512)
-        "avx512",
-#endif
-#if defined(SDPA_HAVE_NEON)
-        "neon",
-#endif
-        "scalar"
-    };
-    for (size_t i = 0; i < sizeof BUILT / sizeof BUILT[0]; i++)
-        if (strcmp(BUILT[i], name) == 0) return 1;
-    return 0;
+/* What this command was built with about each backend (backends.h, from the records in
+ * meson.build). The library it loads is normally the one built with it; the rows of `sdpa info`
+ * come from the library, and a name this list lacks gets no reasons. */
+typedef struct record {
+    const char *name;
+    int built;
+    const char *arch, *requires, *description;
+} record;
+
+#define RECORD_(unused, name, built, table, arch, requires, description)                           \
+    {#name, built, arch, requires, description},
+static const record RECORDS[] = {SDPA_BACKENDS(RECORD_, )};
+#undef RECORD_
+
+static const record *record_of(const char *name) {
+    for (size_t i = 0; i < sizeof RECORDS / sizeof RECORDS[0]; i++)
+        if (strcmp(RECORDS[i].name, name) == 0) return &RECORDS[i];
+    return NULL;
 }
 
-/* Why this CPU cannot run a backend, or NULL if it can (the dispatcher's rules). */
-static const char *cpu_reason(const cpu_report *r, const char *name) {
-    if (strcmp(name, "avx512") == 0) {
-        if (has_feature(r, "AVX-512F")) return NULL;
-        return r->os_known && !r->os_zmm ? "OS does not enable the ZMM/opmask state"
-                                         : "CPU lacks AVX-512F";
+/* Why this CPU cannot run a backend, from its record: it is for another architecture, or the
+ * CPU (or the OS) lacks a feature it requires; NULL if neither. Written into buf when composed. */
+static const char *cpu_reason(const cpu_report *r, const record *rec, char *buf, size_t size) {
+    if (!rec) return NULL;
+    if (*rec->arch && strcmp(rec->arch, SDPA_BUILD_ARCH) != 0) {
+        snprintf(buf, size, "%s only", rec->arch);
+        return buf;
     }
-    if (strcmp(name, "avx2") == 0) {
-        if (!has_feature(r, "AVX2")) return "CPU lacks AVX2";
-        if (!has_feature(r, "FMA")) return "CPU lacks FMA";
-        return NULL;
-    }
-    if (strcmp(name, "sse") == 0) return has_feature(r, "SSE4.1") ? NULL : "CPU lacks SSE4.1";
-    if (strcmp(name, "neon") == 0) {
-#if defined(__aarch64__)
-        return has_feature(r, "ASIMD") ? NULL : "CPU lacks ASIMD";
-#else
-        return "AArch64 only";
-#endif
+    for (const char *p = rec->requires; *p;) {
+        size_t len = strcspn(p, "+");
+        const feature *f = find_feature(r, p, len);
+        if (!f || !f->present) {
+            if (f && f->os_off) return f->os_off;
+            snprintf(buf, size, "CPU lacks %.*s", (int)len, p);
+            return buf;
+        }
+        p += len + (p[len] == '+');
     }
     return NULL;
 }
@@ -177,6 +179,7 @@ const char *json_bool(int b) { return b ? "true" : "false"; }
 
 typedef struct backend_row {
     const char *name;
+    const record *rec; /* NULL for a name this command was not built with */
     int compiled, supported, active;
     char note[128];
 } backend_row;
@@ -194,14 +197,16 @@ static size_t backend_rows(const cpu_report *cpu, backend_row *rows, int *forced
         backend_row *r = &rows[i];
         r->name = api->backend_name(i);
         r->supported = api->backend_supported(r->name);
-        r->compiled = r->supported || built_with(r->name);
+        r->rec = record_of(r->name);
+        r->compiled = r->supported || (r->rec && r->rec->built);
         r->active = strcmp(r->name, active) == 0;
         if (r->active) active_index = i;
         if (r->supported && !best) best = r->name;
     }
     for (size_t i = 0; i < n; i++) {
         backend_row *r = &rows[i];
-        const char *why = cpu_reason(cpu, r->name);
+        char buf[64];
+        const char *why = cpu_reason(cpu, r->rec, buf, sizeof buf);
         if (r->active)
             snprintf(r->note, sizeof r->note, "%s",
                      *forced                              ? "active: forced by SDPA_BACKEND"
@@ -267,6 +272,12 @@ int cmd_info(int json) {
                    json_bool(rows[i].compiled), json_bool(rows[i].supported),
                    json_bool(rows[i].active));
             json_string(rows[i].note);
+            if (rows[i].rec) {
+                printf(", \"requires\": ");
+                json_string(rows[i].rec->requires);
+                printf(", \"description\": ");
+                json_string(rows[i].rec->description);
+            }
             printf("}%s\n", i + 1 < n ? "," : "");
         }
         printf("  ],\n  \"active\": ");

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends.h"
 #include "dispatch.h"
 #include "sdpa.h"
 
@@ -22,13 +23,27 @@
 _Atomic(const sdpa_kernels *) sdpa_active_kernels;
 _Atomic int sdpa_active_exp;
 
+/* A backend's record (meson.build, through the generated backends.h) and its kernel table. */
 typedef struct backend {
     const char *name;
     const sdpa_kernels *kernels; /* NULL when not compiled into this library */
-    int (*cpu_can_run)(void);
+    const char *requires;        /* CPU features, joined by '+': the CPU must have every one */
 } backend;
 
-static int always(void) { return 1; }
+/* Best first: the dispatcher takes the first entry that is compiled in and runnable. */
+#define KERNELS_IF_BUILT_1(table) &table
+#define KERNELS_IF_BUILT_0(table) NULL
+#define BACKEND_(unused, name, built, table, arch, requires, description)                          \
+    {#name, KERNELS_IF_BUILT_##built(table), requires},
+static const backend BACKENDS[] = {SDPA_BACKENDS(BACKEND_, )};
+#undef BACKEND_
+#define N_BACKENDS (sizeof BACKENDS / sizeof BACKENDS[0])
+
+/* How to probe each CPU feature a record may require, by the name the record uses. */
+typedef struct cpu_feature {
+    const char *name;
+    int (*present)(void);
+} cpu_feature;
 
 #if defined(__x86_64__) || defined(__i386__)
 /* cpu_features checks OS support (XCR0) for the wide registers. On CPUs without OSXSAVE it takes
@@ -39,46 +54,38 @@ static int cpu_has_sse41(void) {
     __builtin_cpu_init();
     return x86_features().sse4_1 != 0 && __builtin_cpu_supports("sse4.1");
 }
-static int cpu_has_avx2_fma(void) {
-    X86Features f = x86_features();
-    return f.avx2 != 0 && f.fma3 != 0;
-}
+static int cpu_has_avx2(void) { return x86_features().avx2 != 0; }
+static int cpu_has_fma(void) { return x86_features().fma3 != 0; }
 static int cpu_has_avx512f(void) { return x86_features().avx512f != 0; }
-#endif
-#if defined(__aarch64__)
+static const cpu_feature FEATURES[] = {{"SSE4.1", cpu_has_sse41},
+                                       {"AVX2", cpu_has_avx2},
+                                       {"FMA", cpu_has_fma},
+                                       {"AVX-512F", cpu_has_avx512f},
+                                       {NULL, NULL}};
+#elif defined(__aarch64__)
 /* The kernel's hwcaps directly: Debian's arm64 cpu_features 0.7 prints a debug line to stdout
  * on cores without AT_HWCAP2 (ARMv8.0), which a library must never do to its users. */
 #ifndef HWCAP_ASIMD
 #define HWCAP_ASIMD (1ul << 1)
 #endif
 static int cpu_has_asimd(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0; }
+static const cpu_feature FEATURES[] = {{"ASIMD", cpu_has_asimd}, {NULL, NULL}};
+#else
+static const cpu_feature FEATURES[] = {{NULL, NULL}};
 #endif
 
-/* Best first: the dispatcher takes the first entry that is compiled in and runnable. */
-static const backend BACKENDS[] = {
-#if defined(SDPA_HAVE_AVX512)
-    {"avx512", &sdpa_kernels_avx512, cpu_has_avx512f},
-#else
-    {"avx512", NULL, NULL},
-#endif
-#if defined(SDPA_HAVE_AVX2)
-    {"avx2", &sdpa_kernels_avx2, cpu_has_avx2_fma},
-#else
-    {"avx2", NULL, NULL},
-#endif
-#if defined(SDPA_HAVE_SSE41)
-    {"sse", &sdpa_kernels_sse41, cpu_has_sse41},
-#else
-    {"sse", NULL, NULL},
-#endif
-#if defined(SDPA_HAVE_NEON)
-    {"neon", &sdpa_kernels_neon, cpu_has_asimd},
-#else
-    {"neon", NULL, NULL},
-#endif
-    {"scalar", &sdpa_kernels_scalar, always},
-};
-#define N_BACKENDS (sizeof BACKENDS / sizeof BACKENDS[0])
+/* Whether this CPU has every feature of a record's list; a name not probed here counts as
+ * missing, so a record can never enable code the CPU was not checked for. */
+static int cpu_has_all(const char *requires) {
+    for (const char *p = requires; *p;) {
+        size_t len = strcspn(p, "+");
+        const cpu_feature *f = FEATURES;
+        while (f->name && !(strncmp(f->name, p, len) == 0 && f->name[len] == 0)) f++;
+        if (!f->name || !f->present()) return 0;
+        p += len + (p[len] == '+');
+    }
+    return 1;
+}
 
 /* Which backends this CPU can run, probed once by init (a probe per call would be slow). */
 static int runnable[N_BACKENDS];
@@ -99,7 +106,7 @@ static const char *const EXP_NAMES[SDPA_EXP_KINDS] = {"fast", "sleef"};
 
 static void init_once(void) {
     for (size_t i = 0; i < N_BACKENDS; i++)
-        runnable[i] = BACKENDS[i].kernels != NULL && BACKENDS[i].cpu_can_run();
+        runnable[i] = BACKENDS[i].kernels != NULL && cpu_has_all(BACKENDS[i].requires);
 
     const sdpa_kernels *chosen = best();
     const char *forced = getenv("SDPA_BACKEND");

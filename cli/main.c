@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends.h"
 #include "cli.h"
 
 const sdpa_api *api;
@@ -116,7 +117,20 @@ static const char HELP[] =
     "  --version      versions of the command, the library and its ABI\n"
     "\n"
     "Environment: SDPA_BACKEND=NAME forces a backend, SDPA_EXP=sleef selects SLEEF's exp,\n"
-    "SDPA_LIBRARY=PATH loads another build of libsdpa.so.1.\n";
+    "SDPA_LIBRARY=PATH loads another build of libsdpa.so.1.\n"
+    "\n"
+    "Backends, best first (the first one this CPU runs is the default):\n";
+
+/* A line of HELP's backend list, from the generated list (backends.h). */
+static void help_backend(const char *name, const char *arch, const char *requires,
+                         const char *description) {
+    char needs[32];
+    snprintf(needs, sizeof needs, "%s%s%s", *arch ? arch : "any CPU", *requires ? " " : "",
+             requires);
+    printf("  %-8s %-17s %s\n", name, needs, description);
+}
+#define HELP_BACKEND_(unused, name, built, table, arch, requires, description)                     \
+    help_backend(#name, arch, requires, description);
 
 static const char HELP_INFO[] =
     "Usage: sdpa info [--json]\n"
@@ -127,6 +141,9 @@ static const char HELP_INFO[] =
     "\n"
     "  --json     the same as one JSON object\n";
 
+/* " avx512 avx2 ...": every name the generated list (backends.h) holds, best first */
+#define BACKEND_NAME_(unused, name, ...) " " #name
+#define BACKEND_NAMES                    SDPA_BACKENDS(BACKEND_NAME_, )
 static const char HELP_DEMO[] =
     "Usage: sdpa demo [--seed N] [--dims LIST] [--backend NAME] [--plot FILE.png]\n"
     "\n"
@@ -137,7 +154,7 @@ static const char HELP_DEMO[] =
     "  --seed N          random seed (default 1)\n"
     "  --dims LIST       dimensions for sections 2 and 4, comma-separated, at most 8\n"
     "                    (default 3,10,100,1000)\n"
-    "  --backend NAME    run on this backend (scalar, sse, avx2, avx512, neon)\n"
+    "  --backend NAME    run on this backend:" BACKEND_NAMES "\n"
     "  --plot FILE.png   also draw the distributions of section 2 with gnuplot\n";
 
 static const char HELP_BENCH[] =
@@ -155,6 +172,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         fputs(HELP, stdout);
+        SDPA_BACKENDS(HELP_BACKEND_, )
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {

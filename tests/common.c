@@ -15,8 +15,8 @@ int test_quick(void) {
 /* The backend a BACKEND_TEST (or a per-backend test named like one) is for, from its name's
  * suffix; NULL for the others. */
 static const char *backend_of(const char *test_name) {
-#define BACKEND_NAME_(b) #b,
-    static const char *const names[] = {FOR_EACH_BACKEND(BACKEND_NAME_)};
+#define BACKEND_NAME_(unused, b, ...) #b,
+    static const char *const names[] = {SDPA_BACKENDS(BACKEND_NAME_, )};
 #undef BACKEND_NAME_
     size_t len = strlen(test_name);
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {

@@ -6,11 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backends.h"
 #include "sdpa.h"
-
-/* Every backend name the ABI knows; tests run once per name and skip, visibly, the ones this
- * library or CPU cannot run. */
-#define FOR_EACH_BACKEND(X) X(scalar) X(sse) X(avx2) X(avx512) X(neon)
 
 /* SDPA_TEST_QUICK=1 (the emulated test setups, where qemu runs 20 to 140 times slower): tests
  * of a backend this CPU cannot run, or of a backend other than the one the setup is there to
@@ -21,19 +18,17 @@ int test_quick(void);
 /* Makes `name` active (or skips the test), and checks that it really is. */
 void use_backend(const char *name);
 
-/* BACKEND_TEST(suite, name) { body } defines suite::name_<backend> for every backend. */
-#define BACKEND_TEST_ONE_(suite, name, b)                                                          \
+/* BACKEND_TEST(suite, name) { body } defines suite::name_<backend> for every backend name the
+ * ABI knows (the generated list, backends.h): each runs the body on its backend, or skips,
+ * visibly, when this library or CPU cannot run it. */
+#define BACKEND_TEST_ONE_(suite, name, b, ...)                                                     \
     Test(suite, name##_##b) {                                                                      \
         use_backend(#b);                                                                           \
         suite##_##name##_body();                                                                   \
     }
 #define BACKEND_TEST(suite, name)                                                                  \
     static void suite##_##name##_body(void);                                                       \
-    BACKEND_TEST_ONE_(suite, name, scalar)                                                         \
-    BACKEND_TEST_ONE_(suite, name, sse)                                                            \
-    BACKEND_TEST_ONE_(suite, name, avx2)                                                           \
-    BACKEND_TEST_ONE_(suite, name, avx512)                                                         \
-    BACKEND_TEST_ONE_(suite, name, neon)                                                           \
+    SDPA_BACKENDS(BACKEND_TEST_ONE_, suite, name)                                                  \
     static void suite##_##name##_body(void)
 
 /* n floats placed so that the last one ends exactly where a PROT_NONE page begins

@@ -266,7 +266,7 @@ static void check_exp_sum_directed(const char *backend) {
     }
 }
 
-#define EXP_TESTS(b)                                                                               \
+#define EXP_TESTS(unused, b, ...)                                                                  \
     Test(exp, fast_##b) { check_exp(#b, SDPA_EXP_FAST, 3.0); }                                     \
     Test(exp, sleef_##b) { check_exp(#b, SDPA_EXP_SLEEF, 1.0); }                                   \
     Test(exp, sum_fast_##b) { check_exp_sum(#b, SDPA_EXP_FAST, 3.0); }                             \
@@ -276,4 +276,4 @@ static void check_exp_sum_directed(const char *backend) {
     Test(exp, sum_shifted_sleef_##b) { check_exp_sum_shifted(#b, SDPA_EXP_SLEEF, 1.0); }           \
     Test(exp, softmax_fast_##b) { check_softmax_exps(#b, "fast", 3.0); }                           \
     Test(exp, softmax_sleef_##b) { check_softmax_exps(#b, "sleef", 1.0); }
-FOR_EACH_BACKEND(EXP_TESTS)
+SDPA_BACKENDS(EXP_TESTS, )

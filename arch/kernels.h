@@ -47,26 +47,29 @@ typedef struct sdpa_attention_kernels {
                                      const float *shift, float *sums);
     /* optional pair (both or neither), used for blocks of at least 8 queries with
        d <= SDPA_ATTN_PACK_MAX_D: pack_q stores qt[p * SDPA_ATTN_MAX_BLOCK_Q + i] =
-       scale * q[i * q_stride + p] for p < d and i < nq, and 0 for nq <= i <
+       q[i * q_stride + p] (unscaled) for p < d and i < nq, and 0 for nq <= i <
        SDPA_ATTN_MAX_BLOCK_Q, once per block of queries; scores_packed then forms the same tile
-       as scores_tile from it (GEMM-style: broadcast k, vector loads of qt, no reductions) */
-    void (*pack_q)(float *qt, const float *q, size_t q_stride, size_t nq, size_t d, float scale);
+       as scores_tile from it (GEMM-style: broadcast k, vector loads of qt, no reductions), each
+       s_ij one multiply by scale of the finished dot, as in scores_tile: a q scaled first could
+       overflow or underflow where the dot does not, and a row's scores would then depend on the
+       path the driver picks for it */
+    void (*pack_q)(float *qt, const float *q, size_t q_stride, size_t nq, size_t d);
     void (*scores_packed)(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
-                          size_t k_stride, size_t nk, size_t d);
+                          size_t k_stride, size_t nk, size_t d, float scale);
     /* optional pair (both or neither), with pack_q: one step of the online softmax for a block
-       of nq queries (qt from pack_q, scale included) against nk keys that every one of them
-       sees, with no mask, in two halves around the driver's bookkeeping (the new maxima
-       m_new[i] = max(m[i], tile_max[i]), the check that they are finite, and the update of m
-       and l).
-       scores_max: st[j * SDPA_ATTN_MAX_BLOCK_Q + i] = s_ij for j < nk, i < nq (key-major, as a
+       of nq queries (qt from pack_q) against nk keys that every one of them sees, with no mask,
+       in two halves around the driver's bookkeeping (the new maxima m_new[i] = max(m[i],
+       tile_max[i]), the check that they are finite, and the update of m and l).
+       scores_max: st[j * SDPA_ATTN_MAX_BLOCK_Q + i] = s_ij = scale * dot(q_i, k_j), the dot
+       finished before the multiply (as scores_packed), for j < nk, i < nq (key-major, as a
        packed GEMM leaves it; the rows past nq are the backend's own business), and
-       tile_max[i] = max_j s_ij for i < nq (tile_max holds SDPA_ATTN_MAX_BLOCK_Q floats). st is
-       64-byte aligned.
+       tile_max[i] = max_j s_ij for i < nq, the max of the scaled scores (a negative scale
+       reorders them; tile_max holds SDPA_ATTN_MAX_BLOCK_Q floats). st is 64-byte aligned.
        exp_pv, given finite m_new: alpha[i] = exp(m[i] - m_new[i]), st's s_ij replaced by
        p_ij = exp(s_ij - m_new[i]), sums[i] = sum_j p_ij and acc_i = acc_i alpha[i] +
        sum_j p_ij v_j, for i < nq; alpha and sums hold SDPA_ATTN_MAX_BLOCK_Q floats. */
     void (*scores_max)(float *st, float *tile_max, const float *qt, size_t nq, const float *k,
-                       size_t k_stride, size_t nk, size_t d_k);
+                       size_t k_stride, size_t nk, size_t d_k, float scale);
     void (*exp_pv[SDPA_EXP_KINDS])(float *acc, size_t ld_acc, float *st, const float *m,
                                    const float *m_new, float *alpha, float *sums, size_t nq,
                                    size_t nk, const float *v, size_t v_stride, size_t d_v);

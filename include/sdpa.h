@@ -135,6 +135,13 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTE
  * Semantics, for both entry points:
  *   - scale: SDPA_DEFAULT_SCALE (0) means 1/sqrt(d_k); any other finite value is used as is;
  *     a non-finite scale is SDPA_ERR_ARG.
+ *   - Scores: s_ij = scale * (q_i . k_j) + mask_ij, in that order: the dot over d_k summed in
+ *     float, then the multiply by scale, rounded once, then the mask entry added. Every row's
+ *     scores are formed so whatever the call's shape (how many rows or grouped heads it has,
+ *     the block a row falls in): scale * q is never formed, so nothing overflows or underflows
+ *     where scale * (q . k) does not, and a row gives the same result, within the bound below,
+ *     alone or among others. As for sdpa_dot_f32, a dot whose float partial sums overflow may
+ *     give inf or NaN.
  *   - SDPA_CAUSAL is bottom-right aligned (the KV-cache convention): query row i sees the keys
  *     j <= i + (len_kv - len_q). Unknown flag bits are SDPA_ERR_ARG.
  *   - A query row that sees no key (causal with len_q > len_kv, a mask row that is all -inf,

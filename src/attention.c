@@ -53,9 +53,10 @@ static int all_finite(const float *x, size_t n) {
  * -inf so far): the general path then takes the block. */
 static int packed_step(const attention_run *run, float *st, float *acc, size_t ld_acc, float *m,
                        double *l, const float *qt, size_t nq, const float *k, size_t k_stride,
-                       const float *v, size_t v_stride, size_t nk, size_t d_k, size_t d_v) {
+                       const float *v, size_t v_stride, size_t nk, size_t d_k, size_t d_v,
+                       float scale) {
     float m_new[SDPA_ATTN_MAX_BLOCK_Q], alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
-    run->a->scores_max(st, m_new, qt, nq, k, k_stride, nk, d_k);
+    run->a->scores_max(st, m_new, qt, nq, k, k_stride, nk, d_k, scale);
     for (size_t r = 0; r < nq; r++) m_new[r] = m_new[r] > m[r] ? m_new[r] : m[r];
     if (!all_finite(m_new, nq)) return 0;
     run->exp_pv(acc, ld_acc, st, m, m_new, alpha, sums, nq, nk, v, v_stride, d_v);
@@ -82,7 +83,7 @@ static void attention_block(const attention_run *run, const attention_problem *p
     unsigned char poisoned[SDPA_ATTN_MAX_BLOCK_Q], live[SDPA_ATTN_MAX_BLOCK_Q];
     float qt[SDPA_ATTN_PACK_MAX_D * SDPA_ATTN_MAX_BLOCK_Q]; /* the block of queries, transposed */
     const int packed = a->pack_q && nq >= 8 && p->d_k <= SDPA_ATTN_PACK_MAX_D;
-    if (packed) a->pack_q(qt, q + q0 * qs, qs, nq, p->d_k, p->scale);
+    if (packed) a->pack_q(qt, q + q0 * qs, qs, nq, p->d_k);
 
     /* accumulate on the stack when the tile fits, else in the output rows themselves */
     float *acc = nq * d_v <= ACC_FLOATS ? acc_tile : out + q0 * os;
@@ -114,10 +115,10 @@ static void attention_block(const attention_run *run, const attention_problem *p
            max would not be finite (then nothing changed, and the general path below runs) */
         if (packed && run->exp_pv && !mask && all_see >= k0 + nk &&
             packed_step(run, s_tile, acc, ld_acc, m, l, qt, nq, k + k0 * ks, ks, v + k0 * vs, vs,
-                        nk, p->d_k, d_v))
+                        nk, p->d_k, d_v, p->scale))
             continue;
         if (packed)
-            a->scores_packed(s_tile, ld_s, qt, nq, k + k0 * ks, ks, nk, p->d_k);
+            a->scores_packed(s_tile, ld_s, qt, nq, k + k0 * ks, ks, nk, p->d_k, p->scale);
         else
             a->scores_tile(s_tile, ld_s, q + q0 * qs, qs, nq, k + k0 * ks, ks, nk, p->d_k,
                            p->scale);

@@ -121,3 +121,235 @@ BACKEND_TEST(regressions, attention_minus_inf_scores_get_weight_zero) {
     }
     sdpa_set_exp_mode("fast");
 }
+
+/* ---- Attention scores formed as scale * (q . k) on every path ----
+ * The packed path (blocks of 8 or more query rows with d_k <= 128, and GQA decode, whose group's
+ * heads become the rows of one block) multiplied q by the scale before the dot, where the other
+ * paths scale the finished dot. For q = {3e38, 3e38}, k_0 = {1, -1} and scale 2, 2 * 3e38
+ * overflowed and the row came out NaN in calls of 8 or more rows, (2, 3) in smaller ones; under
+ * FTZ a scaled q below FLT_MIN was flushed. A row's result must not depend on the rows or heads
+ * it is called with. */
+#include <stdio.h>
+
+#include "reference.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+/* MXCSR flush to zero (bit 15) and denormals are zero (bit 6), as tests/test_fpenv.c sets them;
+ * returns the word to restore */
+static uint64_t attn_ftz_daz_on(void) {
+    const unsigned old = _mm_getcsr();
+    _mm_setcsr(old | 0x8040u);
+    return old;
+}
+static void attn_fpenv_restore(uint64_t old) { _mm_setcsr((unsigned)old); }
+#elif defined(__aarch64__)
+static uint64_t attn_ftz_daz_on(void) { /* FPCR.FZ (bit 24) */
+    uint64_t old;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(old));
+    __asm__ volatile("msr fpcr, %0" : : "r"(old | (1u << 24)));
+    return old;
+}
+static void attn_fpenv_restore(uint64_t old) { __asm__ volatile("msr fpcr, %0" : : "r"(old)); }
+#else
+static uint64_t attn_ftz_daz_on(void) { return 0; }
+static void attn_fpenv_restore(uint64_t old) { (void)old; }
+#endif
+
+/* The issue's reproducer: both scores are 2 * (3e38 - 3e38) = 0, so every row is the mean of v,
+ * (2, 3), in calls of any number of rows and in GQA decode with groups of any size. */
+BACKEND_TEST(regressions, attention_scaled_query_overflow_is_not_nan) {
+    enum { MAX_ROWS = 40, MAX_GROUP = 16 };
+    const float k[4] = {1.0f, -1.0f, 0.0f, 0.0f}, v[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    const float bound = 1e-5f * 4.0f; /* sdpa.h: 1e-5 * max|v| */
+    float q[2 * MAX_ROWS], out[2 * MAX_ROWS];
+    for (size_t i = 0; i < 2 * MAX_ROWS; i++) q[i] = 3e38f;
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+        for (size_t len_q = 1; len_q <= MAX_ROWS; len_q++) {
+            cr_assert_eq(sdpa_attention_f32(out, q, k, v, len_q, 2, 2, 2, 2.0f, 0), SDPA_OK);
+            for (size_t i = 0; i < len_q; i++)
+                cr_assert(fabsf(out[2 * i] - 2.0f) <= bound &&
+                              fabsf(out[2 * i + 1] - 3.0f) <= bound,
+                          "exp %s len_q=%zu row %zu: (%g, %g), want (2, 3)", EXP_MODES[e], len_q, i,
+                          out[2 * i], out[2 * i + 1]);
+        }
+        for (size_t heads_q = 1; heads_q <= MAX_GROUP; heads_q++) {
+            sdpa_mha_desc desc;
+            cr_assert_eq(sdpa_mha_desc_dense(&desc, 1, heads_q, 1, 1, 2, 2, 2, 2.0f, 0), SDPA_OK);
+            cr_assert_eq(sdpa_mha_f32(&desc, out, q, k, v), SDPA_OK);
+            for (size_t h = 0; h < heads_q; h++)
+                cr_assert(fabsf(out[2 * h] - 2.0f) <= bound &&
+                              fabsf(out[2 * h + 1] - 3.0f) <= bound,
+                          "exp %s GQA heads_q=%zu head %zu: (%g, %g), want (2, 3)", EXP_MODES[e],
+                          heads_q, h, out[2 * h], out[2 * h + 1]);
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}
+
+/* |got[c] - want[c]| <= bound for c < n, or the test fails naming what was compared */
+static void attn_assert_close(const float *got, const double *want, size_t n, double bound,
+                              const char *what, const char *context, size_t d_k, size_t size,
+                              size_t row) {
+    for (size_t c = 0; c < n; c++)
+        cr_assert(fabs((double)got[c] - want[c]) <= bound,
+                  "%s d_k=%zu: %s of %zu, row %zu [%zu]: got %.9g want %.9g (bound %.3g)", context,
+                  d_k, what, size, row, c, got[c], want[c], bound);
+}
+
+/* The same query row alone, in calls of 1..40 rows and as one head of a GQA group of 1..16 heads
+ * (len_q = 1, one kv head), on unit-normal data: every result within the bound of sdpa.h of the
+ * row computed alone and of the double reference, with and without FTZ/DAZ, d_k on both sides of
+ * the packed path's limit of 128. Also with q and k scaled by powers of two that cancel in the
+ * scores (q 2^-100, k 2^124, scale 2^-24 / sqrt(d_k)): there scale * q alone is below FLT_MIN. */
+BACKEND_TEST(regressions, attention_row_independent_of_call_shape) {
+    enum { ROWS = 40, GROUP = 16, KEYS = 70, DV = 24, MAX_DK = 200 };
+    static const size_t d_ks[] = {8, 37, 64, 128, 129, 200};
+    static const struct {
+        const char *name;
+        int q_exp, k_exp, scale_exp;
+        float sign;
+    } cases[] = {
+        {"unit-normal", 0, 0, 0, 1.0f},
+        {"negative scale", 0, 0, 0, -1.0f},
+        {"scale * q below FLT_MIN", -100, 124, -24, 1.0f},
+    };
+    static float q[ROWS * MAX_DK], k[KEYS * MAX_DK], v[KEYS * DV], alone[ROWS * DV], out[ROWS * DV];
+    static double want[ROWS * DV];
+    rng r = rng_seed(2020);
+    for (size_t i = 0; i < KEYS * DV; i++) v[i] = (float)rng_normal(&r);
+    double max_v = 0.0;
+    for (size_t i = 0; i < KEYS * DV; i++)
+        if (fabs((double)v[i]) > max_v) max_v = fabs((double)v[i]);
+    const double bound = 1e-5 * max_v;
+    for (size_t di = 0; di < sizeof d_ks / sizeof d_ks[0]; di++) {
+        const size_t d = d_ks[di];
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            for (size_t i = 0; i < ROWS * d; i++)
+                q[i] = (float)ldexp(rng_normal(&r), cases[ci].q_exp);
+            for (size_t i = 0; i < KEYS * d; i++)
+                k[i] = (float)ldexp(rng_normal(&r), cases[ci].k_exp);
+            const float scale =
+                cases[ci].sign * (float)ldexp(1.0 / sqrt((double)d), cases[ci].scale_exp);
+            ref_attention(want, DV, q, d, k, d, v, DV, NULL, 0, ROWS, KEYS, d, DV, scale, 0);
+            for (int ftz = 0; ftz < 2; ftz++) {
+                for (size_t e = 0; e < 2; e++) {
+                    char context[128];
+                    snprintf(context, sizeof context, "%s, %s, exp %s", cases[ci].name,
+                             ftz ? "FTZ+DAZ" : "default environment", EXP_MODES[e]);
+                    cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+                    const uint64_t env = ftz ? attn_ftz_daz_on() : 0;
+                    for (size_t i = 0; i < ROWS; i++)
+                        cr_assert_eq(sdpa_attention_f32(alone + i * DV, q + i * d, k, v, 1, KEYS, d,
+                                                        DV, scale, 0),
+                                     SDPA_OK);
+                    for (size_t len_q = 1; len_q <= ROWS; len_q++) {
+                        cr_assert_eq(sdpa_attention_f32(out, q, k, v, len_q, KEYS, d, DV, scale, 0),
+                                     SDPA_OK);
+                        for (size_t i = 0; i < len_q; i++) {
+                            double a[DV];
+                            for (size_t c = 0; c < DV; c++) a[c] = alone[i * DV + c];
+                            attn_assert_close(out + i * DV, a, DV, bound, "vs alone, call", context,
+                                              d, len_q, i);
+                            attn_assert_close(out + i * DV, want + i * DV, DV, bound,
+                                              "vs reference, call", context, d, len_q, i);
+                        }
+                    }
+                    for (size_t heads_q = 1; heads_q <= GROUP; heads_q++) {
+                        sdpa_mha_desc desc;
+                        cr_assert_eq(
+                            sdpa_mha_desc_dense(&desc, 1, heads_q, 1, 1, KEYS, d, DV, scale, 0),
+                            SDPA_OK);
+                        cr_assert_eq(sdpa_mha_f32(&desc, out, q, k, v), SDPA_OK);
+                        for (size_t h = 0; h < heads_q; h++) {
+                            double a[DV];
+                            for (size_t c = 0; c < DV; c++) a[c] = alone[h * DV + c];
+                            attn_assert_close(out + h * DV, a, DV, bound, "vs alone, GQA group",
+                                              context, d, heads_q, h);
+                            attn_assert_close(out + h * DV, want + h * DV, DV, bound,
+                                              "vs reference, GQA group", context, d, heads_q, h);
+                        }
+                    }
+                    if (ftz) attn_fpenv_restore(env);
+                    for (size_t i = 0; i < ROWS; i++)
+                        attn_assert_close(alone + i * DV, want + i * DV, DV, bound,
+                                          "alone vs reference, row", context, d, 1, i);
+                }
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}
+
+/* Finite q (or k) with entries of 1e38..3e38 in size against k (or q) small enough that no sum
+ * of products, in any order, leaves the float range: every true score scale * (q . k) is
+ * finite (|q . k| <= 1.6e38, |scale| <= 2), so no row may be NaN, in calls of 1, 8 and 33 rows
+ * and in GQA decode, for scales 0.5, 2, -2 and 1/sqrt(d_k). The scores are far apart, so each
+ * output must be finite and within the range of v. */
+BACKEND_TEST(regressions, attention_huge_finite_inputs_are_not_nan) {
+    enum { ROWS = 33, KEYS = 70, DV = 3, MAX_DK = 200 };
+    static const size_t d_ks[] = {2, 5, 16, 64, 128, 200};
+    static const size_t lens[] = {1, 8, 33};
+    static float q[ROWS * MAX_DK], k[KEYS * MAX_DK], out[ROWS * DV];
+    float v[KEYS * DV], lo[DV], hi[DV];
+    const double total = 1.6e38; /* bound on sum_p |q_p k_p| for every row and key */
+    rng r = rng_seed(338);
+    for (size_t i = 0; i < KEYS * DV; i++) v[i] = (float)rng_uniform(&r, -4.0, 4.0);
+    for (size_t c = 0; c < DV; c++) {
+        lo[c] = hi[c] = v[c];
+        for (size_t j = 1; j < KEYS; j++) {
+            lo[c] = fminf(lo[c], v[j * DV + c]);
+            hi[c] = fmaxf(hi[c], v[j * DV + c]);
+        }
+    }
+    for (size_t di = 0; di < sizeof d_ks / sizeof d_ks[0]; di++) {
+        const size_t d = d_ks[di];
+        const float scales[] = {0.5f, 2.0f, -2.0f, (float)(1.0 / sqrt((double)d))};
+        for (int huge_k = 0; huge_k < 2; huge_k++) {
+            /* the huge side: +-[1e38, 3e38]; the other: at most total / (3e38 d) in size */
+            float *big = huge_k ? k : q, *small = huge_k ? q : k;
+            const size_t n_big = (huge_k ? KEYS : ROWS) * d, n_small = (huge_k ? ROWS : KEYS) * d;
+            for (size_t i = 0; i < n_big; i++)
+                big[i] =
+                    (float)(rng_uniform(&r, 1e38, 3e38) * (rng_uniform(&r, 0, 1) < 0.5 ? -1 : 1));
+            for (size_t i = 0; i < n_small; i++)
+                small[i] = (float)(rng_uniform(&r, -1.0, 1.0) * total / (3e38 * (double)d));
+            for (size_t s = 0; s < sizeof scales / sizeof scales[0]; s++) {
+                for (size_t i = 0; i < ROWS; i++)
+                    for (size_t j = 0; j < KEYS; j++)
+                        cr_assert(fabs(scales[s] * ref_dot(q + i * d, k + j * d, d)) < FLT_MAX,
+                                  "the test's own inputs: a true score is not finite");
+                for (size_t e = 0; e < 2; e++) {
+                    cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+                    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+                        for (int gqa = 0; gqa < 2; gqa++) {
+                            const size_t n = lens[li];
+                            if (gqa) {
+                                sdpa_mha_desc desc;
+                                cr_assert_eq(sdpa_mha_desc_dense(&desc, 1, n, 1, 1, KEYS, d, DV,
+                                                                 scales[s], 0),
+                                             SDPA_OK);
+                                cr_assert_eq(sdpa_mha_f32(&desc, out, q, k, v), SDPA_OK);
+                            } else {
+                                cr_assert_eq(
+                                    sdpa_attention_f32(out, q, k, v, n, KEYS, d, DV, scales[s], 0),
+                                    SDPA_OK);
+                            }
+                            for (size_t i = 0; i < n; i++)
+                                for (size_t c = 0; c < DV; c++)
+                                    cr_assert(out[i * DV + c] >= lo[c] - 1e-5f * 4.0f &&
+                                                  out[i * DV + c] <= hi[c] + 1e-5f * 4.0f,
+                                              "exp %s d_k=%zu huge %s scale %g %s of %zu, row "
+                                              "%zu [%zu]: %g, want a finite value in [%g, %g]",
+                                              EXP_MODES[e], d, huge_k ? "k" : "q", scales[s],
+                                              gqa ? "GQA group" : "call", n, i, c, out[i * DV + c],
+                                              lo[c], hi[c]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}

@@ -889,35 +889,39 @@ ALWAYS_INLINE void transpose8_avx2(__m256 r[8]) {
     r[3] = _mm256_permute2f128_ps(u3, u7, 0x20), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-/* qt[p][i] = scale * q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q: 8 x 8 blocks
- * through the register transpose (masked loads for the d tail, zeros for the missing rows). */
-static void pack_q_avx2(float *qt, const float *q, size_t q_stride, size_t nq, size_t d,
-                        float scale) {
+/* qt[p][i] = q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q: 8 x 8 blocks through
+ * the register transpose (masked loads for the d tail, zeros for the missing rows). */
+static void pack_q_avx2(float *qt, const float *q, size_t q_stride, size_t nq, size_t d) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    const __m256 vscale = _mm256_set1_ps(scale);
     for (size_t p0 = 0; p0 < d; p0 += W) {
         const size_t np = d - p0 < W ? d - p0 : W;
         const __m256i m = tail_mask(np);
         for (size_t i0 = 0; i0 < ld; i0 += W) {
             __m256 r[8];
             for (size_t t = 0; t < W; t++)
-                r[t] =
-                    i0 + t < nq
-                        ? _mm256_mul_ps(vscale, _mm256_maskload_ps(q + (i0 + t) * q_stride + p0, m))
-                        : _mm256_setzero_ps();
+                r[t] = i0 + t < nq ? _mm256_maskload_ps(q + (i0 + t) * q_stride + p0, m)
+                                   : _mm256_setzero_ps();
             transpose8_avx2(r);
             for (size_t t = 0; t < np; t++) _mm256_storeu_ps(qt + (p0 + t) * ld + i0, r[t]);
         }
     }
 }
 
-/* st[key][query] = sum_p k[key][p] qt[p][query] for nk keys and all SDPA_ATTN_MAX_BLOCK_Q
- * (zero-padded) queries: two keys a step, 4 loads of qt and 2 broadcasts of k for 8 FMAs, no
- * horizontal sums. */
+/* two vectors of one key's scores, scaled as they leave the registers */
+#define KEYMAJOR_STORE(p, a0, a1)                                                                  \
+    do {                                                                                           \
+        _mm256_storeu_ps(p, _mm256_mul_ps(a0, vscale));                                            \
+        _mm256_storeu_ps((p) + W, _mm256_mul_ps(a1, vscale));                                      \
+    } while (0)
+
+/* st[key][query] = scale * sum_p k[key][p] qt[p][query] for nk keys and all
+ * SDPA_ATTN_MAX_BLOCK_Q (zero-padded) queries: two keys a step, 4 loads of qt and 2 broadcasts of
+ * k for 8 FMAs, no horizontal sums. The scale multiplies the finished dots, as in scores_tile:
+ * scaling q first could overflow or underflow where the dot does not. */
 /* Six keys and 16 queries: 12 accumulators (more independent chains than the 8 that two FMA
  * pipes of 4-cycle latency need), 2 loads of qt and 6 broadcasts for 12 FMAs. */
 ALWAYS_INLINE void keymajor_6x16_avx2(float *st, const float *qt, const float *k, size_t k_stride,
-                                      size_t d) {
+                                      size_t d, __m256 vscale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
            a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
@@ -937,21 +941,22 @@ ALWAYS_INLINE void keymajor_6x16_avx2(float *st, const float *qt, const float *k
         w = _mm256_broadcast_ss(k + 5 * k_stride + p);
         a50 = _mm256_fmadd_ps(w, q0, a50), a51 = _mm256_fmadd_ps(w, q1, a51);
     }
-    _mm256_storeu_ps(st, a00), _mm256_storeu_ps(st + W, a01);
-    _mm256_storeu_ps(st + ld, a10), _mm256_storeu_ps(st + ld + W, a11);
-    _mm256_storeu_ps(st + 2 * ld, a20), _mm256_storeu_ps(st + 2 * ld + W, a21);
-    _mm256_storeu_ps(st + 3 * ld, a30), _mm256_storeu_ps(st + 3 * ld + W, a31);
-    _mm256_storeu_ps(st + 4 * ld, a40), _mm256_storeu_ps(st + 4 * ld + W, a41);
-    _mm256_storeu_ps(st + 5 * ld, a50), _mm256_storeu_ps(st + 5 * ld + W, a51);
+    KEYMAJOR_STORE(st, a00, a01);
+    KEYMAJOR_STORE(st + ld, a10, a11);
+    KEYMAJOR_STORE(st + 2 * ld, a20, a21);
+    KEYMAJOR_STORE(st + 3 * ld, a30, a31);
+    KEYMAJOR_STORE(st + 4 * ld, a40, a41);
+    KEYMAJOR_STORE(st + 5 * ld, a50, a51);
 }
 
 static void scores_keymajor_avx2(float *st, const float *qt, const float *k, size_t k_stride,
-                                 size_t nk, size_t d) {
+                                 size_t nk, size_t d, float scale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    const __m256 vscale = _mm256_set1_ps(scale);
     size_t j = 0;
     for (; j + 6 <= nk; j += 6)
         for (size_t h = 0; h < ld; h += 2 * W)
-            keymajor_6x16_avx2(st + j * ld + h, qt + h, k + j * k_stride, k_stride, d);
+            keymajor_6x16_avx2(st + j * ld + h, qt + h, k + j * k_stride, k_stride, d, vscale);
     for (; j + 2 <= nk; j += 2) {
         const float *k0 = k + j * k_stride, *k1 = k0 + k_stride;
         __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
@@ -970,10 +975,10 @@ static void scores_keymajor_avx2(float *st, const float *qt, const float *k, siz
             a12 = _mm256_fmadd_ps(w, q2, a12), a13 = _mm256_fmadd_ps(w, q3, a13);
         }
         float *s0 = st + j * ld, *s1 = s0 + ld;
-        _mm256_storeu_ps(s0, a00), _mm256_storeu_ps(s0 + W, a01);
-        _mm256_storeu_ps(s0 + 2 * W, a02), _mm256_storeu_ps(s0 + 3 * W, a03);
-        _mm256_storeu_ps(s1, a10), _mm256_storeu_ps(s1 + W, a11);
-        _mm256_storeu_ps(s1 + 2 * W, a12), _mm256_storeu_ps(s1 + 3 * W, a13);
+        KEYMAJOR_STORE(s0, a00, a01);
+        KEYMAJOR_STORE(s0 + 2 * W, a02, a03);
+        KEYMAJOR_STORE(s1, a10, a11);
+        KEYMAJOR_STORE(s1 + 2 * W, a12, a13);
     }
     if (j < nk) {
         const float *k0 = k + j * k_stride;
@@ -987,18 +992,18 @@ static void scores_keymajor_avx2(float *st, const float *qt, const float *k, siz
             a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(qp + 3 * W), a3);
         }
         float *s0 = st + j * ld;
-        _mm256_storeu_ps(s0, a0), _mm256_storeu_ps(s0 + W, a1);
-        _mm256_storeu_ps(s0 + 2 * W, a2), _mm256_storeu_ps(s0 + 3 * W, a3);
+        KEYMAJOR_STORE(s0, a0, a1);
+        KEYMAJOR_STORE(s0 + 2 * W, a2, a3);
     }
 }
 
 /* The scores tile from the packed queries: the key-major tile, then 8 x 8 in-register
  * transposes into s[query][key]. */
 static void scores_packed_avx2(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
-                               size_t k_stride, size_t nk, size_t d) {
+                               size_t k_stride, size_t nk, size_t d, float scale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
-    scores_keymajor_avx2(st, qt, k, k_stride, nk, d);
+    scores_keymajor_avx2(st, qt, k, k_stride, nk, d, scale);
     for (size_t j0 = 0; j0 < nk; j0 += W) {
         const size_t nj = nk - j0 < W ? nk - j0 : W;
         const __m256i m = tail_mask(nj);
@@ -1018,9 +1023,9 @@ static void scores_packed_avx2(float *s, size_t ld_s, const float *qt, size_t nq
  * the P V step reading the weights in that layout and rescaling each accumulator row as it loads
  * it. */
 static void scores_max_avx2(float *st, float *tile_max, const float *qt, size_t nq, const float *k,
-                            size_t k_stride, size_t nk, size_t d_k) {
+                            size_t k_stride, size_t nk, size_t d_k, float scale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    scores_keymajor_avx2(st, qt, k, k_stride, nk, d_k);
+    scores_keymajor_avx2(st, qt, k, k_stride, nk, d_k, scale);
     for (size_t g = 0; g * W < nq; g++) {
         __m256 mx0 = _mm256_set1_ps(-INFINITY), mx1 = mx0;
         size_t j = 0;

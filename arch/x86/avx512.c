@@ -1227,22 +1227,18 @@ ALWAYS_INLINE void transpose16_avx512(__m512 r[16]) {
     }
 }
 
-/* qt[p][i] = scale * q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q: 16 x 16
- * blocks through the register transpose (masked loads for the d tail and the missing rows). */
-static void pack_q_avx512(float *qt, const float *q, size_t q_stride, size_t nq, size_t d,
-                          float scale) {
+/* qt[p][i] = q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q: 16 x 16 blocks
+ * through the register transpose (masked loads for the d tail and the missing rows). */
+static void pack_q_avx512(float *qt, const float *q, size_t q_stride, size_t nq, size_t d) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    const __m512 vscale = _mm512_set1_ps(scale);
     for (size_t p0 = 0; p0 < d; p0 += W) {
         const size_t np = d - p0 < W ? d - p0 : W;
         const __mmask16 m = np == W ? (__mmask16)0xFFFF : tail_mask(np);
         for (size_t i0 = 0; i0 < ld; i0 += W) {
             __m512 r[16];
             for (size_t t = 0; t < W; t++)
-                r[t] = i0 + t < nq
-                           ? _mm512_mul_ps(vscale,
-                                           _mm512_maskz_loadu_ps(m, q + (i0 + t) * q_stride + p0))
-                           : _mm512_setzero_ps();
+                r[t] = i0 + t < nq ? _mm512_maskz_loadu_ps(m, q + (i0 + t) * q_stride + p0)
+                                   : _mm512_setzero_ps();
             transpose16_avx512(r);
             for (size_t t = 0; t < np; t++) _mm512_storeu_ps(qt + (p0 + t) * ld + i0, r[t]);
         }
@@ -1257,9 +1253,16 @@ static void pack_q_avx512(float *qt, const float *q, size_t q_stride, size_t nq,
         a##R##1 = _mm512_fmadd_ps(w, q1, a##R##1);                                                 \
     } while (0)
 
-/* st[j][i] = sum_p k[j][p] * qt[p][i] for 8 keys and 32 queries */
+/* Key R's two vectors of scores, scaled as they leave the registers. */
+#define PACKED_8X32_STORE(R)                                                                       \
+    do {                                                                                           \
+        _mm512_storeu_ps(st + (R)*ld, _mm512_mul_ps(a##R##0, vscale));                             \
+        _mm512_storeu_ps(st + (R)*ld + W, _mm512_mul_ps(a##R##1, vscale));                         \
+    } while (0)
+
+/* st[j][i] = scale * sum_p k[j][p] * qt[p][i] for 8 keys and 32 queries */
 static inline void packed_8x32_avx512(float *st, const float *qt, const float *k, size_t k_stride,
-                                      size_t d) {
+                                      size_t d, __m512 vscale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
            a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00, a60 = a00, a61 = a00,
@@ -1275,23 +1278,27 @@ static inline void packed_8x32_avx512(float *st, const float *qt, const float *k
         PACKED_8X32_STEP(6);
         PACKED_8X32_STEP(7);
     }
-    _mm512_storeu_ps(st, a00), _mm512_storeu_ps(st + W, a01);
-    _mm512_storeu_ps(st + ld, a10), _mm512_storeu_ps(st + ld + W, a11);
-    _mm512_storeu_ps(st + 2 * ld, a20), _mm512_storeu_ps(st + 2 * ld + W, a21);
-    _mm512_storeu_ps(st + 3 * ld, a30), _mm512_storeu_ps(st + 3 * ld + W, a31);
-    _mm512_storeu_ps(st + 4 * ld, a40), _mm512_storeu_ps(st + 4 * ld + W, a41);
-    _mm512_storeu_ps(st + 5 * ld, a50), _mm512_storeu_ps(st + 5 * ld + W, a51);
-    _mm512_storeu_ps(st + 6 * ld, a60), _mm512_storeu_ps(st + 6 * ld + W, a61);
-    _mm512_storeu_ps(st + 7 * ld, a70), _mm512_storeu_ps(st + 7 * ld + W, a71);
+    PACKED_8X32_STORE(0);
+    PACKED_8X32_STORE(1);
+    PACKED_8X32_STORE(2);
+    PACKED_8X32_STORE(3);
+    PACKED_8X32_STORE(4);
+    PACKED_8X32_STORE(5);
+    PACKED_8X32_STORE(6);
+    PACKED_8X32_STORE(7);
 }
 
-/* st[key][query] = sum_p k[key][p] qt[p][query] for nk keys and all SDPA_ATTN_MAX_BLOCK_Q
- * (zero-padded) queries: broadcasts of k, vector loads of qt, no horizontal sums. */
+/* st[key][query] = scale * sum_p k[key][p] qt[p][query] for nk keys and all
+ * SDPA_ATTN_MAX_BLOCK_Q (zero-padded) queries: broadcasts of k, vector loads of qt, no horizontal
+ * sums. The scale multiplies the finished dots, as in scores_tile: scaling q first could
+ * overflow or underflow where the dot does not. */
 static void scores_keymajor_avx512(float *st, const float *qt, const float *k, size_t k_stride,
-                                   size_t nk, size_t d) {
+                                   size_t nk, size_t d, float scale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    const __m512 vscale = _mm512_set1_ps(scale);
     size_t j = 0;
-    for (; j + 8 <= nk; j += 8) packed_8x32_avx512(st + j * ld, qt, k + j * k_stride, k_stride, d);
+    for (; j + 8 <= nk; j += 8)
+        packed_8x32_avx512(st + j * ld, qt, k + j * k_stride, k_stride, d, vscale);
     for (; j < nk; j++) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0;
         const float *kj = k + j * k_stride;
@@ -1300,18 +1307,18 @@ static void scores_keymajor_avx512(float *st, const float *qt, const float *k, s
             a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(qt + p * ld), a0);
             a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(qt + p * ld + W), a1);
         }
-        _mm512_storeu_ps(st + j * ld, a0);
-        _mm512_storeu_ps(st + j * ld + W, a1);
+        _mm512_storeu_ps(st + j * ld, _mm512_mul_ps(a0, vscale));
+        _mm512_storeu_ps(st + j * ld + W, _mm512_mul_ps(a1, vscale));
     }
 }
 
 /* The scores tile from the packed queries: the key-major tile, then 16 x 16 in-register
  * transposes into s[query][key]. */
 static void scores_packed_avx512(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
-                                 size_t k_stride, size_t nk, size_t d) {
+                                 size_t k_stride, size_t nk, size_t d, float scale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
-    scores_keymajor_avx512(st, qt, k, k_stride, nk, d);
+    scores_keymajor_avx512(st, qt, k, k_stride, nk, d, scale);
     for (size_t j0 = 0; j0 < nk; j0 += W) {
         const size_t nj = nk - j0 < W ? nk - j0 : W;
         const __mmask16 m = nj == W ? (__mmask16)0xFFFF : tail_mask(nj);
@@ -1332,10 +1339,10 @@ static void scores_packed_avx512(float *s, size_t ld_s, const float *qt, size_t 
  * time (no transposes, no horizontal sums, no call per row), and the P V step reads the weights
  * in that layout and rescales each accumulator row as it loads it. */
 static void scores_max_avx512(float *st, float *tile_max, const float *qt, size_t nq,
-                              const float *k, size_t k_stride, size_t nk, size_t d_k) {
+                              const float *k, size_t k_stride, size_t nk, size_t d_k, float scale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    scores_keymajor_avx512(st, qt, k, k_stride, nk, d_k);
+    scores_keymajor_avx512(st, qt, k, k_stride, nk, d_k, scale);
     for (size_t h = 0; h * W < nq; h++) {
         __m512 mx0 = ninf, mx1 = ninf;
         size_t j = 0;

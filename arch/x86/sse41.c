@@ -508,12 +508,10 @@ static void pv_keymajor_sse41(float *acc, size_t ld_acc, const float *st, const 
     pv_tile_body(acc, ld_acc, st, 1, SDPA_ATTN_MAX_BLOCK_Q, alpha, nq, nk, v, v_stride, d_v);
 }
 
-/* qt[p][i] = scale * q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q: 4 x 4 blocks
- * through the register transpose (partial loads for the d tail, zeros for the missing rows). */
-static void pack_q_sse41(float *qt, const float *q, size_t q_stride, size_t nq, size_t d,
-                         float scale) {
+/* qt[p][i] = q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q: 4 x 4 blocks through
+ * the register transpose (partial loads for the d tail, zeros for the missing rows). */
+static void pack_q_sse41(float *qt, const float *q, size_t q_stride, size_t nq, size_t d) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    const __m128 vscale = _mm_set1_ps(scale);
     for (size_t p0 = 0; p0 < d; p0 += W) {
         const size_t np = d - p0 < W ? d - p0 : W;
         for (size_t i0 = 0; i0 < ld; i0 += W) {
@@ -522,7 +520,7 @@ static void pack_q_sse41(float *qt, const float *q, size_t q_stride, size_t nq, 
                 r[t] = _mm_setzero_ps();
                 if (i0 + t >= nq) continue;
                 const float *qi = q + (i0 + t) * q_stride + p0;
-                r[t] = _mm_mul_ps(vscale, np == W ? _mm_loadu_ps(qi) : load_partial(qi, np, 0.0f));
+                r[t] = np == W ? _mm_loadu_ps(qi) : load_partial(qi, np, 0.0f);
             }
             _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);
             for (size_t t = 0; t < np; t++) _mm_storeu_ps(qt + (p0 + t) * ld + i0, r[t]);
@@ -530,11 +528,13 @@ static void pack_q_sse41(float *qt, const float *q, size_t q_stride, size_t nq, 
     }
 }
 
-/* st[j][i] = sum_p k[j][p] qt[p][i] for nkeys keys and nv vectors of queries (nkeys * nv = 8
- * accumulators): per 4 values of p one load of each key's row and 4 pshufd broadcasts, each
- * against nv vectors of qt. st is 16-byte aligned. */
+/* st[j][i] = scale * sum_p k[j][p] qt[p][i] for nkeys keys and nv vectors of queries
+ * (nkeys * nv = 8 accumulators): per 4 values of p one load of each key's row and 4 pshufd
+ * broadcasts, each against nv vectors of qt. The scale multiplies the finished dots, as in
+ * scores_tile: scaling q first could overflow or underflow where the dot does not. st is 16-byte
+ * aligned. */
 ALWAYS_INLINE void keymajor_block_sse41(float *st, const float *qt, const float *k, size_t k_stride,
-                                        size_t d, int nkeys, int nv) {
+                                        size_t d, __m128 vscale, int nkeys, int nv) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     __m128 a[8];
     for (int t = 0; t < nkeys * nv; t++) a[t] = _mm_setzero_ps();
@@ -560,38 +560,40 @@ ALWAYS_INLINE void keymajor_block_sse41(float *st, const float *qt, const float 
             KM_STEP(_mm_set1_ps(k[key * k_stride + p]), key, qt + p * ld);
 #undef KM_STEP
     for (int key = 0; key < nkeys; key++)
-        for (int t = 0; t < nv; t++) _mm_store_ps(st + key * ld + t * W, a[key * nv + t]);
+        for (int t = 0; t < nv; t++)
+            _mm_store_ps(st + key * ld + t * W, _mm_mul_ps(a[key * nv + t], vscale));
 }
 
 /* The key-major scores of nk keys for the first nq queries (rounded up to 8, 16 or all 32): one
  * key across 8 vectors, two across 4, four across 2. */
 static void scores_keymajor_sse41(float *st, const float *qt, const float *k, size_t k_stride,
-                                  size_t nk, size_t d, size_t nq) {
+                                  size_t nk, size_t d, size_t nq, float scale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+    const __m128 vs = _mm_set1_ps(scale);
     size_t j = 0;
     if (nq > 4 * W) {
         for (; j < nk; j++)
-            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, 1, 8);
+            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, vs, 1, 8);
     } else if (nq > 2 * W) {
         for (; j + 2 <= nk; j += 2)
-            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, 2, 4);
+            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, vs, 2, 4);
         for (; j < nk; j++)
-            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, 1, 4);
+            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, vs, 1, 4);
     } else {
         for (; j + 4 <= nk; j += 4)
-            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, 4, 2);
+            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, vs, 4, 2);
         for (; j < nk; j++)
-            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, 1, 2);
+            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, vs, 1, 2);
     }
 }
 
 /* The scores tile from the packed queries: the key-major tile, then 4 x 4 in-register
  * transposes into s[query][key]. */
 static void scores_packed_sse41(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
-                                size_t k_stride, size_t nk, size_t d) {
+                                size_t k_stride, size_t nk, size_t d, float scale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     _Alignas(16) float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
-    scores_keymajor_sse41(st, qt, k, k_stride, nk, d, nq);
+    scores_keymajor_sse41(st, qt, k, k_stride, nk, d, nq, scale);
     for (size_t j0 = 0; j0 < nk; j0 += W) {
         const size_t nj = nk - j0 < W ? nk - j0 : W;
         for (size_t i0 = 0; i0 < nq; i0 += W) {
@@ -615,9 +617,9 @@ static void scores_packed_sse41(float *s, size_t ld_s, const float *qt, size_t n
  * the P V step reading the weights in that layout and rescaling each accumulator row as it loads
  * it. */
 static void scores_max_sse41(float *st, float *tile_max, const float *qt, size_t nq, const float *k,
-                             size_t k_stride, size_t nk, size_t d_k) {
+                             size_t k_stride, size_t nk, size_t d_k, float scale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    scores_keymajor_sse41(st, qt, k, k_stride, nk, d_k, nq);
+    scores_keymajor_sse41(st, qt, k, k_stride, nk, d_k, nq, scale);
     for (size_t g = 0; g * W < nq; g++) {
         __m128 mx0 = _mm_set1_ps(-INFINITY), mx1 = mx0;
         size_t j = 0;

@@ -40,9 +40,11 @@ typedef struct sdpa_attention_kernels {
     void (*pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq, size_t nk,
                     const float *v, size_t v_stride, size_t d_v);
     /* optional (NULL: the driver calls exp_sum row by row): s[i * ld_s + j] =
-       exp(s[i * ld_s + j] - shift[i]) with subnormal results flushed to 0, and sums[i] = the
-       sum of row i after, for i < nq, j < nk; one call for a whole tile keeps many independent
-       exps in flight */
+       exp(s[i * ld_s + j] - shift[i]), the difference rounded to float, and sums[i] = the sum of
+       row i after, for i < nq, j < nk; one call for a whole tile keeps many independent exps in
+       flight. A weight whose exp is below FLT_MIN may come out as 0 or as any value below
+       FLT_MIN, as in exp_sum: beside the row's weight of 1 it is below float's precision, so
+       the kernels skip the flush that softmax's normalize does */
     void (*exp_tile[SDPA_EXP_KINDS])(float *s, size_t ld_s, size_t nq, size_t nk,
                                      const float *shift, float *sums);
     /* optional pair (both or neither), used for blocks of at least 8 queries with
@@ -67,7 +69,9 @@ typedef struct sdpa_attention_kernels {
        reorders them; tile_max holds SDPA_ATTN_MAX_BLOCK_Q floats). st is 64-byte aligned.
        exp_pv, given finite m_new: alpha[i] = exp(m[i] - m_new[i]), st's s_ij replaced by
        p_ij = exp(s_ij - m_new[i]), sums[i] = sum_j p_ij and acc_i = acc_i alpha[i] +
-       sum_j p_ij v_j, for i < nq; alpha and sums hold SDPA_ATTN_MAX_BLOCK_Q floats. */
+       sum_j p_ij v_j, for i < nq; alpha and sums hold SDPA_ATTN_MAX_BLOCK_Q floats. Each
+       difference is rounded to float, and an alpha or p_ij below FLT_MIN may be 0 or any value
+       below FLT_MIN, as in exp_tile. */
     void (*scores_max)(float *st, float *tile_max, const float *qt, size_t nq, const float *k,
                        size_t k_stride, size_t nk, size_t d_k, float scale);
     void (*exp_pv[SDPA_EXP_KINDS])(float *acc, size_t ld_acc, float *st, const float *m,

@@ -1,0 +1,336 @@
+/* White-box: every attention microkernel of every backend's table, called directly at every
+ * tail shape (nq 1..block_q, nk 1..block_kv, d 1..257), against double-precision references;
+ * and every table against the rules of arch/kernels.h. The driver reaches some of these only
+ * for some shapes (the packed ones for blocks of 8 rows or more with d_k <= 128), so a kernel
+ * wrong at a shape the driver seldom picks would otherwise go unseen.
+ *
+ * Every input ends at a guard page and every output tile carries a sentinel border: a read past
+ * an input faults, a write past the tile shows. Shapes: every nq with a spread of nk around the
+ * register blocks, every nk with a spread of nq, and every d (every 7th in quick mode) with a
+ * rotating (nq, nk). */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "dispatch.h"
+#include "reference.h"
+
+#define MAX_D  257
+#define BORDER 3 /* sentinel floats past each tile row */
+enum { LD_S = SDPA_ATTN_MAX_BLOCK_KV + BORDER, LD_Q = SDPA_ATTN_MAX_BLOCK_Q };
+
+static const sdpa_kernels *kernels_of(const char *name) {
+    use_backend(name); /* skips, visibly, what this build or CPU cannot run */
+    const sdpa_kernels *k = sdpa_backend_kernels(name);
+    cr_assert_not_null(k);
+    return k;
+}
+
+/* The (nq, nk, d) triples a kernel is called with: every nq against a spread of nk, every nk
+ * against a spread of nq, every d against a rotating pair. */
+typedef struct shape {
+    size_t nq, nk, d;
+} shape;
+
+static size_t shapes_of(const sdpa_attention_kernels *a, size_t max_d, shape *out) {
+    const size_t nks[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, a->block_kv - 1, a->block_kv};
+    const size_t nqs[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, a->block_q - 1, a->block_q};
+    const size_t ds[] = {1, 4, 16, 17, 64, max_d};
+    size_t n = 0, rot = 0;
+    for (size_t nq = 1; nq <= a->block_q; nq++)
+        for (size_t i = 0; i < sizeof nks / sizeof nks[0]; i++, rot++)
+            if (nks[i] >= 1 && nks[i] <= a->block_kv)
+                out[n++] = (shape){nq, nks[i], ds[rot % (sizeof ds / sizeof ds[0])]};
+    for (size_t nk = 1; nk <= a->block_kv; nk++)
+        for (size_t i = 0; i < sizeof nqs / sizeof nqs[0]; i += 3, rot++)
+            if (nqs[i] >= 1 && nqs[i] <= a->block_q)
+                out[n++] = (shape){nqs[i], nk, ds[rot % (sizeof ds / sizeof ds[0])]};
+    const size_t d_step = test_quick() ? 7 : 1;
+    for (size_t d = 1; d <= max_d; d += d_step, rot++)
+        out[n++] = (shape){nqs[rot % (sizeof nqs / sizeof nqs[0])],
+                           nks[rot % (sizeof nks / sizeof nks[0])], d};
+    return n;
+}
+
+#define MAX_SHAPES (SDPA_ATTN_MAX_BLOCK_Q * 15 + SDPA_ATTN_MAX_BLOCK_KV * 4 + MAX_D + 8)
+
+/* Operands for one shape: q [nq][d] and k [nk][d] with padded rows, v [nk][d], each ending at a
+ * guard page, values in [-1, 1). */
+typedef struct operands {
+    guarded q, k, v;
+    size_t q_stride, k_stride, v_stride;
+} operands;
+
+static operands operands_alloc(rng *r, const shape *s) {
+    operands o;
+    o.q_stride = s->d + 1;
+    o.k_stride = s->d + 2;
+    o.v_stride = s->d + 3;
+    o.q = guard_alloc((s->nq - 1) * o.q_stride + s->d, GUARD_AFTER);
+    o.k = guard_alloc((s->nk - 1) * o.k_stride + s->d, GUARD_AFTER);
+    o.v = guard_alloc((s->nk - 1) * o.v_stride + s->d, GUARD_AFTER);
+    fill_uniform(r, o.q.p, (s->nq - 1) * o.q_stride + s->d, -1.0f, 1.0f);
+    fill_uniform(r, o.k.p, (s->nk - 1) * o.k_stride + s->d, -1.0f, 1.0f);
+    fill_uniform(r, o.v.p, (s->nk - 1) * o.v_stride + s->d, -1.0f, 1.0f);
+    return o;
+}
+
+static void operands_free(operands *o) {
+    guard_free(&o->q);
+    guard_free(&o->k);
+    guard_free(&o->v);
+}
+
+/* s[i][j] = scale * dot(q_i, k_j) within the dot's bound, and nothing past the tile written */
+static void expect_scores(const float *s, size_t ld, int key_major, const operands *o,
+                          const shape *sh, float scale, const char *what) {
+    for (size_t i = 0; i < sh->nq; i++)
+        for (size_t j = 0; j < sh->nk; j++) {
+            const float *qi = o->q.p + i * o->q_stride, *kj = o->k.p + j * o->k_stride;
+            double want = scale * ref_dot(qi, kj, sh->d);
+            double bound = 1e-5 * fabs(scale) * ref_dot_abs(qi, kj, sh->d) + 1e-30;
+            float got = key_major ? s[j * ld + i] : s[i * ld + j];
+            cr_assert(fabs(got - want) <= bound,
+                      "%s nq %zu nk %zu d %zu: s[%zu][%zu] %.9g want %.9g", what, sh->nq, sh->nk,
+                      sh->d, i, j, got, want);
+        }
+    if (key_major) return;
+    for (size_t i = 0; i < sh->nq; i++)
+        for (size_t j = sh->nk; j < sh->nk + BORDER; j++)
+            cr_assert_eq(s[i * ld + j], SENTINEL, "%s nq %zu nk %zu: wrote past the row", what,
+                         sh->nq, sh->nk);
+    for (size_t j = 0; j < ld; j++)
+        cr_assert_eq(s[sh->nq * ld + j], SENTINEL, "%s nq %zu nk %zu: wrote past the rows", what,
+                     sh->nq, sh->nk);
+}
+
+static void fill_sentinel(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = SENTINEL;
+}
+
+static float s_tile[(SDPA_ATTN_MAX_BLOCK_Q + 1) * LD_S];
+static _Alignas(64) float qt[SDPA_ATTN_PACK_MAX_D * SDPA_ATTN_MAX_BLOCK_Q];
+static _Alignas(64) float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
+static shape shapes[MAX_SHAPES];
+
+BACKEND_TEST(microkernels, scores_tile) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    rng r = rng_seed(11);
+    const size_t n = shapes_of(a, MAX_D, shapes);
+    for (size_t t = 0; t < n; t++) {
+        operands o = operands_alloc(&r, &shapes[t]);
+        const float scale = t % 3 == 0 ? 0.125f : t % 3 == 1 ? -1.5f : 1.0f;
+        fill_sentinel(s_tile, sizeof s_tile / sizeof s_tile[0]);
+        a->scores_tile(s_tile, LD_S, o.q.p, o.q_stride, shapes[t].nq, o.k.p, o.k_stride,
+                       shapes[t].nk, shapes[t].d, scale);
+        expect_scores(s_tile, LD_S, 0, &o, &shapes[t], scale, "scores_tile");
+        operands_free(&o);
+    }
+}
+
+/* The packed path: pack_q, then scores_packed (row-major) and scores_max (key-major, with the
+ * tile's row maxima), for d up to SDPA_ATTN_PACK_MAX_D. */
+BACKEND_TEST(microkernels, packed_scores) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    if (!a->pack_q) cr_skip_test("%s has no packed path", k->name);
+    rng r = rng_seed(12);
+    const size_t n = shapes_of(a, SDPA_ATTN_PACK_MAX_D, shapes);
+    for (size_t t = 0; t < n; t++) {
+        const shape *sh = &shapes[t];
+        operands o = operands_alloc(&r, sh);
+        const float scale = t % 3 == 0 ? 0.125f : t % 3 == 1 ? -1.5f : 1.0f;
+        a->pack_q(qt, o.q.p, o.q_stride, sh->nq, sh->d);
+        fill_sentinel(s_tile, sizeof s_tile / sizeof s_tile[0]);
+        a->scores_packed(s_tile, LD_S, qt, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d, scale);
+        expect_scores(s_tile, LD_S, 0, &o, sh, scale, "scores_packed");
+        if (a->scores_max) {
+            float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
+            a->scores_max(st, tile_max, qt, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d, scale);
+            expect_scores(st, LD_Q, 1, &o, sh, scale, "scores_max");
+            for (size_t i = 0; i < sh->nq; i++) {
+                float m = -INFINITY;
+                for (size_t j = 0; j < sh->nk; j++) m = st[j * LD_Q + i] > m ? st[j * LD_Q + i] : m;
+                cr_assert_eq(tile_max[i], m, "scores_max nq %zu nk %zu: max of row %zu", sh->nq,
+                             sh->nk, i);
+            }
+        }
+        operands_free(&o);
+    }
+}
+
+/* acc[i] += sum_j p[i][j] v_j, within 1e-5 of sum |p v|; nothing past the rows written. */
+BACKEND_TEST(microkernels, pv_tile) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    rng r = rng_seed(13);
+    const size_t n = shapes_of(a, MAX_D, shapes);
+    enum { LD_ACC = MAX_D + BORDER };
+    static float acc[(SDPA_ATTN_MAX_BLOCK_Q + 1) * LD_ACC], acc0[SDPA_ATTN_MAX_BLOCK_Q * LD_ACC];
+    for (size_t t = 0; t < n; t++) {
+        const shape *sh = &shapes[t];
+        operands o = operands_alloc(&r, sh); /* v is [nk][d]: d plays d_v */
+        fill_sentinel(acc, sizeof acc / sizeof acc[0]);
+        for (size_t i = 0; i < sh->nq; i++)
+            for (size_t c = 0; c < sh->d; c++)
+                acc[i * LD_ACC + c] = acc0[i * LD_ACC + c] = (float)rng_uniform(&r, -1, 1);
+        for (size_t i = 0; i < sh->nq; i++)
+            for (size_t j = 0; j < sh->nk; j++) s_tile[i * LD_S + j] = (float)rng_uniform(&r, 0, 1);
+        a->pv_tile(acc, LD_ACC, s_tile, LD_S, sh->nq, sh->nk, o.v.p, o.v_stride, sh->d);
+        for (size_t i = 0; i < sh->nq; i++) {
+            for (size_t c = 0; c < sh->d; c++) {
+                double want = acc0[i * LD_ACC + c], terms = fabs(want);
+                for (size_t j = 0; j < sh->nk; j++) {
+                    double pv = (double)s_tile[i * LD_S + j] * o.v.p[j * o.v_stride + c];
+                    want += pv;
+                    terms += fabs(pv);
+                }
+                cr_assert(fabs(acc[i * LD_ACC + c] - want) <= 1e-5 * terms + 1e-30,
+                          "pv_tile nq %zu nk %zu d_v %zu: acc[%zu][%zu] %.9g want %.9g", sh->nq,
+                          sh->nk, sh->d, i, c, acc[i * LD_ACC + c], want);
+            }
+            for (size_t c = sh->d; c < sh->d + BORDER; c++)
+                cr_assert_eq(acc[i * LD_ACC + c], SENTINEL, "pv_tile wrote past a row");
+        }
+        for (size_t c = 0; c < LD_ACC; c++)
+            cr_assert_eq(acc[sh->nq * LD_ACC + c], SENTINEL, "pv_tile wrote past the rows");
+        operands_free(&o);
+    }
+}
+
+/* exp(s - shift), the difference rounded to float as the kernels' contract has it, within the
+ * exp's bound (3 ULP fast, 1 ULP sleef; a little more with the shift folded in), and the row
+ * sums. A weight whose exp is below FLT_MIN may be 0 or anything below FLT_MIN (kernels.h). */
+static void expect_exps(const float *got, const float *s0, size_t ld, int key_major, size_t nq,
+                        size_t nk, const float *shift, const float *sums, const char *what) {
+    for (size_t i = 0; i < nq; i++) {
+        double sum = 0.0;
+        for (size_t j = 0; j < nk; j++) {
+            const size_t at = key_major ? j * ld + i : i * ld + j;
+            double want = exp((double)(s0[at] - shift[i]));
+            float e = got[at];
+            sum += e;
+            if (want < FLT_MIN) {
+                cr_assert(e >= 0.0f && e < FLT_MIN, "%s: %a for %g", what, e, want);
+                continue;
+            }
+            cr_assert(fabs(e - want) <= 5e-7 * want, "%s nq %zu nk %zu [%zu][%zu]: %.9g want %.9g",
+                      what, nq, nk, i, j, e, want);
+        }
+        cr_assert(fabs(sums[i] - sum) <= 1e-6 * sum + 1e-30, "%s: row %zu sums %.9g, its exps %.9g",
+                  what, i, sums[i], sum);
+    }
+}
+
+BACKEND_TEST(microkernels, exp_tile) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    if (!a->exp_tile[SDPA_EXP_FAST]) cr_skip_test("%s has no exp_tile", k->name);
+    rng r = rng_seed(14);
+    static float s0[SDPA_ATTN_MAX_BLOCK_Q * LD_S];
+    const size_t n = shapes_of(a, 1, shapes);
+    for (int kind = 0; kind < SDPA_EXP_KINDS; kind++)
+        for (size_t t = 0; t < n; t++) {
+            const shape *sh = &shapes[t];
+            float shift[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
+            for (size_t i = 0; i < sh->nq; i++) {
+                float m = -INFINITY;
+                for (size_t j = 0; j < sh->nk; j++) {
+                    float v = (float)rng_uniform(&r, -90.0, 20.0); /* some flush to 0 */
+                    s0[i * LD_S + j] = s_tile[i * LD_S + j] = v;
+                    m = v > m ? v : m;
+                }
+                shift[i] = m;
+            }
+            a->exp_tile[kind](s_tile, LD_S, sh->nq, sh->nk, shift, sums);
+            expect_exps(s_tile, s0, LD_S, 0, sh->nq, sh->nk, shift, sums,
+                        kind ? "exp_tile sleef" : "exp_tile fast");
+        }
+}
+
+/* The online-softmax step of the packed path: scores_max, the driver's new maxima, then exp_pv:
+ * alpha, the weights in place, their sums, and acc scaled by alpha plus the weights times v. */
+BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    if (!a->scores_max) cr_skip_test("%s has no scores_max/exp_pv pair", k->name);
+    rng r = rng_seed(15);
+    enum { LD_ACC = MAX_D + BORDER };
+    static float acc[SDPA_ATTN_MAX_BLOCK_Q * LD_ACC], acc0[SDPA_ATTN_MAX_BLOCK_Q * LD_ACC];
+    static float s0[SDPA_ATTN_MAX_BLOCK_KV * LD_Q];
+    const size_t n = shapes_of(a, SDPA_ATTN_PACK_MAX_D, shapes);
+    for (int kind = 0; kind < SDPA_EXP_KINDS; kind++)
+        for (size_t t = 0; t < n; t++) {
+            const shape *sh = &shapes[t];
+            operands o = operands_alloc(&r, sh);
+            float m[SDPA_ATTN_MAX_BLOCK_Q], m_new[SDPA_ATTN_MAX_BLOCK_Q],
+                tile_max[SDPA_ATTN_MAX_BLOCK_Q], alpha[SDPA_ATTN_MAX_BLOCK_Q],
+                sums[SDPA_ATTN_MAX_BLOCK_Q];
+            a->pack_q(qt, o.q.p, o.q_stride, sh->nq, sh->d);
+            a->scores_max(st, tile_max, qt, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d, 2.0f);
+            memcpy(s0, st, sizeof s0);
+            for (size_t i = 0; i < sh->nq; i++) {
+                /* the first block (m = -inf), a max that holds, one that moves, and one so far
+                   above this tile that its weights fall below FLT_MIN (and must be 0) */
+                m[i] = i % 4 == 0   ? -INFINITY
+                       : i % 4 == 1 ? tile_max[i] + 1.0f
+                       : i % 4 == 2 ? tile_max[i] - 0.75f
+                                    : tile_max[i] + 95.0f;
+                m_new[i] = m[i] > tile_max[i] ? m[i] : tile_max[i];
+                for (size_t c = 0; c < sh->d; c++)
+                    acc[i * LD_ACC + c] = acc0[i * LD_ACC + c] = (float)rng_uniform(&r, -1, 1);
+            }
+            a->exp_pv[kind](acc, LD_ACC, st, m, m_new, alpha, sums, sh->nq, sh->nk, o.v.p,
+                            o.v_stride, sh->d);
+            const char *what = kind ? "exp_pv sleef" : "exp_pv fast";
+            expect_exps(st, s0, LD_Q, 1, sh->nq, sh->nk, m_new, sums, what);
+            for (size_t i = 0; i < sh->nq; i++) {
+                /* an alpha below FLT_MIN only scales what the new weights (one of them 1)
+                   outweigh beyond float's precision: the contract lets it be any such value */
+                double want_alpha = exp((double)(m[i] - m_new[i]));
+                cr_assert(want_alpha < FLT_MIN ? alpha[i] >= 0.0f && alpha[i] < FLT_MIN
+                                               : fabs(alpha[i] - want_alpha) <= 5e-7 * want_alpha,
+                          "%s: alpha %.9g want %.9g", what, alpha[i], want_alpha);
+                for (size_t c = 0; c < sh->d; c++) {
+                    double want = (double)alpha[i] * acc0[i * LD_ACC + c], terms = fabs(want);
+                    for (size_t j = 0; j < sh->nk; j++) {
+                        double pv = (double)st[j * LD_Q + i] * o.v.p[j * o.v_stride + c];
+                        want += pv;
+                        terms += fabs(pv);
+                    }
+                    cr_assert(fabs(acc[i * LD_ACC + c] - want) <= 1e-5 * terms + 1e-30,
+                              "%s nq %zu nk %zu d %zu: acc[%zu][%zu] %.9g want %.9g", what, sh->nq,
+                              sh->nk, sh->d, i, c, acc[i * LD_ACC + c], want);
+                }
+            }
+            operands_free(&o);
+        }
+}
+
+/* The rules of arch/kernels.h that no call would show: required kernels present, optional
+ * pairs both present or both absent, blocks within the driver's stack tiles. */
+BACKEND_TEST(microkernels, table_obeys_its_rules) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    cr_assert_str_eq(k->name, sdpa_backend());
+    cr_assert(k->dot && k->dot_to && k->scale && k->scores && k->max_scaled && k->normalize &&
+              k->softmax_backward && k->attention);
+    cr_assert(k->exp_sum_block >= 16);
+    for (int kind = 0; kind < SDPA_EXP_KINDS; kind++) {
+        cr_assert(k->exp_sum[kind] && k->exp[kind], "exp kind %d", kind);
+        cr_assert(!k->exp_sum_max[kind] == !k->exp_sum_max[0], "exp_sum_max: both or neither");
+        cr_assert(!k->softmax_short[kind] == !k->softmax_short[0],
+                  "softmax_short: both or neither");
+    }
+    const sdpa_attention_kernels *a = k->attention;
+    cr_assert(a->block_q >= 1 && a->block_q <= SDPA_ATTN_MAX_BLOCK_Q);
+    cr_assert(a->block_kv >= 1 && a->block_kv <= SDPA_ATTN_MAX_BLOCK_KV);
+    cr_assert(a->scores_tile && a->pv_tile);
+    cr_assert(!a->exp_tile[0] == !a->exp_tile[1], "exp_tile: both kinds or neither");
+    cr_assert(!a->pack_q == !a->scores_packed, "pack_q and scores_packed: both or neither");
+    cr_assert(!a->scores_max == !a->exp_pv[0] && !a->exp_pv[0] == !a->exp_pv[1],
+              "scores_max and exp_pv: all or none");
+    cr_assert(!a->scores_max || a->pack_q, "scores_max needs pack_q");
+}

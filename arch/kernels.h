@@ -80,7 +80,7 @@ typedef struct sdpa_attention_kernels {
 } sdpa_attention_kernels;
 
 typedef struct sdpa_kernels {
-    const char *name;
+    const char *name; /* SDPA_BACKEND_NAME, which the build passes from the backend's record */
     /* sum a[i] * b[i]; n == 0 gives 0 and reads nothing (a and b may then be NULL) */
     float (*dot)(const float *a, const float *b, size_t n);
     /* dot, stored in *result; returns 0 (SDPA_OK): sdpa_dot_f32 jumps to it as its last act, with

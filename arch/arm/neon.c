@@ -229,7 +229,7 @@ static void softmax_backward_neon(float *dx, const float *y, const float *dy, si
 }
 
 const sdpa_kernels sdpa_kernels_neon = {
-    .name = "neon",
+    .name = SDPA_BACKEND_NAME,
     .dot = dot_neon,
     .dot_to = dot_neon_to,
     .scale = scale_neon,

@@ -163,7 +163,7 @@ static const sdpa_attention_kernels attention_scalar = {
 };
 
 const sdpa_kernels sdpa_kernels_scalar = {
-    .name = "scalar",
+    .name = SDPA_BACKEND_NAME,
     .dot = dot_scalar,
     .dot_to = dot_scalar_to,
     .scale = scale_scalar,

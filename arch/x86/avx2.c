@@ -1089,7 +1089,7 @@ static const sdpa_attention_kernels attention_avx2 = {
 };
 
 const sdpa_kernels sdpa_kernels_avx2 = {
-    .name = "avx2",
+    .name = SDPA_BACKEND_NAME,
     .dot = dot_avx2,
     .dot_to = dot_avx2_to,
     .scale = scale_avx2,

@@ -1403,7 +1403,7 @@ static const sdpa_attention_kernels attention_avx512 = {
 };
 
 const sdpa_kernels sdpa_kernels_avx512 = {
-    .name = "avx512",
+    .name = SDPA_BACKEND_NAME,
     .dot = dot_avx512,
     .dot_to = dot_avx512_to,
     .scale = scale_avx512,

@@ -684,7 +684,7 @@ static const sdpa_attention_kernels attention_sse41 = {
 };
 
 const sdpa_kernels sdpa_kernels_sse41 = {
-    .name = "sse",
+    .name = SDPA_BACKEND_NAME,
     .dot = dot_sse41,
     .dot_to = dot_sse41_to,
     .scale = scale_sse41,

@@ -249,9 +249,9 @@ static inline __attribute__((always_inline)) row_exp row_exp_sleef_guess(float g
 /* exp_fast_avx2 (full = 0) with c's table, clamp and polynomial. `magic`: N rounded by adding
  * 1.5 * 2^23 in the FMA that scales z (N then sits in its low bits), where exp_fast_avx2 takes a
  * multiply, roundps and cvtps2dq: one operation fewer (4096 floats 916-940 -> 879-896 ns). That
- * FMA rounds as MXCSR says, so its callers run it under round-to-nearest (nearest_begin): a
- * directed mode would take r to ln2 / 8, twice the cubic's interval, and the exp to about 20 ULP
- * (tests/test_exp.c, sum_fast_directed). */
+ * FMA rounds as MXCSR says, so its callers run it only when the caller rounds to nearest
+ * (rounds_to_nearest): a directed mode would take r to ln2 / 8, twice the cubic's interval, and
+ * the exp to about 20 ULP (tests/test_exp.c, sum_fast_directed). */
 static inline __attribute__((always_inline)) __m256 exp_row(__m256 z, const row_exp *c, int magic) {
     z = _mm256_max_ps(c->lo, z);
     __m256 n;
@@ -365,39 +365,29 @@ static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, cons
         *max = hmax(vmax);                                                                         \
         return sum;                                                                                \
     }
-/* The entries that reach exp_row_magic run it under round-to-nearest: a caller in a directed mode
- * (MXCSR's RC bits) gets round-to-nearest for the call and its own mode back after it; the
- * exception flags stay as the call left them. */
+/* The entries that reach exp_row_magic take it only when MXCSR's RC bits say round-to-nearest;
+ * in a directed mode they take roundps, and every operation keeps the caller's mode. Switching
+ * to round-to-nearest for the call instead would round z = scale * x in another mode than
+ * max_scaled did for the shift the driver passes: a z one ULP above that max (exp gives +inf, the
+ * row NaN), or a z that overflows where the caller's mode stops at FLT_MAX (tests/test_fpenv.c). */
 #define MXCSR_RC 0x6000u
+static inline int rounds_to_nearest(void) { return !(_mm_getcsr() & MXCSR_RC); }
 /* Reading MXCSR waits for the floating-point work before it (its flags), which costs a short row
  * its overlap with the call before (40 floats took 24.7 -> 27.1 ns): rows shorter than this keep
  * roundps and read nothing. */
 #define SHORT_MAGIC_FROM 256
-/* sets round-to-nearest if the caller had another mode, and returns that mode's RC bits */
-static inline unsigned nearest_begin(void) {
-    const unsigned caller_rc = _mm_getcsr() & MXCSR_RC;
-    if (caller_rc) _mm_setcsr(_mm_getcsr() & ~MXCSR_RC);
-    return caller_rc;
-}
-static inline void nearest_end(unsigned caller_rc) {
-    if (caller_rc) _mm_setcsr(_mm_getcsr() | caller_rc);
-}
 
-EXP_SUM_LANES_AVX2(exp_sum_fast_avx2, exp_row_fast)
+EXP_SUM_AVX2(exp_sum_roundps_avx2, exp_row_fast, 1)
 EXP_SUM_AVX2(exp_sum_nearest_avx2, exp_row_magic, 1)
 EXP_SUM_AVX2(exp_sum_sleef_avx2, exp_row_sleef, 0)
 static float exp_sum_fast_avx2(float *y, const float *x, size_t n, float scale, float shift) {
-    const unsigned caller_rc = nearest_begin();
-    const float sum = exp_sum_nearest_avx2(y, x, n, scale, shift);
-    nearest_end(caller_rc);
-    return sum;
+    return rounds_to_nearest() ? exp_sum_nearest_avx2(y, x, n, scale, shift)
+                               : exp_sum_roundps_avx2(y, x, n, scale, shift);
 }
 static float exp_sum_fast_avx2_max(float *y, const float *x, size_t n, float scale, float shift,
                                    float *max) {
-    const unsigned caller_rc = nearest_begin();
-    const float sum = exp_sum_nearest_avx2_max(y, x, n, scale, shift, max);
-    nearest_end(caller_rc);
-    return sum;
+    return rounds_to_nearest() ? exp_sum_nearest_avx2_max(y, x, n, scale, shift, max)
+                               : exp_sum_roundps_avx2_max(y, x, n, scale, shift, max);
 }
 
 #define EXP_ARRAY_AVX2(NAME, EXP)                                                                  \
@@ -496,7 +486,7 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
     static float NAME(float *y, const float *x, size_t n, float scale) {                           \
         return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, 1) : NAME##_body(y, x, n, scale, 0);     \
     }
-SOFTMAX_SHORT_AVX2(softmax_short_passes_fast_avx2, exp_sum_fast_avx2_lanes, row_exp_guess, 1)
+SOFTMAX_SHORT_AVX2(softmax_short_passes_fast_avx2, exp_sum_roundps_avx2_lanes, row_exp_guess, 1)
 SOFTMAX_SHORT_AVX2(softmax_short_passes_nearest_avx2, exp_sum_nearest_avx2_lanes, row_exp_guess, 1)
 SOFTMAX_SHORT_AVX2(softmax_short_sleef_avx2, exp_sum_sleef_avx2_lanes, row_exp_sleef_guess, 0)
 
@@ -564,14 +554,7 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
 }
 #undef EACH_OF_4
 
-/* rows of 256 floats and more: the magic-number rounding, under round-to-nearest */
-static float softmax_short_nearest_avx2(float *y, const float *x, size_t n, float scale) {
-    const unsigned caller_rc = nearest_begin();
-    const float max = softmax_short_passes_nearest_avx2(y, x, n, scale);
-    nearest_end(caller_rc);
-    return max;
-}
-SDPA_SHORT_ENTRY(softmax_short_nearest_avx2)
+SDPA_SHORT_ENTRY(softmax_short_passes_nearest_avx2)
 SDPA_SHORT_ENTRY(softmax_short_passes_fast_avx2)
 static float softmax_short_regs_avx2(float *y, const float *x, size_t n, float scale) {
     const __m256 vs = _mm256_set1_ps(scale);
@@ -586,7 +569,9 @@ static float softmax_short_regs_avx2(float *y, const float *x, size_t n, float s
                 : softmax_regs_fast_avx2(y, x, n, vs, 0, 4);
 }
 static int softmax_short_fast_avx2(float *y, const float *x, size_t n, float scale) {
-    if (n >= SHORT_MAGIC_FROM) return softmax_short_nearest_avx2_entry(y, x, n, scale);
+    /* rows of 256 floats and more: the magic-number rounding, under round-to-nearest */
+    if (n >= SHORT_MAGIC_FROM && rounds_to_nearest())
+        return softmax_short_passes_nearest_avx2_entry(y, x, n, scale);
     if (n > 4 * W) return softmax_short_passes_fast_avx2_entry(y, x, n, scale);
     return sdpa_short_done(softmax_short_regs_avx2(y, x, n, scale), y, x, n, scale);
 }

@@ -435,6 +435,19 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
     return _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));
 }
 
+/* The factor 1 / sum for a row's weights e * factor, from its sum in every lane, such that no
+ * weight exceeds 1 whatever the caller's rounding mode: -1 / sum, negated, is rounded the
+ * mirror way of the mode (down where it rounds up, and up where it rounds down, where the
+ * weight's own rounding then takes e * factor < 1 + 2^-23 down to at most 1), so e <= sum gives
+ * weights <= 1; under round-to-nearest it is 1 / sum. One operation a row, where a min with 1
+ * would take one a vector. */
+static inline __attribute__((always_inline)) __m256 row_factor_avx2(__m256 sum) {
+    __m256 q = _mm256_div_ps(_mm256_set1_ps(-1.0f), sum);
+    /* opaque: the compiler assumes round-to-nearest, and would fold -(-1 / sum) to 1 / sum */
+    __asm__("" : "+x"(q));
+    return _mm256_xor_ps(q, _mm256_set1_ps(-0.0f));
+}
+
 /* A row of up to 4096 floats in one call (kernels.h, softmax_short), as on avx512: the three
  * passes without calls between them, the reductions in registers, 1 / sum in float (32 partial
  * sums of at most 128 weights each, fewer than the scalar backend's 512-float blocks add per
@@ -451,7 +464,7 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
             const row_exp c = GUESS_EXP(g);                                                        \
             __m256 vmax;                                                                           \
             const __m256 sum = allsum_avx2(EXP_SUM_LANES(y, x, n, scale, &c, unit, FOLDS, &vmax)); \
-            normalize_avx2_inline(y, n, _mm256_div_ps(_mm256_set1_ps(1.0f), sum));                 \
+            normalize_avx2_inline(y, n, row_factor_avx2(sum));                                     \
             const float max = hmax(vmax);                                                          \
             if (sdpa_guess_fits(g, max)) return max;                                               \
         }                                                                                          \
@@ -480,7 +493,7 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
         const row_exp c = row_exp_fast(max, folded, 0);                                            \
         const __m256 sum = allsum_avx2(folded ? EXP_SUM_LANES(y, x, n, scale, &c, unit, 1, NULL)   \
                                               : EXP_SUM_LANES(y, x, n, scale, &c, unit, 0, NULL)); \
-        normalize_avx2_inline(y, n, _mm256_div_ps(_mm256_set1_ps(1.0f), sum));                     \
+        normalize_avx2_inline(y, n, row_factor_avx2(sum));                                         \
         return max;                                                                                \
     }                                                                                              \
     static float NAME(float *y, const float *x, size_t n, float scale) {                           \
@@ -527,16 +540,19 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
         if (k == last) z##k = _mm256_and_ps(z##k, _mm256_castsi256_ps(lm));                        \
         a##k = z##k;                                                                               \
     }
+        /* the weights e / sum: a division a vector, no slower here than 1 / sum and a multiply
+           a vector (measured at 8 to 32 floats). Each weight is its quotient rounded once, so
+           e <= sum gives at most 1 in every rounding mode, and a row of one entry exactly 1,
+           where e * fl(1 / e) may be 1 - 2^-24. */
 #define STORE_(k)                                                                                  \
-    if (V > k && k < last)                                                                         \
-        _mm256_storeu_ps(y + k * W, flush_below_min(_mm256_mul_ps(z##k, factor)));                 \
+    if (V > k && k < last) _mm256_storeu_ps(y + k * W, flush_below_min(_mm256_div_ps(z##k, sum))); \
     if (V > k && k == last)                                                                        \
-        _mm256_maskstore_ps(y + k * W, lm, flush_below_min(_mm256_mul_ps(z##k, factor)));
+        _mm256_maskstore_ps(y + k * W, lm, flush_below_min(_mm256_div_ps(z##k, sum)));
 #define FINISH_                                                                                    \
     EACH_OF_4(EXP_)                                                                                \
     if (V > 2) a0 = _mm256_add_ps(a0, a2), a1 = _mm256_add_ps(a1, a3);                             \
     if (V > 1) a0 = _mm256_add_ps(a0, a1);                                                         \
-    const __m256 factor = _mm256_div_ps(_mm256_set1_ps(1.0f), allsum_avx2(a0));                    \
+    const __m256 sum = allsum_avx2(a0);                                                            \
     EACH_OF_4(STORE_)
     if (sdpa_guess_fits(g, max)) {
         const int folded = 1;

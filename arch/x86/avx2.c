@@ -447,13 +447,19 @@ static inline __attribute__((always_inline)) __m256 row_factor_avx2(__m256 sum) 
     __asm__("" : "+x"(q));
     return _mm256_xor_ps(q, _mm256_set1_ps(-0.0f));
 }
+/* 1 / sum itself, for rows run only under round-to-nearest, where e * fl(1 / sum) <= 1 + 2^-24
+ * rounds to at most 1 without the negations (which cost rows of 300 floats measurably more than
+ * their one operation) */
+static inline __attribute__((always_inline)) __m256 nearest_factor_avx2(__m256 sum) {
+    return _mm256_div_ps(_mm256_set1_ps(1.0f), sum);
+}
 
 /* A row of up to 4096 floats in one call (kernels.h, softmax_short), as on avx512: the three
  * passes without calls between them, the reductions in registers, 1 / sum in float (32 partial
  * sums of at most 128 weights each, fewer than the scalar backend's 512-float blocks add per
  * lane), and the exp's shift folded without the factor it leaves, which the division by the sum
  * takes out. */
-#define SOFTMAX_SHORT_AVX2(NAME, EXP_SUM_LANES, GUESS_EXP, FOLDS)                                  \
+#define SOFTMAX_SHORT_AVX2(NAME, EXP_SUM_LANES, GUESS_EXP, FOLDS, FACTOR)                          \
     static inline __attribute__((always_inline)) float NAME##_body(                                \
         float *y, const float *x, size_t n, float scale, int unit) {                               \
         const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);                 \
@@ -464,7 +470,7 @@ static inline __attribute__((always_inline)) __m256 row_factor_avx2(__m256 sum) 
             const row_exp c = GUESS_EXP(g);                                                        \
             __m256 vmax;                                                                           \
             const __m256 sum = allsum_avx2(EXP_SUM_LANES(y, x, n, scale, &c, unit, FOLDS, &vmax)); \
-            normalize_avx2_inline(y, n, row_factor_avx2(sum));                                     \
+            normalize_avx2_inline(y, n, FACTOR(sum));                                              \
             const float max = hmax(vmax);                                                          \
             if (sdpa_guess_fits(g, max)) return max;                                               \
         }                                                                                          \
@@ -493,15 +499,18 @@ static inline __attribute__((always_inline)) __m256 row_factor_avx2(__m256 sum) 
         const row_exp c = row_exp_fast(max, folded, 0);                                            \
         const __m256 sum = allsum_avx2(folded ? EXP_SUM_LANES(y, x, n, scale, &c, unit, 1, NULL)   \
                                               : EXP_SUM_LANES(y, x, n, scale, &c, unit, 0, NULL)); \
-        normalize_avx2_inline(y, n, row_factor_avx2(sum));                                         \
+        normalize_avx2_inline(y, n, FACTOR(sum));                                                  \
         return max;                                                                                \
     }                                                                                              \
     static float NAME(float *y, const float *x, size_t n, float scale) {                           \
         return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, 1) : NAME##_body(y, x, n, scale, 0);     \
     }
-SOFTMAX_SHORT_AVX2(softmax_short_passes_fast_avx2, exp_sum_roundps_avx2_lanes, row_exp_guess, 1)
-SOFTMAX_SHORT_AVX2(softmax_short_passes_nearest_avx2, exp_sum_nearest_avx2_lanes, row_exp_guess, 1)
-SOFTMAX_SHORT_AVX2(softmax_short_sleef_avx2, exp_sum_sleef_avx2_lanes, row_exp_sleef_guess, 0)
+SOFTMAX_SHORT_AVX2(softmax_short_passes_fast_avx2, exp_sum_roundps_avx2_lanes, row_exp_guess, 1,
+                   row_factor_avx2)
+SOFTMAX_SHORT_AVX2(softmax_short_passes_nearest_avx2, exp_sum_nearest_avx2_lanes, row_exp_guess, 1,
+                   nearest_factor_avx2)
+SOFTMAX_SHORT_AVX2(softmax_short_sleef_avx2, exp_sum_sleef_avx2_lanes, row_exp_sleef_guess, 0,
+                   row_factor_avx2)
 
 /* Rows of up to 32 floats with the fast exp, in V = 1, 2 or 4 vectors that stay in registers
  * from their loads to their stores, where the three-pass body stores the weights and loads them
@@ -572,6 +581,13 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
 
 SDPA_SHORT_ENTRY(softmax_short_passes_nearest_avx2)
 SDPA_SHORT_ENTRY(softmax_short_passes_fast_avx2)
+/* rows of 256 floats and more: the magic-number rounding when the caller rounds to nearest. MXCSR
+ * is read here, not in the dispatcher below, where its stack slot would give every row a frame. */
+static __attribute__((noinline)) int softmax_short_long_avx2(float *y, const float *x, size_t n,
+                                                             float scale) {
+    return rounds_to_nearest() ? softmax_short_passes_nearest_avx2_entry(y, x, n, scale)
+                               : softmax_short_passes_fast_avx2_entry(y, x, n, scale);
+}
 static float softmax_short_regs_avx2(float *y, const float *x, size_t n, float scale) {
     const __m256 vs = _mm256_set1_ps(scale);
     const int unit = scale == 1.0f;
@@ -585,9 +601,7 @@ static float softmax_short_regs_avx2(float *y, const float *x, size_t n, float s
                 : softmax_regs_fast_avx2(y, x, n, vs, 0, 4);
 }
 static int softmax_short_fast_avx2(float *y, const float *x, size_t n, float scale) {
-    /* rows of 256 floats and more: the magic-number rounding, under round-to-nearest */
-    if (n >= SHORT_MAGIC_FROM && rounds_to_nearest())
-        return softmax_short_passes_nearest_avx2_entry(y, x, n, scale);
+    if (n >= SHORT_MAGIC_FROM) return softmax_short_long_avx2(y, x, n, scale);
     if (n > 4 * W) return softmax_short_passes_fast_avx2_entry(y, x, n, scale);
     return sdpa_short_done(softmax_short_regs_avx2(y, x, n, scale), y, x, n, scale);
 }

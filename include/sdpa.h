@@ -18,7 +18,8 @@
  * vector exps run on lanes and rows whose results are dropped), and never FE_DIVBYZERO. Calls
  * expect the default masked exceptions: with a trap enabled, a call may trap.
  *
- * Special values (z below is the scaled input of a softmax, z_i = scale * x_i rounded to float):
+ * Special values (z below is the scaled input of a softmax, z_i = scale * x_i rounded to float
+ * once, in the caller's rounding mode; every pass over a row sees that z):
  *   - entries with z = -inf get exactly 0; a row that is entirely -inf gives all zeros (a fully
  *     masked row), never NaN;
  *   - any NaN in z makes every output of the row NaN;
@@ -91,7 +92,8 @@ SDPA_API sdpa_status sdpa_scale_f32(float *y, const float *x, size_t n, float al
 /* y = softmax(scale * x), numerically stable: every exp is shifted by the row max, or by a
  * value of the row at most 64 below it, checked against the max (avx512 and avx2 try such a
  * guess first, so that the exps need not wait for the max), so no finite input overflows;
- * y == x is allowed. scale must be finite and non-zero (else SDPA_ERR_ARG). */
+ * y == x is allowed. scale must be finite and non-zero (else SDPA_ERR_ARG). A row of one entry
+ * with a finite z gives exactly 1, and no weight exceeds 1, in any rounding mode. */
 SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float scale);
 
 /* Gradient of softmax(scale * x) given its output y and the upstream gradient dy:

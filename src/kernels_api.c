@@ -58,6 +58,41 @@ static void fill(float *y, size_t n, float value) {
     for (size_t i = 0; i < n; i++) y[i] = value;
 }
 
+/* The compiler assumes round-to-nearest (no -frounding-math), under which -(-a / b) is a / b, and
+ * folds it so: OPAQUE(v) hides v's value from it. */
+#if defined(__x86_64__) || defined(__i386__)
+#define OPAQUE(v) __asm__("" : "+x"(v))
+#elif defined(__aarch64__)
+#define OPAQUE(v) __asm__("" : "+w"(v))
+#else
+#define OPAQUE(v) ((v) = *(volatile float *)&(v))
+#endif
+
+/* The factor normalize multiplies exps e <= sum (a sum of them) by: 1 / sum, such that no
+ * weight e * factor exceeds 1 in any rounding mode. sum rounded to float is still >= every e (the
+ * exps are floats), and -1 / it, negated, is rounded the mirror way of the mode: down where the
+ * mode rounds up, and up where it rounds down, where the product's own rounding then takes
+ * e * factor < 1 + 2^-23 down to at most 1; under round-to-nearest, e * fl(1 / sum) <= 1 + 2^-24
+ * rounds to at most 1. Otherwise a dominant exp times the reciprocal of a sum just above it could
+ * round to 1 + 2^-23 under FE_UPWARD. A float division: shorter than a double one and its
+ * conversion. */
+static inline float reciprocal_factor(double sum) {
+    float q = -1.0f / (float)sum;
+    OPAQUE(q);
+    return -q;
+}
+
+/* The factor for a chunk whose exps e <= bound (their sum) were taken against a shift below the
+ * row's max, `want` = exp(shift - max) / sum: want rounded, then lowered while bound * factor
+ * rounds above 1, which the multiply of every weight then cannot do either (it rounds alike and
+ * is monotonic). */
+static float weight_factor(double want, double bound) {
+    float f = (float)want, b = (float)bound;
+    if (b > bound) b = nextafterf(b, 0.0f); /* the exps are floats, so none exceeds b */
+    while (b * f > 1.0f) f = nextafterf(f, 0.0f);
+    return f;
+}
+
 /* Each chunk's weights are computed against the running max when the chunk is reached (its
  * shift); the final pass scales chunk c by exp(shift[c] - max) / sum, which is exactly 1 / sum for
  * a row of one chunk. A chunk whose z are all -inf has no weights and gets zeros. */
@@ -103,12 +138,13 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
         }
         /* the sum is >= 1 (the max contributes exp(0)), or NaN when x holds a NaN: then the
            factor, and so every y, is NaN */
-        k->normalize(y, n, (float)(1.0 / exp_sum_blocked(k, exp_kind, y, x, n, scale, m)));
+        k->normalize(y, n, reciprocal_factor(exp_sum_blocked(k, exp_kind, y, x, n, scale, m)));
         return;
     }
     size_t chunk = SOFTMAX_CHUNK;
     if (n / SOFTMAX_MAX_CHUNKS >= chunk) chunk = (n / SOFTMAX_MAX_CHUNKS + 64) & ~(size_t)63;
     float shift[SOFTMAX_MAX_CHUNKS];
+    double chunk_sum[SOFTMAX_MAX_CHUNKS]; /* each chunk's own, before any rescaling */
     float m = -INFINITY;
     double sum = 0.0;
     size_t c = 0;
@@ -138,6 +174,7 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
                     m = s;
                 }
                 shift[c] = m;
+                chunk_sum[c] = sc;
                 sum += sc;
                 continue;
             }
@@ -155,6 +192,7 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
                     return;
                 }
             shift[c] = -INFINITY;
+            chunk_sum[c] = 0.0;
             continue;
         }
         if (mc > m) {
@@ -166,7 +204,8 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
            its max pass does not wait for L3 or memory (about 5% at n = 2^20) */
         for (size_t j = i + chunk; j < i + 2 * chunk && j < n; j += 16)
             __builtin_prefetch(x + j, 0, 2);
-        sum += exp_sum_blocked(k, exp_kind, y + i, x + i, len, scale, m);
+        chunk_sum[c] = exp_sum_blocked(k, exp_kind, y + i, x + i, len, scale, m);
+        sum += chunk_sum[c];
     }
     if (m == -INFINITY) { /* a fully masked row */
         fill(y, n, 0.0f);
@@ -180,7 +219,9 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
             fill(y + i, len, 0.0f);
         else
             k->normalize(y + i, len,
-                         (float)(shift[c] == m ? 1.0 / sum : exp((double)shift[c] - m) / sum));
+                         shift[c] == m
+                             ? reciprocal_factor(sum)
+                             : weight_factor(exp((double)shift[c] - m) / sum, chunk_sum[c]));
     }
 }
 

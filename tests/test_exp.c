@@ -253,8 +253,8 @@ static void check_softmax_exps(const char *backend, const char *mode, double max
 }
 
 /* exp_sum under the directed rounding modes: the fast exp's arithmetic then rounds up, down or
- * toward 0, but its reduction must still round N to nearest (avx2 rounds it with a magic number,
- * which follows MXCSR, and sets round-to-nearest around its loops). Left to the mode, the reduced
+ * toward 0, but its reduction must still round N to nearest (avx2's magic-number rounding
+ * follows MXCSR, so in a directed mode avx2 takes roundps instead). Left to the mode, the reduced
  * argument reaches ln2 / 8 and the error about 20 ULP. */
 static void check_exp_sum_directed(const char *backend) {
     static const int modes[] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};

@@ -4,6 +4,7 @@
  * both exp modes. Inputs are normal floats: with DAZ the hardware reads subnormal inputs as 0,
  * which is the caller's choice and not the library's. */
 #include <fenv.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -238,4 +239,192 @@ BACKEND_TEST(fpenv, exception_flags_as_documented) {
         }
     }
     sdpa_set_exp_mode("fast");
+}
+
+/* ---- Softmax's z = scale * x is rounded once, in the caller's mode, and every pass of a row sees
+ * that z: rows far beyond any accuracy range (|z| up to FLT_MAX, where one ULP of z decides
+ * between exp(0) and inf) and longer than any chunk, and rows of one entry, whose weight is
+ * exactly 1. No weight is ever above 1. ---- */
+
+static const char *const EXP_MODES[] = {"fast", "sleef"};
+
+/* scale * x rounded to float in the current rounding mode, at run time */
+static float z_of(float scale, float x) {
+    volatile float z = scale * x;
+    return z;
+}
+
+/* y against the softmax of the rounded z (z_of, in the current mode), in double: NaN nowhere,
+ * every weight in [0, 1] and within the bound of sdpa.h of its own exp(z - max) / sum, so equal
+ * z get equal weights, and the weights sum to 1 within that bound; +inf z share the mass */
+static void check_softmax_of_z(const char *ctx, const float *y, const float *x, size_t n,
+                               float scale) {
+    double *want = malloc(n * sizeof(double));
+    cr_assert(want);
+    float m = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        const float z = z_of(scale, x[i]);
+        cr_assert(!isnan(z), "%s: the test's z is NaN", ctx);
+        if (z > m) m = z;
+    }
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const float z = z_of(scale, x[i]);
+        want[i] = m == INFINITY ? (z == INFINITY) : z == -INFINITY ? 0.0 : exp((double)z - m);
+        sum += want[i];
+    }
+    const double tol = n <= 4096 ? 2e-5 : 1e-4;
+    double got_sum = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        want[i] /= sum;
+        cr_assert(y[i] >= 0.0f && y[i] <= 1.0f, "%s: n=%zu i=%zu: weight %a (z %a, max %a)", ctx, n,
+                  i, y[i], z_of(scale, x[i]), m);
+        if (want[i] < 2.0 * FLT_MIN)
+            cr_assert(y[i] < 3.0f * FLT_MIN, "%s: n=%zu i=%zu: %a, want %g", ctx, n, i, y[i],
+                      want[i]);
+        else
+            cr_assert(fabs(y[i] - want[i]) <= tol * want[i],
+                      "%s: n=%zu i=%zu: %.9g, want %.9g (z %a, max %a)", ctx, n, i, y[i], want[i],
+                      z_of(scale, x[i]), m);
+        got_sum += y[i];
+    }
+    cr_assert(fabs(got_sum - 1.0) <= tol, "%s: n=%zu: the weights sum to %.9g", ctx, n, got_sum);
+    free(want);
+}
+
+/* x in [1, 3) (the inputs a model's scores divided by a small scale would be), in three orders:
+ * scrambled (the largest entry in every block of 1024), rising (a new max in every chunk, so
+ * every chunk's shift moves) and falling; the scales take |z| to 1e37 and FLT_MAX (and past it,
+ * where z overflows to +inf or stops at FLT_MAX as the mode says), to 1e6 and 3e4 (beyond the
+ * exps' fold, where only the largest entries keep a weight) and to 1e3 and 30 (where many
+ * weights count and one ULP of z moves each of them by e^(ULP)) */
+static void fill_one_to_three(float *x, size_t n, int order) {
+    for (size_t i = 0; i < n; i++) {
+        const size_t k = order == 0   ? i * 7919 % 1024
+                         : order == 1 ? i * 1024 / n
+                                      : (n - 1 - i) * 1024 / n;
+        x[i] = 1.0f + (float)k / 512.0f;
+    }
+}
+
+BACKEND_TEST(fpenv, softmax_z_rounded_once_in_every_mode) {
+    static const float scales[] = {1e37f,          -1e37f,          3e38f / 3.0f, FLT_MAX / 3.0f,
+                                   FLT_MAX / 2.0f, -FLT_MAX / 2.0f, 1e6f,         3e4f,
+                                   1e3f,           30.0f,           -30.0f};
+    static const size_t sizes[] = {300, 4096, 4097, 70000};
+    const size_t n_sizes = test_quick() ? 3 : sizeof sizes / sizeof sizes[0];
+    float *x = malloc(70000 * sizeof(float)), *y = malloc(70000 * sizeof(float));
+    cr_assert(x && y);
+    for (size_t k = 0; k < sizeof ENVIRONMENTS / sizeof ENVIRONMENTS[0]; k++) {
+        const environment *env = &ENVIRONMENTS[k];
+        for (size_t e = 0; e < 2; e++) {
+            cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+            for (size_t s = 0; s < n_sizes; s++) {
+                const size_t n = sizes[s];
+                for (int order = 0; order < 3; order++) {
+                    for (size_t c = 0; c < sizeof scales / sizeof scales[0]; c++) {
+                        for (int in_place = 0; in_place < 2; in_place++) {
+                            char ctx[160];
+                            snprintf(ctx, sizeof ctx, "%s, exp %s, order %d, scale %a%s", env->name,
+                                     EXP_MODES[e], order, scales[c], in_place ? ", in place" : "");
+                            fill_one_to_three(x, n, order);
+                            fesetround(env->round);
+                            set_ftz_daz(env->ftz_daz);
+                            const sdpa_status st =
+                                sdpa_softmax_f32(in_place ? x : y, x, n, scales[c]);
+                            if (in_place) memcpy(y, x, n * sizeof(float));
+                            fill_one_to_three(x, n, order);
+                            /* the reference rounds z in the same mode */
+                            check_softmax_of_z(ctx, y, x, n, scales[c]);
+                            restore_default();
+                            cr_assert_eq(st, SDPA_OK);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
+    free(x);
+    free(y);
+}
+
+/* A row of one entry is exactly 1 for every finite z, in every mode and with either exp; -inf
+ * gives 0, NaN gives NaN and +inf gives 1 (sdpa.h), z overflowing as the mode says. */
+BACKEND_TEST(fpenv, softmax_of_one_entry_is_exactly_one) {
+    static const float xs[] = {0.0f,    -0.0f,    1.0f,      100.0f,  123.0f,   -123.0f,
+                               87.5f,   88.8f,    -88.8f,    1e5f,    -1e5f,    1e-30f,
+                               FLT_MIN, 3e38f,    -3e38f,    FLT_MAX, -FLT_MAX, 0.1f,
+                               2.5e-3f, INFINITY, -INFINITY, NAN};
+    static const float scales[] = {1.0f, 0.5f, -1.0f, 0.125f, 3.0f, 1e37f, -2.0f, 1e-37f};
+    for (size_t k = 0; k < sizeof ENVIRONMENTS / sizeof ENVIRONMENTS[0]; k++) {
+        const environment *env = &ENVIRONMENTS[k];
+        for (size_t e = 0; e < 2; e++) {
+            cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+            for (size_t c = 0; c < sizeof scales / sizeof scales[0]; c++) {
+                /* the listed values, then a sweep of 2000 more through [-100, 100) */
+                for (size_t i = 0; i < sizeof xs / sizeof xs[0] + 2000; i++) {
+                    const size_t n_listed = sizeof xs / sizeof xs[0];
+                    float x = i < n_listed ? xs[i] : -100.0f + 0.1f * (float)(i - n_listed);
+                    float y = SENTINEL, in_place = x;
+                    fesetround(env->round);
+                    set_ftz_daz(env->ftz_daz);
+                    const sdpa_status st = sdpa_softmax_f32(&y, &x, 1, scales[c]);
+                    const sdpa_status st_in_place =
+                        sdpa_softmax_f32(&in_place, &in_place, 1, scales[c]);
+                    const float z = z_of(scales[c], x);
+                    restore_default();
+                    cr_assert(st == SDPA_OK && st_in_place == SDPA_OK);
+                    const float want = isnan(z) ? NAN : z == -INFINITY ? 0.0f : 1.0f;
+                    cr_assert(isnan(want) ? isnan(y) && isnan(in_place)
+                                          : memcmp(&y, &want, sizeof y) == 0 &&
+                                                memcmp(&in_place, &want, sizeof y) == 0,
+                              "%s, exp %s: softmax of %a * %a (z %a) is %a (in place %a), want %a",
+                              env->name, EXP_MODES[e], scales[c], x, z, y, in_place, want);
+                }
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}
+
+/* No weight above 1 in any mode: rows of one dominant entry whose others lie 20 to 100 below
+ * it (or at -inf), so that the row's sum is about its largest exp and the normalisation
+ * multiplies that exp by about its own reciprocal, for many values of it and every short-row
+ * path (one vector, rows in registers, the passes), and for rows longer than a chunk. */
+BACKEND_TEST(fpenv, softmax_weights_never_above_one) {
+    static const float gaps[] = {20.0f, 40.0f, 100.0f, INFINITY};
+    float *x = malloc(5000 * sizeof(float)), *y = malloc(5000 * sizeof(float));
+    cr_assert(x && y);
+    const size_t values = test_quick() ? 40 : 200;
+    for (size_t k = 0; k < sizeof ENVIRONMENTS / sizeof ENVIRONMENTS[0]; k++) {
+        const environment *env = &ENVIRONMENTS[k];
+        for (size_t e = 0; e < 2; e++) {
+            cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+            for (size_t n = 2; n <= 64 + 3; n++) {
+                const size_t len = n <= 64 ? n : n == 65 ? 300 : n == 66 ? 4096 : 4097;
+                for (size_t g = 0; g < sizeof gaps / sizeof gaps[0]; g++) {
+                    for (size_t v = 0; v < values; v += len <= 64 ? 1 : 10) {
+                        const float top = -20.0f + 0.1373f * (float)v;
+                        const size_t at = v * 13 % len;
+                        for (size_t i = 0; i < len; i++)
+                            x[i] = i == at ? top : top - gaps[g] - (float)(i % 7);
+                        fesetround(env->round);
+                        set_ftz_daz(env->ftz_daz);
+                        cr_assert_eq(sdpa_softmax_f32(y, x, len, v % 2 ? 1.0f : 2.0f), SDPA_OK);
+                        restore_default();
+                        for (size_t i = 0; i < len; i++)
+                            cr_assert(y[i] >= 0.0f && y[i] <= 1.0f,
+                                      "%s, exp %s: n=%zu, top %a at %zu, gap %g: y[%zu] = %a",
+                                      env->name, EXP_MODES[e], len, top, at, gaps[g], i, y[i]);
+                        cr_assert(y[at] >= 1.0f - 2e-5f, "%s, exp %s: n=%zu: top weight %a",
+                                  env->name, EXP_MODES[e], len, y[at]);
+                    }
+                }
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
+    free(x);
+    free(y);
 }

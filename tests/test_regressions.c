@@ -1,11 +1,14 @@
 /* Inputs the fuzzers (tests/fuzz/, scripts/fuzz) found to break the contract of sdpa.h, one
  * test each, named after what broke; every backend, both exp modes where softmax is involved. */
+#include <fenv.h>
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "checks.h"
 #include "common.h"
+#include "reference.h"
 
 static const char *const EXP_MODES[] = {"fast", "sleef"};
 
@@ -129,9 +132,6 @@ BACKEND_TEST(regressions, attention_minus_inf_scores_get_weight_zero) {
  * overflowed and the row came out NaN in calls of 8 or more rows, (2, 3) in smaller ones; under
  * FTZ a scaled q below FLT_MIN was flushed. A row's result must not depend on the rows or heads
  * it is called with. */
-#include <stdio.h>
-
-#include "reference.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -348,6 +348,96 @@ BACKEND_TEST(regressions, attention_huge_finite_inputs_are_not_nan) {
                         }
                     }
                 }
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}
+
+/* ---- Softmax under directed rounding, and rows of one entry (found probing the ABI from the
+ * header alone) ---- */
+
+/* softmax of x[0, n) under `round`, on the active backend and exp mode; the mode is restored */
+static void softmax_rounded(int round, float *y, const float *x, size_t n, float scale) {
+    cr_assert_eq(fesetround(round), 0);
+    const sdpa_status st = sdpa_softmax_f32(y, x, n, scale);
+    fesetround(FE_TONEAREST);
+    cr_assert_eq(st, SDPA_OK);
+}
+
+/* n = 4097, x = 3 but one 1.5, scale 1e37 under FE_DOWNWARD: the answer is 1/4096 for the equal
+ * entries and 0 for the other; avx2 gave 4096 NaN. The driver found the max of z = scale * x
+ * rounded in the caller's mode (0x1.691ca2p+124), then avx2's exp_sum set round-to-nearest for
+ * its magic-number rounding and rounded z again, one ULP above the max (0x1.691ca4p+124): exp
+ * gave +inf. The same double rounding gave all zeros for x = 3e38, scale 2, n = 300: the rows
+ * kernel's max overflowed to +inf under round-to-nearest, the special-value path in the caller's
+ * mode found z = FLT_MAX and no +inf entry. */
+BACKEND_TEST(regressions, softmax_directed_rounding_rounds_z_once) {
+    static float x[4097], y[4097];
+    static const int rounds[] = {FE_DOWNWARD, FE_TOWARDZERO};
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+        for (size_t r = 0; r < 2; r++) {
+            for (size_t i = 0; i < 4097; i++) x[i] = 3.0f;
+            x[1234] = 1.5f;
+            softmax_rounded(rounds[r], y, x, 4097, 1e37f);
+            for (size_t i = 0; i < 4097; i++)
+                cr_assert(i == 1234 ? y[i] == 0.0f : fabsf(y[i] - 0x1p-12f) <= 1e-6f * 0x1p-12f,
+                          "exp %s, mode %d: y[%zu] = %a", EXP_MODES[e], rounds[r], i, y[i]);
+            static const size_t sizes[] = {300, 4097};
+            for (size_t s = 0; s < 2; s++) {
+                const size_t n = sizes[s];
+                for (size_t i = 0; i < n; i++) x[i] = 3e38f;
+                softmax_rounded(rounds[r], y, x, n, 2.0f); /* every z is FLT_MAX */
+                for (size_t i = 0; i < n; i++)
+                    cr_assert(fabsf(y[i] - 1.0f / (float)n) <= 1e-6f / (float)n,
+                              "exp %s, mode %d, n=%zu: y[%zu] = %a", EXP_MODES[e], rounds[r], n, i,
+                              y[i]);
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}
+
+/* The softmax of one entry was 0x1.fffffep-1 for x = 100 or 123, scale 1, on avx512 (123 on
+ * avx2 too) under round-to-nearest, and 1 + 2^-23 under FE_UPWARD: exp(z - shift) times the
+ * float reciprocal of itself. A row of one finite entry is exactly 1. */
+BACKEND_TEST(regressions, softmax_of_one_entry_is_one) {
+    static const int rounds[] = {FE_TONEAREST, FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+        for (size_t r = 0; r < 4; r++) {
+            for (int k = 0; k < 400; k++) {
+                const float x = k == 0 ? 100.0f : k == 1 ? 123.0f : -20.0f + 0.1373f * (float)k;
+                float y = 0.0f;
+                softmax_rounded(rounds[r], &y, &x, 1, 1.0f);
+                cr_assert(y == 1.0f, "exp %s, mode %d: softmax of %a is %a", EXP_MODES[e],
+                          rounds[r], x, y);
+            }
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}
+
+/* Under FE_UPWARD, a row with one dominant entry (x = {t - 20, t}) gave that entry the weight
+ * 1 + 2^-23 on avx512 and avx2: its exp times the reciprocal of a sum just above it, both
+ * rounded up. So did rows longer than a chunk on avx2 (the driver's factor). No weight is ever
+ * above 1. */
+BACKEND_TEST(regressions, softmax_no_weight_above_one_upward) {
+    static float x[4097], y[4097];
+    static const size_t sizes[] = {2, 3, 8, 17, 40, 300, 4097};
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            const size_t n = sizes[s];
+            for (int k = 0; k < 200; k++) {
+                const float t = -20.0f + 0.1373f * (float)k;
+                for (size_t i = 0; i < n; i++) x[i] = t - 20.0f - (float)(i % 7);
+                x[(size_t)k % n] = t;
+                softmax_rounded(FE_UPWARD, y, x, n, 1.0f);
+                for (size_t i = 0; i < n; i++)
+                    cr_assert(y[i] <= 1.0f, "exp %s, n=%zu, t = %a: y[%zu] = %a", EXP_MODES[e], n,
+                              t, i, y[i]);
             }
         }
     }

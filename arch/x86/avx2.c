@@ -249,9 +249,9 @@ static inline __attribute__((always_inline)) row_exp row_exp_sleef_guess(float g
 /* exp_fast_avx2 (full = 0) with c's table, clamp and polynomial. `magic`: N rounded by adding
  * 1.5 * 2^23 in the FMA that scales z (N then sits in its low bits), where exp_fast_avx2 takes a
  * multiply, roundps and cvtps2dq: one operation fewer, in a loop bound by its operation count. That
- * FMA rounds as MXCSR says, so its callers run it under round-to-nearest (nearest_begin): a
- * directed mode would take r to ln2 / 8, twice the cubic's interval, and the exp to about 20 ULP
- * (tests/test_exp.c, sum_fast_directed). */
+ * FMA rounds as MXCSR says, so its callers run it only when the caller rounds to nearest
+ * (rounds_to_nearest): a directed mode would take r to ln2 / 8, twice the cubic's interval, and
+ * the exp to about 20 ULP (tests/test_exp.c, sum_fast_directed). */
 static inline __attribute__((always_inline)) __m256 exp_row(__m256 z, const row_exp *c, int magic) {
     z = _mm256_max_ps(c->lo, z);
     __m256 n;
@@ -365,39 +365,29 @@ static inline __attribute__((always_inline)) __m256 exp_row_sleef(__m256 z, cons
         *max = hmax(vmax);                                                                         \
         return sum;                                                                                \
     }
-/* The entries that reach exp_row_magic run it under round-to-nearest: a caller in a directed mode
- * (MXCSR's RC bits) gets round-to-nearest for the call and its own mode back after it; the
- * exception flags stay as the call left them. */
+/* The entries that reach exp_row_magic take it only when MXCSR's RC bits say round-to-nearest;
+ * in a directed mode they take roundps, and every operation keeps the caller's mode. Switching
+ * to round-to-nearest for the call instead would round z = scale * x in another mode than
+ * max_scaled did for the shift the driver passes: a z one ULP above that max (exp gives +inf, the
+ * row NaN), or a z that overflows where the caller's mode stops at FLT_MAX (tests/test_fpenv.c). */
 #define MXCSR_RC 0x6000u
+static inline int rounds_to_nearest(void) { return !(_mm_getcsr() & MXCSR_RC); }
 /* Reading MXCSR waits for the floating-point work before it (its flags), which costs a short row
  * its overlap with the call before, more than the operation saved: rows shorter than this keep
  * roundps and read nothing. */
 #define SHORT_MAGIC_FROM 256
-/* sets round-to-nearest if the caller had another mode, and returns that mode's RC bits */
-static inline unsigned nearest_begin(void) {
-    const unsigned caller_rc = _mm_getcsr() & MXCSR_RC;
-    if (caller_rc) _mm_setcsr(_mm_getcsr() & ~MXCSR_RC);
-    return caller_rc;
-}
-static inline void nearest_end(unsigned caller_rc) {
-    if (caller_rc) _mm_setcsr(_mm_getcsr() | caller_rc);
-}
 
-EXP_SUM_LANES_AVX2(exp_sum_fast_avx2, exp_row_fast)
+EXP_SUM_AVX2(exp_sum_roundps_avx2, exp_row_fast, 1)
 EXP_SUM_AVX2(exp_sum_nearest_avx2, exp_row_magic, 1)
 EXP_SUM_AVX2(exp_sum_sleef_avx2, exp_row_sleef, 0)
 static float exp_sum_fast_avx2(float *y, const float *x, size_t n, float scale, float shift) {
-    const unsigned caller_rc = nearest_begin();
-    const float sum = exp_sum_nearest_avx2(y, x, n, scale, shift);
-    nearest_end(caller_rc);
-    return sum;
+    return rounds_to_nearest() ? exp_sum_nearest_avx2(y, x, n, scale, shift)
+                               : exp_sum_roundps_avx2(y, x, n, scale, shift);
 }
 static float exp_sum_fast_avx2_max(float *y, const float *x, size_t n, float scale, float shift,
                                    float *max) {
-    const unsigned caller_rc = nearest_begin();
-    const float sum = exp_sum_nearest_avx2_max(y, x, n, scale, shift, max);
-    nearest_end(caller_rc);
-    return sum;
+    return rounds_to_nearest() ? exp_sum_nearest_avx2_max(y, x, n, scale, shift, max)
+                               : exp_sum_roundps_avx2_max(y, x, n, scale, shift, max);
 }
 
 #define EXP_ARRAY_AVX2(NAME, EXP)                                                                  \
@@ -445,12 +435,31 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
     return _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));
 }
 
+/* The factor 1 / sum for a row's weights e * factor, from its sum in every lane, such that no
+ * weight exceeds 1 whatever the caller's rounding mode: -1 / sum, negated, is rounded the
+ * mirror way of the mode (down where it rounds up, and up where it rounds down, where the
+ * weight's own rounding then takes e * factor < 1 + 2^-23 down to at most 1), so e <= sum gives
+ * weights <= 1; under round-to-nearest it is 1 / sum. One operation a row, where a min with 1
+ * would take one a vector. */
+static inline __attribute__((always_inline)) __m256 row_factor_avx2(__m256 sum) {
+    __m256 q = _mm256_div_ps(_mm256_set1_ps(-1.0f), sum);
+    /* opaque: the compiler assumes round-to-nearest, and would fold -(-1 / sum) to 1 / sum */
+    __asm__("" : "+x"(q));
+    return _mm256_xor_ps(q, _mm256_set1_ps(-0.0f));
+}
+/* 1 / sum itself, for rows run only under round-to-nearest, where e * fl(1 / sum) <= 1 + 2^-24
+ * rounds to at most 1 without the negations (which cost rows of 300 floats measurably more than
+ * their one operation) */
+static inline __attribute__((always_inline)) __m256 nearest_factor_avx2(__m256 sum) {
+    return _mm256_div_ps(_mm256_set1_ps(1.0f), sum);
+}
+
 /* A row of up to 4096 floats in one call (kernels.h, softmax_short), as on avx512: the three
  * passes without calls between them, the reductions in registers, 1 / sum in float (32 partial
  * sums of at most 128 weights each, fewer than the scalar backend's 512-float blocks add per
  * lane), and the exp's shift folded without the factor it leaves, which the division by the sum
  * takes out. */
-#define SOFTMAX_SHORT_AVX2(NAME, EXP_SUM_LANES, GUESS_EXP, FOLDS)                                  \
+#define SOFTMAX_SHORT_AVX2(NAME, EXP_SUM_LANES, GUESS_EXP, FOLDS, FACTOR)                          \
     static inline __attribute__((always_inline)) float NAME##_body(                                \
         float *y, const float *x, size_t n, float scale, int unit) {                               \
         const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);                 \
@@ -461,7 +470,7 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
             const row_exp c = GUESS_EXP(g);                                                        \
             __m256 vmax;                                                                           \
             const __m256 sum = allsum_avx2(EXP_SUM_LANES(y, x, n, scale, &c, unit, FOLDS, &vmax)); \
-            normalize_avx2_inline(y, n, _mm256_div_ps(_mm256_set1_ps(1.0f), sum));                 \
+            normalize_avx2_inline(y, n, FACTOR(sum));                                              \
             const float max = hmax(vmax);                                                          \
             if (sdpa_guess_fits(g, max)) return max;                                               \
         }                                                                                          \
@@ -490,15 +499,18 @@ static inline __attribute__((always_inline)) __m256 allsum_avx2(__m256 v) {
         const row_exp c = row_exp_fast(max, folded, 0);                                            \
         const __m256 sum = allsum_avx2(folded ? EXP_SUM_LANES(y, x, n, scale, &c, unit, 1, NULL)   \
                                               : EXP_SUM_LANES(y, x, n, scale, &c, unit, 0, NULL)); \
-        normalize_avx2_inline(y, n, _mm256_div_ps(_mm256_set1_ps(1.0f), sum));                     \
+        normalize_avx2_inline(y, n, FACTOR(sum));                                                  \
         return max;                                                                                \
     }                                                                                              \
     static float NAME(float *y, const float *x, size_t n, float scale) {                           \
         return scale == 1.0f ? NAME##_body(y, x, n, 1.0f, 1) : NAME##_body(y, x, n, scale, 0);     \
     }
-SOFTMAX_SHORT_AVX2(softmax_short_passes_fast_avx2, exp_sum_fast_avx2_lanes, row_exp_guess, 1)
-SOFTMAX_SHORT_AVX2(softmax_short_passes_nearest_avx2, exp_sum_nearest_avx2_lanes, row_exp_guess, 1)
-SOFTMAX_SHORT_AVX2(softmax_short_sleef_avx2, exp_sum_sleef_avx2_lanes, row_exp_sleef_guess, 0)
+SOFTMAX_SHORT_AVX2(softmax_short_passes_fast_avx2, exp_sum_roundps_avx2_lanes, row_exp_guess, 1,
+                   row_factor_avx2)
+SOFTMAX_SHORT_AVX2(softmax_short_passes_nearest_avx2, exp_sum_nearest_avx2_lanes, row_exp_guess, 1,
+                   nearest_factor_avx2)
+SOFTMAX_SHORT_AVX2(softmax_short_sleef_avx2, exp_sum_sleef_avx2_lanes, row_exp_sleef_guess, 0,
+                   row_factor_avx2)
 
 /* Rows of up to 32 floats with the fast exp, in V = 1, 2 or 4 vectors that stay in registers
  * from their loads to their stores, where the three-pass body stores the weights and loads them
@@ -536,16 +548,19 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
         if (k == last) z##k = _mm256_and_ps(z##k, _mm256_castsi256_ps(lm));                        \
         a##k = z##k;                                                                               \
     }
+        /* the weights e / sum: a division a vector, no slower here than 1 / sum and a multiply
+           a vector (measured at 8 to 32 floats). Each weight is its quotient rounded once, so
+           e <= sum gives at most 1 in every rounding mode, and a row of one entry exactly 1,
+           where e * fl(1 / e) may be 1 - 2^-24. */
 #define STORE_(k)                                                                                  \
-    if (V > k && k < last)                                                                         \
-        _mm256_storeu_ps(y + k * W, flush_below_min(_mm256_mul_ps(z##k, factor)));                 \
+    if (V > k && k < last) _mm256_storeu_ps(y + k * W, flush_below_min(_mm256_div_ps(z##k, sum))); \
     if (V > k && k == last)                                                                        \
-        _mm256_maskstore_ps(y + k * W, lm, flush_below_min(_mm256_mul_ps(z##k, factor)));
+        _mm256_maskstore_ps(y + k * W, lm, flush_below_min(_mm256_div_ps(z##k, sum)));
 #define FINISH_                                                                                    \
     EACH_OF_4(EXP_)                                                                                \
     if (V > 2) a0 = _mm256_add_ps(a0, a2), a1 = _mm256_add_ps(a1, a3);                             \
     if (V > 1) a0 = _mm256_add_ps(a0, a1);                                                         \
-    const __m256 factor = _mm256_div_ps(_mm256_set1_ps(1.0f), allsum_avx2(a0));                    \
+    const __m256 sum = allsum_avx2(a0);                                                            \
     EACH_OF_4(STORE_)
     if (sdpa_guess_fits(g, max)) {
         const int folded = 1;
@@ -563,15 +578,15 @@ softmax_regs_fast_avx2(float *y, const float *x, size_t n, __m256 vs, int unit, 
 }
 #undef EACH_OF_4
 
-/* rows of 256 floats and more: the magic-number rounding, under round-to-nearest */
-static float softmax_short_nearest_avx2(float *y, const float *x, size_t n, float scale) {
-    const unsigned caller_rc = nearest_begin();
-    const float max = softmax_short_passes_nearest_avx2(y, x, n, scale);
-    nearest_end(caller_rc);
-    return max;
-}
-SDPA_SHORT_ENTRY(softmax_short_nearest_avx2)
+SDPA_SHORT_ENTRY(softmax_short_passes_nearest_avx2)
 SDPA_SHORT_ENTRY(softmax_short_passes_fast_avx2)
+/* rows of 256 floats and more: the magic-number rounding when the caller rounds to nearest. MXCSR
+ * is read here, not in the dispatcher below, where its stack slot would give every row a frame. */
+static __attribute__((noinline)) int softmax_short_long_avx2(float *y, const float *x, size_t n,
+                                                             float scale) {
+    return rounds_to_nearest() ? softmax_short_passes_nearest_avx2_entry(y, x, n, scale)
+                               : softmax_short_passes_fast_avx2_entry(y, x, n, scale);
+}
 static float softmax_short_regs_avx2(float *y, const float *x, size_t n, float scale) {
     const __m256 vs = _mm256_set1_ps(scale);
     const int unit = scale == 1.0f;
@@ -585,7 +600,7 @@ static float softmax_short_regs_avx2(float *y, const float *x, size_t n, float s
                 : softmax_regs_fast_avx2(y, x, n, vs, 0, 4);
 }
 static int softmax_short_fast_avx2(float *y, const float *x, size_t n, float scale) {
-    if (n >= SHORT_MAGIC_FROM) return softmax_short_nearest_avx2_entry(y, x, n, scale);
+    if (n >= SHORT_MAGIC_FROM) return softmax_short_long_avx2(y, x, n, scale);
     if (n > 4 * W) return softmax_short_passes_fast_avx2_entry(y, x, n, scale);
     return sdpa_short_done(softmax_short_regs_avx2(y, x, n, scale), y, x, n, scale);
 }

@@ -445,15 +445,27 @@ EXP_SUM_LANES_AVX512(exp_sum_fast32_avx512, exp_row_fast32, 0)
  * 8 cycles on Zen 5, at the end of the row's chain. `keep_from` is the row's sum times
  * SDPA_KEEP_FLOOR, FLT_MIN (1 + 2^-18): a weight kept (e >= keep_from) is then >= FLT_MIN through
  * the three roundings of keep_from, factor and w, and one flushed is below 2 FLT_MIN, which sdpa.h
- * lets be 0. NaN is kept. */
+ * lets be 0. NaN is kept. The factor and w round to nearest whatever MXCSR says (embedded
+ * rounding, at no cost): e <= sum then gives e * fl(1 / sum) <= 1 + 2^-24, which rounds to at
+ * most 1, where under FE_UPWARD both would round up, and a dominant weight to 1 + 2^-23. */
 #define SDPA_KEEP_FLOOR 0x1.00004p-126f
+#define NEAREST_        (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 ALWAYS_INLINE __m512 weights_avx512(__m512 e, __m512 factor, __m512 keep_from) {
-    return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(e, keep_from, _CMP_NLT_UQ), e, factor);
+    return _mm512_maskz_mul_round_ps(_mm512_cmp_ps_mask(e, keep_from, _CMP_NLT_UQ), e, factor,
+                                     NEAREST_);
 }
 /* 1 / total for weights_avx512, and its keep_from, from a row's sum in every lane */
 ALWAYS_INLINE __m512 row_factor_avx512(__m512 total, __m512 *keep_from) {
     *keep_from = _mm512_mul_ps(total, _mm512_set1_ps(SDPA_KEEP_FLOOR));
-    return _mm512_div_ps(_mm512_set1_ps(1.0f), total);
+    return _mm512_div_round_ps(_mm512_set1_ps(1.0f), total, NEAREST_);
+}
+#undef NEAREST_
+/* weights_avx512 for one vector: e / total, one division where 1 / total takes one too, and no
+ * multiply after it. Each weight is its quotient rounded once, so e <= total gives at most 1 in
+ * every rounding mode, and a row of one entry exactly 1, where e * fl(1 / e) may be 1 - 2^-24. */
+ALWAYS_INLINE __m512 quotients_avx512(__m512 e, __m512 total) {
+    const __m512 keep_from = _mm512_mul_ps(total, _mm512_set1_ps(SDPA_KEEP_FLOOR));
+    return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(e, keep_from, _CMP_NLT_UQ), e, total);
 }
 
 /* y[i] *= factor; weights below FLT_MIN become exactly 0: decided from y[i] before the multiply
@@ -539,9 +551,7 @@ ALWAYS_INLINE void weights_of_row_avx512(float *y, size_t head, __m512 e, __mmas
     /* the weights of one vector of exps e (lanes outside `valid` 0) whose sum is in every lane of \
        total */                                                                                    \
     ALWAYS_INLINE void NAME##_vector_store(float *y, __m512 e, __m512 total, __mmask16 valid) {    \
-        __m512 keep_from;                                                                          \
-        const __m512 factor = row_factor_avx512(total, &keep_from);                                \
-        _mm512_mask_storeu_ps(y, valid, weights_avx512(e, factor, keep_from));                     \
+        _mm512_mask_storeu_ps(y, valid, quotients_avx512(e, total));                               \
     }                                                                                              \
     /* a row of one vector, in a register from the load to the store, where longer rows store      \
        their weights and load them again (a store and reload on the chain of a row this short);    \

@@ -88,9 +88,6 @@ typedef struct sdpa_kernels {
     int (*dot_to)(const float *a, const float *b, size_t n, float *result);
     /* y[i] = alpha * x[i], one rounding; y may equal x */
     void (*scale)(float *y, const float *x, size_t n, float alpha);
-    /* s[j] = scale * dot(q, k + j * k_stride, d) */
-    void (*scores)(float *s, const float *q, const float *k, size_t n_keys, size_t d,
-                   size_t k_stride, float scale);
     /* max over i of (scale * x[i]) rounded to float; -inf for an all -inf row; a NaN input may
        or may not come out as NaN (the softmax driver handles both) */
     float (*max_scaled)(const float *x, size_t n, float scale);

@@ -315,7 +315,7 @@ BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
 BACKEND_TEST(microkernels, table_obeys_its_rules) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());
     cr_assert_str_eq(k->name, sdpa_backend());
-    cr_assert(k->dot && k->dot_to && k->scale && k->scores && k->max_scaled && k->normalize &&
+    cr_assert(k->dot && k->dot_to && k->scale && k->max_scaled && k->normalize &&
               k->softmax_backward && k->attention);
     cr_assert(k->exp_sum_block >= 16);
     for (int kind = 0; kind < SDPA_EXP_KINDS; kind++) {

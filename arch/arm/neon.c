@@ -61,55 +61,6 @@ static void scale_neon(float *y, const float *x, size_t n, float alpha) {
     if (i < n) store_partial(y + i, vmulq_f32(va, load_partial(x + i, n - i)), n - i);
 }
 
-/* Four keys at a time share each load of q; two vectors of d per step give eight independent
- * FMA chains. */
-static void scores_neon(float *s, const float *q, const float *k, size_t n_keys, size_t d,
-                        size_t k_stride, float scale) {
-    size_t j = 0;
-    for (; j + 4 <= n_keys; j += 4) {
-        const float *k0 = k + j * k_stride, *k1 = k0 + k_stride, *k2 = k1 + k_stride,
-                    *k3 = k2 + k_stride;
-        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
-        float32x4_t b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        size_t i = 0;
-        for (; i + 2 * W <= d; i += 2 * W) {
-            float32x4_t q0 = vld1q_f32(q + i), q1 = vld1q_f32(q + i + W);
-            a0 = vfmaq_f32(a0, q0, vld1q_f32(k0 + i));
-            a1 = vfmaq_f32(a1, q0, vld1q_f32(k1 + i));
-            a2 = vfmaq_f32(a2, q0, vld1q_f32(k2 + i));
-            a3 = vfmaq_f32(a3, q0, vld1q_f32(k3 + i));
-            b0 = vfmaq_f32(b0, q1, vld1q_f32(k0 + i + W));
-            b1 = vfmaq_f32(b1, q1, vld1q_f32(k1 + i + W));
-            b2 = vfmaq_f32(b2, q1, vld1q_f32(k2 + i + W));
-            b3 = vfmaq_f32(b3, q1, vld1q_f32(k3 + i + W));
-        }
-        if (i + W <= d) {
-            float32x4_t q0 = vld1q_f32(q + i);
-            a0 = vfmaq_f32(a0, q0, vld1q_f32(k0 + i));
-            a1 = vfmaq_f32(a1, q0, vld1q_f32(k1 + i));
-            a2 = vfmaq_f32(a2, q0, vld1q_f32(k2 + i));
-            a3 = vfmaq_f32(a3, q0, vld1q_f32(k3 + i));
-            i += W;
-        }
-        if (i < d) {
-            size_t len = d - i;
-            float32x4_t q0 = load_partial(q + i, len);
-            b0 = vfmaq_f32(b0, q0, load_partial(k0 + i, len));
-            b1 = vfmaq_f32(b1, q0, load_partial(k1 + i, len));
-            b2 = vfmaq_f32(b2, q0, load_partial(k2 + i, len));
-            b3 = vfmaq_f32(b3, q0, load_partial(k3 + i, len));
-        }
-        a0 = vaddq_f32(a0, b0);
-        a1 = vaddq_f32(a1, b1);
-        a2 = vaddq_f32(a2, b2);
-        a3 = vaddq_f32(a3, b3);
-        /* pairwise adds reduce the four sums at once, lane j holding key j's */
-        float32x4_t sums = vpaddq_f32(vpaddq_f32(a0, a1), vpaddq_f32(a2, a3));
-        vst1q_f32(s + j, vmulq_n_f32(sums, scale));
-    }
-    for (; j < n_keys; j++) s[j] = scale * dot_neon(q, k + j * k_stride, d);
-}
-
 static float max_scaled_neon(const float *x, size_t n, float scale) {
     const float32x4_t vs = vdupq_n_f32(scale), ninf = vdupq_n_f32(-INFINITY);
     float32x4_t m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
@@ -233,7 +184,6 @@ const sdpa_kernels sdpa_kernels_neon = {
     .dot = dot_neon,
     .dot_to = dot_neon_to,
     .scale = scale_neon,
-    .scores = scores_neon,
     .max_scaled = max_scaled_neon,
     .exp_sum = {exp_sum_fast_neon, exp_sum_sleef_neon},
     .exp_sum_block = 512,

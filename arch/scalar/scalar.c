@@ -36,11 +36,6 @@ static void scale_scalar(float *y, const float *x, size_t n, float alpha) {
     for (size_t i = 0; i < n; i++) y[i] = alpha * x[i];
 }
 
-static void scores_scalar(float *s, const float *q, const float *k, size_t n_keys, size_t d,
-                          size_t k_stride, float scale) {
-    for (size_t j = 0; j < n_keys; j++) s[j] = scale * dot_scalar(q, k + j * k_stride, d);
-}
-
 static float max_scaled_scalar(const float *x, size_t n, float scale) {
     float m = -INFINITY;
     for (size_t i = 0; i < n; i++) {
@@ -167,7 +162,6 @@ const sdpa_kernels sdpa_kernels_scalar = {
     .dot = dot_scalar,
     .dot_to = dot_scalar_to,
     .scale = scale_scalar,
-    .scores = scores_scalar,
     .max_scaled = max_scaled_scalar,
     .exp_sum = {exp_sum_fast_scalar, exp_sum_sleef_scalar},
     .exp_sum_block = 512,

@@ -92,39 +92,6 @@ static void scale_avx2(float *y, const float *x, size_t n, float alpha) {
     }
 }
 
-/* Four keys at a time share each load of q. */
-static void scores_avx2(float *s, const float *q, const float *k, size_t n_keys, size_t d,
-                        size_t k_stride, float scale) {
-    size_t j = 0;
-    for (; j + 4 <= n_keys; j += 4) {
-        const float *k0 = k + j * k_stride, *k1 = k0 + k_stride, *k2 = k1 + k_stride,
-                    *k3 = k2 + k_stride;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-               a3 = _mm256_setzero_ps();
-        size_t i = 0;
-        for (; i + W <= d; i += W) {
-            __m256 vq = _mm256_loadu_ps(q + i);
-            a0 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k0 + i), a0);
-            a1 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k1 + i), a1);
-            a2 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k2 + i), a2);
-            a3 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k3 + i), a3);
-        }
-        if (i < d) {
-            __m256i m = tail_mask(d - i);
-            __m256 vq = _mm256_maskload_ps(q + i, m);
-            a0 = _mm256_fmadd_ps(vq, _mm256_maskload_ps(k0 + i, m), a0);
-            a1 = _mm256_fmadd_ps(vq, _mm256_maskload_ps(k1 + i, m), a1);
-            a2 = _mm256_fmadd_ps(vq, _mm256_maskload_ps(k2 + i, m), a2);
-            a3 = _mm256_fmadd_ps(vq, _mm256_maskload_ps(k3 + i, m), a3);
-        }
-        s[j] = scale * hsum(a0);
-        s[j + 1] = scale * hsum(a1);
-        s[j + 2] = scale * hsum(a2);
-        s[j + 3] = scale * hsum(a3);
-    }
-    for (; j < n_keys; j++) s[j] = scale * dot_avx2(q, k + j * k_stride, d);
-}
-
 static float max_scaled_avx2(const float *x, size_t n, float scale) {
     const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     __m256 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
@@ -1108,7 +1075,6 @@ const sdpa_kernels sdpa_kernels_avx2 = {
     .dot = dot_avx2,
     .dot_to = dot_avx2_to,
     .scale = scale_avx2,
-    .scores = scores_avx2,
     .max_scaled = max_scaled_avx2,
     .exp_sum = {exp_sum_fast_avx2, exp_sum_sleef_avx2},
     .exp_sum_block = 2048,

@@ -925,44 +925,6 @@ ALWAYS_INLINE void scores_1x16_avx512(float *s, const float *q, const float *k, 
                                       vscale));
 }
 
-/* Sixteen keys at a time share each load of q and their sums come out of one transpose-and-add
- * tree (one add a key, where a reduction of its own costs eight operations: as much as the FMAs
- * at d = 64); then four at a time, then one. */
-static void scores_avx512(float *s, const float *q, const float *k, size_t n_keys, size_t d,
-                          size_t k_stride, float scale) {
-    size_t j = 0;
-    const __m512 vscale = _mm512_set1_ps(scale);
-    for (; j + 16 <= n_keys; j += 16)
-        scores_1x16_avx512(s + j, q, k + j * k_stride, k_stride, d, vscale);
-    for (; j + 4 <= n_keys; j += 4) {
-        const float *k0 = k + j * k_stride, *k1 = k0 + k_stride, *k2 = k1 + k_stride,
-                    *k3 = k2 + k_stride;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
-               a3 = _mm512_setzero_ps();
-        size_t i = 0;
-        for (; i + W <= d; i += W) {
-            __m512 vq = _mm512_loadu_ps(q + i);
-            a0 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k0 + i), a0);
-            a1 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k1 + i), a1);
-            a2 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k2 + i), a2);
-            a3 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k3 + i), a3);
-        }
-        if (i < d) {
-            __mmask16 m = tail_mask(d - i);
-            __m512 vq = _mm512_maskz_loadu_ps(m, q + i);
-            a0 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k0 + i), a0);
-            a1 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k1 + i), a1);
-            a2 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k2 + i), a2);
-            a3 = _mm512_fmadd_ps(vq, _mm512_maskz_loadu_ps(m, k3 + i), a3);
-        }
-        s[j] = scale * _mm512_reduce_add_ps(a0);
-        s[j + 1] = scale * _mm512_reduce_add_ps(a1);
-        s[j + 2] = scale * _mm512_reduce_add_ps(a2);
-        s[j + 3] = scale * _mm512_reduce_add_ps(a3);
-    }
-    for (; j < n_keys; j++) s[j] = scale * dot_avx512(q, k + j * k_stride, d);
-}
-
 static void scores_tile_avx512(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
                                const float *k, size_t k_stride, size_t nk, size_t d, float scale) {
     const __m512 vscale = _mm512_set1_ps(scale);
@@ -1417,7 +1379,6 @@ const sdpa_kernels sdpa_kernels_avx512 = {
     .dot = dot_avx512,
     .dot_to = dot_avx512_to,
     .scale = scale_avx512,
-    .scores = scores_avx512,
     .max_scaled = max_scaled_avx512,
     .exp_sum = {exp_sum_fast_avx512, exp_sum_sleef_avx512},
     .exp_sum_block = 4096,

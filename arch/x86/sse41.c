@@ -78,38 +78,6 @@ static void scale_sse41(float *y, const float *x, size_t n, float alpha) {
     if (i < n) store_partial(y + i, _mm_mul_ps(va, load_partial(x + i, n - i, 0.0f)), n - i);
 }
 
-/* Four keys at a time share each load of q. */
-static void scores_sse41(float *s, const float *q, const float *k, size_t n_keys, size_t d,
-                         size_t k_stride, float scale) {
-    size_t j = 0;
-    for (; j + 4 <= n_keys; j += 4) {
-        const float *k0 = k + j * k_stride, *k1 = k0 + k_stride, *k2 = k1 + k_stride,
-                    *k3 = k2 + k_stride;
-        __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps(), a2 = _mm_setzero_ps(),
-               a3 = _mm_setzero_ps();
-        size_t i = 0;
-        for (; i + W <= d; i += W) {
-            __m128 vq = _mm_loadu_ps(q + i);
-            a0 = _mm_add_ps(a0, _mm_mul_ps(vq, _mm_loadu_ps(k0 + i)));
-            a1 = _mm_add_ps(a1, _mm_mul_ps(vq, _mm_loadu_ps(k1 + i)));
-            a2 = _mm_add_ps(a2, _mm_mul_ps(vq, _mm_loadu_ps(k2 + i)));
-            a3 = _mm_add_ps(a3, _mm_mul_ps(vq, _mm_loadu_ps(k3 + i)));
-        }
-        if (i < d) {
-            size_t len = d - i;
-            __m128 vq = load_partial(q + i, len, 0.0f);
-            a0 = _mm_add_ps(a0, _mm_mul_ps(vq, load_partial(k0 + i, len, 0.0f)));
-            a1 = _mm_add_ps(a1, _mm_mul_ps(vq, load_partial(k1 + i, len, 0.0f)));
-            a2 = _mm_add_ps(a2, _mm_mul_ps(vq, load_partial(k2 + i, len, 0.0f)));
-            a3 = _mm_add_ps(a3, _mm_mul_ps(vq, load_partial(k3 + i, len, 0.0f)));
-        }
-        /* transpose-free reduction of the four sums at once */
-        __m128 s01 = _mm_hadd_ps(a0, a1), s23 = _mm_hadd_ps(a2, a3);
-        _mm_storeu_ps(s + j, _mm_mul_ps(_mm_set1_ps(scale), _mm_hadd_ps(s01, s23)));
-    }
-    for (; j < n_keys; j++) s[j] = scale * dot_sse41(q, k + j * k_stride, d);
-}
-
 static float max_scaled_sse41(const float *x, size_t n, float scale) {
     const __m128 vs = _mm_set1_ps(scale);
     __m128 m0 = _mm_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
@@ -688,7 +656,6 @@ const sdpa_kernels sdpa_kernels_sse41 = {
     .dot = dot_sse41,
     .dot_to = dot_sse41_to,
     .scale = scale_sse41,
-    .scores = scores_sse41,
     .max_scaled = max_scaled_sse41,
     .exp_sum = {exp_sum_fast_sse41, exp_sum_sleef_sse41},
     .exp_sum_block = 512,

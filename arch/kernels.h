@@ -169,7 +169,10 @@ extern const sdpa_kernels sdpa_kernels_sse41;
 extern const sdpa_kernels sdpa_kernels_avx2;
 extern const sdpa_kernels sdpa_kernels_avx512;
 extern const sdpa_kernels sdpa_kernels_neon;
-/* arch/arm/neon_attention.c; neon.c's table sets .attention = &sdpa_attention_kernels_neon */
+/* Each SIMD backend's attention microkernels, in <isa>_attention.c beside its table's file. */
+extern const sdpa_attention_kernels sdpa_attention_kernels_sse41;
+extern const sdpa_attention_kernels sdpa_attention_kernels_avx2;
+extern const sdpa_attention_kernels sdpa_attention_kernels_avx512;
 extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
 
 /* The "fast" exp of the scalar, sse and neon backends: e^x = 2^n * p(r), n = round(x / ln 2),

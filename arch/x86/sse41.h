@@ -1,0 +1,69 @@
+/* SSE4.1: what every sse41 file shares (the vector width, tails, reductions, the dot). */
+#ifndef SDPA_ARCH_X86_SSE41_H
+#define SDPA_ARCH_X86_SSE41_H
+
+#include <float.h>
+#include <math.h>
+#include <sleef.h>
+#include <smmintrin.h>
+
+#include "kernels.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+#define W 4
+
+/* the first `len` (< W) floats of p in a vector, the rest `fill`; element loads, not a memcpy
+ * through the stack: a libc call and a 16-byte load of bytes just stored in pieces (not
+ * forwarded) would cost a short row more than its work */
+static inline __m128 load_partial(const float *p, size_t len, float fill) {
+    return _mm_setr_ps(p[0], len > 1 ? p[1] : fill, len > 2 ? p[2] : fill, fill);
+}
+
+static inline void store_partial(float *p, __m128 v, size_t len) {
+    if (len >= 2) {
+        _mm_storel_pi((__m64 *)p, v);
+        if (len == 3) _mm_store_ss(p + 2, _mm_movehl_ps(v, v));
+    } else {
+        _mm_store_ss(p, v);
+    }
+}
+
+static inline float hsum(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float dot_sse41(const float *a, const float *b, size_t n) {
+    __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps(), acc2 = _mm_setzero_ps(),
+           acc3 = _mm_setzero_ps(), acc4 = _mm_setzero_ps(), acc5 = _mm_setzero_ps(),
+           acc6 = _mm_setzero_ps(), acc7 = _mm_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 * W <= n; i += 8 * W) {
+        acc0 = _mm_add_ps(acc0, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
+        acc1 = _mm_add_ps(acc1, _mm_mul_ps(_mm_loadu_ps(a + i + W), _mm_loadu_ps(b + i + W)));
+        acc2 =
+            _mm_add_ps(acc2, _mm_mul_ps(_mm_loadu_ps(a + i + 2 * W), _mm_loadu_ps(b + i + 2 * W)));
+        acc3 =
+            _mm_add_ps(acc3, _mm_mul_ps(_mm_loadu_ps(a + i + 3 * W), _mm_loadu_ps(b + i + 3 * W)));
+        acc4 =
+            _mm_add_ps(acc4, _mm_mul_ps(_mm_loadu_ps(a + i + 4 * W), _mm_loadu_ps(b + i + 4 * W)));
+        acc5 =
+            _mm_add_ps(acc5, _mm_mul_ps(_mm_loadu_ps(a + i + 5 * W), _mm_loadu_ps(b + i + 5 * W)));
+        acc6 =
+            _mm_add_ps(acc6, _mm_mul_ps(_mm_loadu_ps(a + i + 6 * W), _mm_loadu_ps(b + i + 6 * W)));
+        acc7 =
+            _mm_add_ps(acc7, _mm_mul_ps(_mm_loadu_ps(a + i + 7 * W), _mm_loadu_ps(b + i + 7 * W)));
+    }
+    for (; i + W <= n; i += W)
+        acc0 = _mm_add_ps(acc0, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
+    if (i < n)
+        acc1 = _mm_add_ps(
+            acc1, _mm_mul_ps(load_partial(a + i, n - i, 0.0f), load_partial(b + i, n - i, 0.0f)));
+    acc0 = _mm_add_ps(_mm_add_ps(acc0, acc1), _mm_add_ps(acc2, acc3));
+    acc4 = _mm_add_ps(_mm_add_ps(acc4, acc5), _mm_add_ps(acc6, acc7));
+    return hsum(_mm_add_ps(acc0, acc4));
+}
+
+#endif

@@ -1,4 +1,5 @@
 #include "checks.h"
+#include "bounds.h"
 
 #include <float.h>
 #include <math.h>
@@ -9,7 +10,7 @@
 #include "reference.h"
 
 int check_dot(float got, const float *a, const float *b, size_t n, char *why) {
-    double want = ref_dot(a, b, n), bound = 1e-5 * ref_dot_abs(a, b, n) + 1e-37;
+    double want = ref_dot(a, b, n), bound = bound_dot(ref_dot_abs(a, b, n));
     if (fabs(got - want) <= bound) return 0;
     snprintf(why, WHY_LEN, "dot n=%zu: got %.9g want %.9g (bound %.3g)", n, got, want, bound);
     return 1;
@@ -31,7 +32,7 @@ int check_softmax(const float *y, const float *x, size_t n, float scale, char *w
     double *want = malloc((n ? n : 1) * sizeof(double));
     if (!want) abort();
     ref_softmax(want, x, n, scale);
-    double tol = n <= 4096 ? 2e-5 : 1e-4;
+    double tol = bound_softmax_rel(n);
     int bad = 0;
     for (size_t i = 0; i < n && !bad; i++) {
         if (y[i] != 0.0f && fabsf(y[i]) < FLT_MIN)
@@ -56,10 +57,7 @@ int check_backward(const float *dx, const float *y, const float *dy, size_t n, f
     double s = ref_dot(y, dy, n), s_abs = ref_dot_abs(y, dy, n);
     for (size_t i = 0; i < n; i++) {
         double want = (double)scale * y[i] * (dy[i] - s);
-        /* sdpa.h's bound: relative to the terms, plus what flushing intermediates to zero can
-           lose (FTZ): FLT_MIN for each of the products, the sums and the last three operations */
-        double terms = fabs(dy[i]) + s_abs, sy = fabs(scale) * fabs(y[i]);
-        double bound = (1e-5 * sy + FLT_MIN) * terms + FLT_MIN * (1.0 + (2.0 * n + 1.0) * sy);
+        double bound = bound_backward(fabs(dy[i]) + s_abs, fabs(scale) * fabs(y[i]), n);
         if (!(fabs(dx[i] - want) <= bound)) {
             snprintf(why, WHY_LEN, "softmax_backward n=%zu i=%zu: got %.9g want %.9g", n, i, dx[i],
                      want);
@@ -74,7 +72,7 @@ int check_scores(const float *s, const float *q, const float *k, size_t n_keys, 
     for (size_t j = 0; j < n_keys; j++) {
         const float *kj = k + j * stride;
         double want = scale * ref_dot(q, kj, d);
-        double bound = 1e-5 * fabs(scale) * ref_dot_abs(q, kj, d) + 1e-37;
+        double bound = bound_dot(fabs(scale) * ref_dot_abs(q, kj, d));
         if (!(fabs(s[j] - want) <= bound)) {
             snprintf(why, WHY_LEN, "scores n_keys=%zu d=%zu stride=%zu j=%zu: got %.9g want %.9g",
                      n_keys, d, stride, j, s[j], want);
@@ -98,7 +96,7 @@ int check_attention(const float *out, size_t out_stride, const float *q, size_t 
         for (size_t c = 0; c < d_v; c++)
             if (fabs((double)v[j * v_stride + c]) > max_v)
                 max_v = fabs((double)v[j * v_stride + c]);
-    double bound = 1e-5 * max_v + 1e-37;
+    double bound = bound_attention(max_v) + 1e-37;
     int bad = 0;
     for (size_t i = 0; i < len_q && !bad; i++) {
         for (size_t c = 0; c < d_v && !bad; c++) {

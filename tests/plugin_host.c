@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bounds.h"
 #include "reference.h"
 #include "sdpa.h"
 
@@ -85,7 +86,7 @@ static void make_problem(problem *p, size_t n, uint64_t seed) {
     }
     for (size_t i = 0; i < n; i++) {
         p->dx[i] = SCALE * (double)p->y[i] * (p->dy[i] - y_dot_dy);
-        p->dx_bound[i] = 1e-5 * SCALE * p->y[i] * (fabs(p->dy[i]) + y_abs_dy) + 1e-30;
+        p->dx_bound[i] = bound_backward(fabs(p->dy[i]) + y_abs_dy, SCALE * p->y[i], n);
     }
     p->v_max = 0;
     for (size_t j = 0; j < N_KEYS; j++)
@@ -121,7 +122,7 @@ static int run_kernels(const sdpa_api *api, const problem *p, int quiet) {
         }                                                                                          \
     } while (0)
     EXPECT(api->dot_f32(p->a, p->b, n, &r) == SDPA_OK, "dot status");
-    EXPECT(fabs(r - p->dot) <= 1e-5 * p->dot_abs, "dot %.9g, expected %.9g", r, p->dot);
+    EXPECT(fabs(r - p->dot) <= bound_dot(p->dot_abs), "dot %.9g, expected %.9g", r, p->dot);
 
     EXPECT(api->scale_f32(out, p->a, n, SCALE) == SDPA_OK, "scale status");
     for (size_t i = 0; i < n; i++)
@@ -130,7 +131,7 @@ static int run_kernels(const sdpa_api *api, const problem *p, int quiet) {
 
     EXPECT(api->softmax_f32(y, p->a, n, SCALE) == SDPA_OK, "softmax status");
     for (size_t i = 0; i < n; i++)
-        EXPECT(fabs(y[i] - p->softmax[i]) <= 2e-5 * p->softmax[i],
+        EXPECT(fabs(y[i] - p->softmax[i]) <= bound_softmax_rel(n) * p->softmax[i],
                "softmax[%zu] %.9g, expected %.9g", i, y[i], p->softmax[i]);
 
     EXPECT(api->softmax_backward_f32(out, p->y, p->dy, n, SCALE) == SDPA_OK, "backward status");
@@ -140,7 +141,7 @@ static int run_kernels(const sdpa_api *api, const problem *p, int quiet) {
 
     EXPECT(api->scores_f32(s, p->a, p->k, N_KEYS, D, K_STRIDE, SCALE) == SDPA_OK, "scores status");
     for (size_t j = 0; j < N_KEYS; j++)
-        EXPECT(fabs(s[j] - p->scores[j]) <= 1e-5 * p->scores_abs[j] + 1e-30,
+        EXPECT(fabs(s[j] - p->scores[j]) <= bound_dot(p->scores_abs[j]),
                "scores[%zu] %.9g, expected %.9g", j, s[j], p->scores[j]);
 
     /* attention: the dense call, then mha_f32 on strided k and v from a desc the table made */
@@ -148,8 +149,8 @@ static int run_kernels(const sdpa_api *api, const problem *p, int quiet) {
                               SDPA_CAUSAL) == SDPA_OK,
            "attention status");
     for (size_t i = 0; i < LQ * D; i++)
-        EXPECT(fabs(att[i] - p->att[i]) <= 1e-5 * p->v_max, "attention[%zu] %.9g, expected %.9g", i,
-               att[i], p->att[i]);
+        EXPECT(fabs(att[i] - p->att[i]) <= bound_attention(p->v_max),
+               "attention[%zu] %.9g, expected %.9g", i, att[i], p->att[i]);
     sdpa_mha_desc desc;
     EXPECT(api->mha_desc_dense(&desc, 1, 1, 1, LQ, N_KEYS, D, D, SDPA_DEFAULT_SCALE, SDPA_CAUSAL) ==
                SDPA_OK,
@@ -158,8 +159,8 @@ static int run_kernels(const sdpa_api *api, const problem *p, int quiet) {
     memset(att, 0, sizeof att);
     EXPECT(api->mha_f32(&desc, att, p->a, p->k, p->v) == SDPA_OK, "mha status");
     for (size_t i = 0; i < LQ * D; i++)
-        EXPECT(fabs(att[i] - p->att[i]) <= 1e-5 * p->v_max, "mha[%zu] %.9g, expected %.9g", i,
-               att[i], p->att[i]);
+        EXPECT(fabs(att[i] - p->att[i]) <= bound_attention(p->v_max),
+               "mha[%zu] %.9g, expected %.9g", i, att[i], p->att[i]);
     EXPECT(api->mha_f32(NULL, att, p->a, p->k, p->v) == SDPA_ERR_NULL, "mha(NULL desc) status");
 #undef EXPECT
     return bad;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bounds.h"
 #include "sdpa.h"
 
 #define N_THREADS 8
@@ -82,10 +83,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "thread %d: results differ from thread 0\n", t);
             failures++;
         }
-        if (fabs(out[t].dot - dot) > 1e-5 * dot) failures++;
+        if (fabs(out[t].dot - dot) > bound_dot(dot)) failures++;
         for (size_t i = 0; i < N; i++) {
             double want = exp((double)(0.25f * x[i]) - m) / sum;
-            if (fabs(out[t].y[i] - want) > 2e-5 * want) {
+            if (fabs(out[t].y[i] - want) > bound_softmax_rel(N) * want) {
                 fprintf(stderr, "thread %d: y[%zu] = %.9g, want %.9g\n", t, i, out[t].y[i], want);
                 failures++;
                 break;

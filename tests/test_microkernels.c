@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bounds.h"
 #include "common.h"
 #include "dispatch.h"
 #include "reference.h"
@@ -90,7 +91,7 @@ static void expect_scores(const float *s, size_t ld, int key_major, const operan
         for (size_t j = 0; j < sh->nk; j++) {
             const float *qi = o->q.p + i * o->q_stride, *kj = o->k.p + j * o->k_stride;
             double want = scale * ref_dot(qi, kj, sh->d);
-            double bound = 1e-5 * fabs(scale) * ref_dot_abs(qi, kj, sh->d) + 1e-30;
+            double bound = bound_dot(fabs(scale) * ref_dot_abs(qi, kj, sh->d));
             float got = key_major ? s[j * ld + i] : s[i * ld + j];
             cr_assert(fabs(got - want) <= bound,
                       "%s nq %zu nk %zu d %zu: s[%zu][%zu] %.9g want %.9g", what, sh->nq, sh->nk,
@@ -162,7 +163,7 @@ BACKEND_TEST(microkernels, packed_scores) {
     }
 }
 
-/* acc[i] += sum_j p[i][j] v_j, within 1e-5 of sum |p v|; nothing past the rows written. */
+/* acc[i] += sum_j p[i][j] v_j, within the dot's bound; nothing past the rows written. */
 BACKEND_TEST(microkernels, pv_tile) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());
     const sdpa_attention_kernels *a = k->attention;
@@ -188,7 +189,7 @@ BACKEND_TEST(microkernels, pv_tile) {
                     want += pv;
                     terms += fabs(pv);
                 }
-                cr_assert(fabs(acc[i * LD_ACC + c] - want) <= 1e-5 * terms + 1e-30,
+                cr_assert(fabs(acc[i * LD_ACC + c] - want) <= bound_dot(terms),
                           "pv_tile nq %zu nk %zu d_v %zu: acc[%zu][%zu] %.9g want %.9g", sh->nq,
                           sh->nk, sh->d, i, c, acc[i * LD_ACC + c], want);
             }
@@ -301,7 +302,7 @@ BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
                         want += pv;
                         terms += fabs(pv);
                     }
-                    cr_assert(fabs(acc[i * LD_ACC + c] - want) <= 1e-5 * terms + 1e-30,
+                    cr_assert(fabs(acc[i * LD_ACC + c] - want) <= bound_dot(terms),
                               "%s nq %zu nk %zu d %zu: acc[%zu][%zu] %.9g want %.9g", what, sh->nq,
                               sh->nk, sh->d, i, c, acc[i * LD_ACC + c], want);
                 }

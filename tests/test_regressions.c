@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bounds.h"
 #include "checks.h"
 #include "common.h"
 #include "reference.h"
@@ -56,11 +57,11 @@ BACKEND_TEST(regressions, dot_of_equal_values_within_bound) {
         double want = (double)N * values[v];
         float got;
         cr_assert_eq(sdpa_dot_f32(a, b, N, &got), SDPA_OK);
-        cr_assert(fabs(got - want) <= 1e-5 * want, "dot of %a: rel error %.3g", values[v],
+        cr_assert(fabs(got - want) <= bound_dot(want), "dot of %a: rel error %.3g", values[v],
                   fabs(got - want) / want);
         float s[2];
         cr_assert_eq(sdpa_scores_f32(s, b, a, 1, N, N, 1.0f), SDPA_OK);
-        cr_assert(fabs(s[0] - want) <= 1e-5 * want, "scores of %a: rel error %.3g", values[v],
+        cr_assert(fabs(s[0] - want) <= bound_dot(want), "scores of %a: rel error %.3g", values[v],
                   fabs(s[0] - want) / want);
     }
 }
@@ -161,7 +162,7 @@ static void attn_fpenv_restore(uint64_t old) { (void)old; }
 BACKEND_TEST(regressions, attention_scaled_query_overflow_is_not_nan) {
     enum { MAX_ROWS = 40, MAX_GROUP = 16 };
     const float k[4] = {1.0f, -1.0f, 0.0f, 0.0f}, v[4] = {1.0f, 2.0f, 3.0f, 4.0f};
-    const float bound = 1e-5f * 4.0f; /* sdpa.h: 1e-5 * max|v| */
+    const float bound = (float)bound_attention(4.0); /* max|v| = 4 */
     float q[2 * MAX_ROWS], out[2 * MAX_ROWS];
     for (size_t i = 0; i < 2 * MAX_ROWS; i++) q[i] = 3e38f;
     for (size_t e = 0; e < 2; e++) {
@@ -222,7 +223,7 @@ BACKEND_TEST(regressions, attention_row_independent_of_call_shape) {
     double max_v = 0.0;
     for (size_t i = 0; i < KEYS * DV; i++)
         if (fabs((double)v[i]) > max_v) max_v = fabs((double)v[i]);
-    const double bound = 1e-5 * max_v;
+    const double bound = bound_attention(max_v);
     for (size_t di = 0; di < sizeof d_ks / sizeof d_ks[0]; di++) {
         const size_t d = d_ks[di];
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {

@@ -5,6 +5,7 @@
 
 #include "dispatch.h"
 #include "sdpa.h"
+#include "shift_guess.h"
 #include "sizes.h"
 
 /* softmax works on chunks of at least SOFTMAX_CHUNK floats (16 KiB, which stays in L1 between a

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <sleef.h>
 
+#include "exp_constants.h"
 #include "kernels.h"
 #include "neon_tails.h"
 

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "exp_constants.h"
 #include "kernels.h"
 
 #define LANES 4

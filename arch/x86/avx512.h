@@ -8,7 +8,9 @@
 #include <sleef.h>
 #include <stdint.h>
 
+#include "exp_constants.h"
 #include "kernels.h"
+#include "shift_guess.h"
 
 #define W 16
 

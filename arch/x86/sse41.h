@@ -7,6 +7,7 @@
 #include <sleef.h>
 #include <smmintrin.h>
 
+#include "exp_constants.h"
 #include "kernels.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))

@@ -64,9 +64,12 @@ static void scale_row(float *y, const float *x, size_t n, float alpha) {
         vf_store_part(y, part, va * vf_load_part(x, part));
     }
     for (; i + 4 * W <= n; i += 4 * W) {
-        vf v[4];
-        EACH_VECTOR for (int u = 0; u < 4; u++) v[u] = vf_load(x + i + u * W);
-        EACH_VECTOR for (int u = 0; u < 4; u++) vf_store(y + i + u * W, va * v[u]);
+        vf x0 = vf_load(x + i), x1 = vf_load(x + i + W);
+        vf x2 = vf_load(x + i + 2 * W), x3 = vf_load(x + i + 3 * W);
+        vf_store(y + i, va * x0);
+        vf_store(y + i + W, va * x1);
+        vf_store(y + i + 2 * W, va * x2);
+        vf_store(y + i + 3 * W, va * x3);
     }
     for (; i + W <= n; i += W) vf_store(y + i, va * vf_load(x + i));
     if (i < n) {
@@ -77,23 +80,25 @@ static void scale_row(float *y, const float *x, size_t n, float alpha) {
 
 /* the lane maxima of z = scale * x (x itself when unit), -inf in a lane no z reached */
 ALWAYS_INLINE vf max_lanes(const float *x, size_t n, vf vs, int unit) {
-    const vf ninf = vf_set1(-INFINITY);
-    vf m[4] = {ninf, ninf, ninf, ninf};
+    vf m0 = vf_set1(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
     size_t i = 0;
     if (n >= 4 * W && vf_lead(x)) { /* x to a line boundary */
         i = vf_lead(x);
         const vpart part = vpart_first(i);
-        m[1] = vf_max_part(m[1], part, scaled(vf_load_part(x, part), vs, unit));
+        m1 = vf_max_part(m1, part, scaled(vf_load_part(x, part), vs, unit));
     }
-    for (; i + 4 * W <= n; i += 4 * W)
-        EACH_VECTOR for (int u = 0; u < 4; u++) m[u] =
-            vf_max(scaled(vf_load(x + i + u * W), vs, unit), m[u]);
-    for (; i + W <= n; i += W) m[0] = vf_max(scaled(vf_load(x + i), vs, unit), m[0]);
+    for (; i + 4 * W <= n; i += 4 * W) {
+        m0 = vf_max(scaled(vf_load(x + i), vs, unit), m0);
+        m1 = vf_max(scaled(vf_load(x + i + W), vs, unit), m1);
+        m2 = vf_max(scaled(vf_load(x + i + 2 * W), vs, unit), m2);
+        m3 = vf_max(scaled(vf_load(x + i + 3 * W), vs, unit), m3);
+    }
+    for (; i + W <= n; i += W) m0 = vf_max(scaled(vf_load(x + i), vs, unit), m0);
     if (i < n) {
         const vpart part = vpart_first(n - i);
-        m[1] = vf_max_part(m[1], part, scaled(vf_load_part(x + i, part), vs, unit));
+        m1 = vf_max_part(m1, part, scaled(vf_load_part(x + i, part), vs, unit));
     }
-    return vf_max(vf_max(m[0], m[1]), vf_max(m[2], m[3]));
+    return vf_max(vf_max(m0, m1), vf_max(m2, m3));
 }
 
 static float max_scaled_row(const float *x, size_t n, float scale) {

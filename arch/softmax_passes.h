@@ -2,8 +2,8 @@
  * that run them (avx512, avx2): the max, the exps with their sum, and the weights of a row of
  * up to 4096 floats in one call, without the calls between the driver's passes, the max and the
  * sum reduced in registers, and 1 / sum in float. The exp pass is exp_sum's own loop
- * (arch/row_kernels.h, included before this file); the sum comes from ROW_EXPS * W partial sums
- * of at most 4096 / (ROW_EXPS * W) weights each, as exp_sum's blocks do. Up to 4096 floats the
+ * (arch/row_kernels.h, included before this file); the sum comes from ROW_SUMS * W partial sums
+ * of about 4096 / (ROW_SUMS * W) weights each, as exp_sum's blocks do. Up to 4096 floats the
  * calls between the passes and the latency from one pass to the next are a visible part of the
  * row's time.
  *

@@ -1,15 +1,18 @@
 /* AArch64 Advanced SIMD (NEON) backend: 4 floats a vector, fused multiply-add. Advanced SIMD
  * is part of the AArch64 baseline, so this file needs no extra compiler flags. Tails are
  * loaded and stored lane by lane (neon_tails.h), so no load or store ever reaches past the end
- * of an array. */
+ * of an array. The row kernels are arch/row_kernels.h, over the operations below. */
 #include <arm_neon.h>
 #include <float.h>
 #include <math.h>
 #include <sleef.h>
+#include <stdint.h>
 
 #include "exp_constants.h"
 #include "kernels.h"
 #include "neon_tails.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 #define W 4
 
@@ -21,6 +24,33 @@ static inline uint32x4_t lanes_below(size_t len) {
 
 static inline float32x4_t zero_where_not(uint32x4_t keep, float32x4_t v) {
     return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), keep));
+}
+
+/* ---- vector operations for the row templates ---- */
+/* What arch/row_kernels.h asks of an ISA, beyond + - * on its vector type (the compiler's
+ * vector operators, the intrinsics' own instructions); macros over the intrinsics where one
+ * does, as on x86 (arch/x86/avx512.h). An `acc` is a variable. */
+typedef float32x4_t vf;
+typedef size_t vpart; /* the length of a row's last, partial vector */
+#define vf_load(p)               vld1q_f32(p)
+#define vf_store(p, v)           vst1q_f32(p, v)
+#define vf_set1(a)               vdupq_n_f32(a)
+#define vf_first(v)              vgetq_lane_f32(v, 0)
+#define vf_max(a, b)             vmaxq_f32(a, b) /* NaN where either is */
+#define vf_min(a, b)             vminq_f32(a, b)
+#define vf_hsum(v)               vaddvq_f32(v)
+#define vf_hmax(v)               vmaxvq_f32(v)
+#define vpart_first(len)         (len) /* the first len floats, len < W, lane by lane */
+#define vf_load_part(p, len)     load_partial(p, len)
+#define vf_store_part(p, len, v) store_partial(p, v, len)
+#define vf_max_part(acc, len, z)                                                                   \
+    vmaxq_f32(acc, vbslq_f32(lanes_below(len), z, vdupq_n_f32(-INFINITY)))
+#define vf_add_part(acc, len, e) vaddq_f32(acc, zero_where_not(lanes_below(len), e))
+#define vf_lead(p)               ((void)(p), (size_t)0) /* no line-aligned loops */
+static inline int rounds_to_nearest(void) {
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    return !(fpcr & (3u << 22)); /* RMode */
 }
 
 static float dot_neon(const float *a, const float *b, size_t n) {
@@ -46,40 +76,6 @@ static float dot_neon(const float *a, const float *b, size_t n) {
     return vaddvq_f32(vaddq_f32(acc0, acc4));
 }
 SDPA_DOT_TO(dot_neon)
-
-static void scale_neon(float *y, const float *x, size_t n, float alpha) {
-    const float32x4_t va = vdupq_n_f32(alpha);
-    size_t i = 0;
-    for (; i + 4 * W <= n; i += 4 * W) {
-        float32x4_t x0 = vld1q_f32(x + i), x1 = vld1q_f32(x + i + W);
-        float32x4_t x2 = vld1q_f32(x + i + 2 * W), x3 = vld1q_f32(x + i + 3 * W);
-        vst1q_f32(y + i, vmulq_f32(va, x0));
-        vst1q_f32(y + i + W, vmulq_f32(va, x1));
-        vst1q_f32(y + i + 2 * W, vmulq_f32(va, x2));
-        vst1q_f32(y + i + 3 * W, vmulq_f32(va, x3));
-    }
-    for (; i + W <= n; i += W) vst1q_f32(y + i, vmulq_f32(va, vld1q_f32(x + i)));
-    if (i < n) store_partial(y + i, vmulq_f32(va, load_partial(x + i, n - i)), n - i);
-}
-
-static float max_scaled_neon(const float *x, size_t n, float scale) {
-    const float32x4_t vs = vdupq_n_f32(scale), ninf = vdupq_n_f32(-INFINITY);
-    float32x4_t m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
-    size_t i = 0;
-    for (; i + 4 * W <= n; i += 4 * W) {
-        m0 = vmaxq_f32(m0, vmulq_f32(vs, vld1q_f32(x + i)));
-        m1 = vmaxq_f32(m1, vmulq_f32(vs, vld1q_f32(x + i + W)));
-        m2 = vmaxq_f32(m2, vmulq_f32(vs, vld1q_f32(x + i + 2 * W)));
-        m3 = vmaxq_f32(m3, vmulq_f32(vs, vld1q_f32(x + i + 3 * W)));
-    }
-    for (; i + W <= n; i += W) m0 = vmaxq_f32(m0, vmulq_f32(vs, vld1q_f32(x + i)));
-    if (i < n) {
-        /* the padding lanes become -inf after scaling, whatever the sign of scale */
-        float32x4_t z = vmulq_f32(vs, load_partial(x + i, n - i));
-        m1 = vmaxq_f32(m1, vbslq_f32(lanes_below(n - i), z, ninf));
-    }
-    return vmaxvq_f32(vmaxq_f32(vmaxq_f32(m0, m1), vmaxq_f32(m2, m3)));
-}
 
 /* weights below FLT_MIN become exactly 0 (NaN stays: the ordered compare is false for it) */
 static inline float32x4_t flush_below_min(float32x4_t w) {
@@ -111,85 +107,28 @@ static inline float32x4_t exp_sleef_neon(float32x4_t x) {
     return flush_below_min(Sleef_expf4_u10advsimd(x));
 }
 
-/* z = scale * x - shift with one rounding, as the FMA backends on x86 do. The tail's padding
- * lanes are left out of the sum, whatever exp makes of them. */
-/* z = scale * x is rounded before the max is subtracted, as sdpa.h defines z (no fused
- * multiply-subtract): the largest entry then gets exp(0) = 1 exactly, where a fused one gets
- * exp of its product's rounding error, inf or 0 once |z| > ~1e9 (tests/test_regressions.c). */
-#define EXP_SUM_NEON(NAME, EXP)                                                                    \
-    static float NAME(float *y, const float *x, size_t n, float scale, float shift) {              \
-        const float32x4_t vs = vdupq_n_f32(scale), vshift = vdupq_n_f32(shift);                    \
-        float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;                                               \
-        size_t i = 0;                                                                              \
-        for (; i + 2 * W <= n; i += 2 * W) {                                                       \
-            float32x4_t e0 = EXP(vsubq_f32(vmulq_f32(vld1q_f32(x + i), vs), vshift));              \
-            float32x4_t e1 = EXP(vsubq_f32(vmulq_f32(vld1q_f32(x + i + W), vs), vshift));          \
-            vst1q_f32(y + i, e0);                                                                  \
-            vst1q_f32(y + i + W, e1);                                                              \
-            s0 = vaddq_f32(s0, e0);                                                                \
-            s1 = vaddq_f32(s1, e1);                                                                \
-        }                                                                                          \
-        if (i + W <= n) {                                                                          \
-            float32x4_t e = EXP(vsubq_f32(vmulq_f32(vld1q_f32(x + i), vs), vshift));               \
-            vst1q_f32(y + i, e);                                                                   \
-            s0 = vaddq_f32(s0, e);                                                                 \
-            i += W;                                                                                \
-        }                                                                                          \
-        if (i < n) {                                                                               \
-            float32x4_t e = EXP(vsubq_f32(vmulq_f32(load_partial(x + i, n - i), vs), vshift));     \
-            store_partial(y + i, e, n - i);                                                        \
-            s1 = vaddq_f32(s1, zero_where_not(lanes_below(n - i), e));                             \
-        }                                                                                          \
-        return vaddvq_f32(vaddq_f32(s0, s1));                                                      \
-    }
-EXP_SUM_NEON(exp_sum_fast_neon, exp_fast_neon)
-EXP_SUM_NEON(exp_sum_sleef_neon, exp_sleef_neon)
-
-#define EXP_ARRAY_NEON(NAME, EXP)                                                                  \
-    static void NAME(float *y, const float *x, size_t n) {                                         \
-        size_t i = 0;                                                                              \
-        for (; i + W <= n; i += W) vst1q_f32(y + i, EXP(vld1q_f32(x + i)));                        \
-        if (i < n) store_partial(y + i, EXP(load_partial(x + i, n - i)), n - i);                   \
-    }
-EXP_ARRAY_NEON(exp_fast_array_neon, exp_fast_neon)
-EXP_ARRAY_NEON(exp_sleef_array_neon, exp_sleef_neon)
-
-static void normalize_neon(float *y, size_t n, float factor) {
-    const float32x4_t vf = vdupq_n_f32(factor);
-    size_t i = 0;
-    for (; i + 2 * W <= n; i += 2 * W) {
-        vst1q_f32(y + i, flush_below_min(vmulq_f32(vld1q_f32(y + i), vf)));
-        vst1q_f32(y + i + W, flush_below_min(vmulq_f32(vld1q_f32(y + i + W), vf)));
-    }
-    for (; i + W <= n; i += W) vst1q_f32(y + i, flush_below_min(vmulq_f32(vld1q_f32(y + i), vf)));
-    if (i < n)
-        store_partial(y + i, flush_below_min(vmulq_f32(load_partial(y + i, n - i), vf)), n - i);
+/* ---- the row exps and weights of the templates ---- */
+/* exp_sum runs the whole-range exps, two side by side */
+#include "row_exp_plain.h"
+#define ROW_EXPS 2
+#define ROW_SUMS 2
+ALWAYS_INLINE int row_sums_after(int kind) { return (void)kind, 0; }
+ALWAYS_INLINE float32x4_t exp_whole(float32x4_t x, const row_exp *c, int kind) {
+    (void)c;
+    return kind == SDPA_EXP_FAST ? exp_fast_neon(x) : exp_sleef_neon(x);
+}
+ALWAYS_INLINE void row_exps(float32x4_t *z, int count, const row_exp *c, int kind) {
+    for (int u = 0; u < count; u++) z[u] = exp_whole(z[u], c, kind);
+}
+ALWAYS_INLINE float32x4_t row_weight(float32x4_t e, float32x4_t factor, float32x4_t keep_from,
+                                     int from_e) {
+    (void)keep_from, (void)from_e;
+    return flush_below_min(vmulq_f32(e, factor));
 }
 
-static void softmax_backward_neon(float *dx, const float *y, const float *dy, size_t n, float scale,
-                                  float y_dot_dy) {
-    const float32x4_t vs = vdupq_n_f32(scale), vd = vdupq_n_f32(y_dot_dy);
-    size_t i = 0;
-    for (; i + W <= n; i += W) {
-        float32x4_t t = vsubq_f32(vld1q_f32(dy + i), vd);
-        vst1q_f32(dx + i, vmulq_f32(vmulq_f32(vs, vld1q_f32(y + i)), t));
-    }
-    if (i < n) {
-        float32x4_t t = vsubq_f32(load_partial(dy + i, n - i), vd);
-        store_partial(dx + i, vmulq_f32(vmulq_f32(vs, load_partial(y + i, n - i)), t), n - i);
-    }
-}
+#include "row_kernels.h"
 
 const sdpa_kernels sdpa_kernels_neon = {
-    .name = SDPA_BACKEND_NAME,
-    .dot = dot_neon,
-    .dot_to = dot_neon_to,
-    .scale = scale_neon,
-    .max_scaled = max_scaled_neon,
-    .exp_sum = {exp_sum_fast_neon, exp_sum_sleef_neon},
-    .exp_sum_block = 512,
-    .normalize = normalize_neon,
-    .softmax_backward = softmax_backward_neon,
-    .exp = {exp_fast_array_neon, exp_sleef_array_neon},
+    ROW_KERNELS(dot_neon),
     .attention = &sdpa_attention_kernels_neon,
 };

@@ -16,6 +16,42 @@
 
 #define W 8
 
+/* ---- vector operations for the row templates ---- */
+/* What arch/row_kernels.h and arch/softmax_passes.h ask of an ISA, beyond + - * on its vector
+ * type (the compiler's vector operators, the intrinsics' own instructions). Macros over the
+ * intrinsics where one does, so that the templates compile to what the intrinsics written out
+ * give: even an always_inline wrapper is inlined at another point, after which gcc picks other
+ * registers and another loop layout, and a short call shows it. An `acc` is a variable. */
+typedef __m256 vf;
+typedef __m256i vpart; /* the lanes of a row's last, partial vector */
+#define vf_load(p)             _mm256_loadu_ps(p)
+#define vf_store(p, v)         _mm256_storeu_ps(p, v)
+#define vf_set1(a)             _mm256_set1_ps(a)
+#define vf_first(v)            _mm256_cvtss_f32(v)
+#define vf_max(a, b)           _mm256_max_ps(a, b) /* b where either is NaN */
+#define vf_min(a, b)           _mm256_min_ps(a, b)
+#define vf_hsum(v)             hsum(v) /* below */
+#define vf_hmax(v)             hmax(v)
+#define vpart_first(len)       tail_mask(len) /* lanes [0, len), len <= W */
+#define vf_load_part(p, m)     _mm256_maskload_ps(p, m)
+#define vf_store_part(p, m, v) _mm256_maskstore_ps(p, m, v)
+#define vf_max_part(acc, m, z)                                                                     \
+    _mm256_max_ps(_mm256_blendv_ps(_mm256_set1_ps(-INFINITY), z, _mm256_castsi256_ps(m)), acc)
+#define vf_add_part(acc, m, e) _mm256_add_ps(acc, _mm256_and_ps(e, _mm256_castsi256_ps(m)))
+#define vf_lead(p)             ((void)(p), (size_t)0)      /* no line-aligned loops */
+#define rounds_to_nearest()    (!(_mm_getcsr() & 0x6000u)) /* MXCSR's RC */
+/* lane-wise max and sum of all 8 lanes, in every lane, without a trip through a scalar register */
+static inline __attribute__((always_inline)) vf vf_allmax(vf v) {
+    v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+    v = _mm256_max_ps(v, _mm256_permute_ps(v, 0x4E));
+    return _mm256_max_ps(v, _mm256_permute_ps(v, 0xB1));
+}
+static inline __attribute__((always_inline)) vf vf_allsum(vf v) {
+    v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));
+    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));
+    return _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));
+}
+
 /* lanes [0, remaining) set, for remaining <= W (W sets them all) */
 static inline __m256i tail_mask(size_t remaining) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)remaining),

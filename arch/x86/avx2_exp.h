@@ -95,13 +95,6 @@ ALWAYS_INLINE row_exp row_exp_at(float shift, float mi, int folded, int exact) {
 ALWAYS_INLINE row_exp row_exp_fast(float shift, int folded, int exact) {
     return row_exp_at(shift, folded ? rintf(shift * SDPA_EXP8_SCALE) : 0.0f, folded, exact);
 }
-/* softmax_short's guessed shift g (kernels.h, "A guessed shift"), folded as k ln2 for
- * k = floor(g / ln2): the weights carry the factor 2^-k exactly, which the normalisation takes out
- * exactly (tests/test_exp.c reads them in ULP); the clamp stays at g - 87.5 */
-ALWAYS_INLINE row_exp row_exp_guess(float g) {
-    return row_exp_at(g, 8.0f * floorf(g * 0x1.715476p+0f), 1, 0);
-}
-ALWAYS_INLINE row_exp row_exp_sleef_guess(float g) { return row_exp_fast(g, 0, 0); }
 
 /* exp_fast_avx2 (full = 0) with c's table, clamp and polynomial. `magic`: N rounded by adding
  * 1.5 * 2^23 in the FMA that scales z (N then sits in its low bits), where exp_fast_avx2 takes a
@@ -132,12 +125,44 @@ ALWAYS_INLINE __m256 exp_row(__m256 z, const row_exp *c, int magic) {
     p = _mm256_fmadd_ps(p, r, c->c0);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(tbits));
 }
-ALWAYS_INLINE __m256 exp_row_fast(__m256 z, const row_exp *c) { return exp_row(z, c, 0); }
-ALWAYS_INLINE __m256 exp_row_magic(__m256 z, const row_exp *c) { return exp_row(z, c, 1); }
 
-ALWAYS_INLINE __m256 exp_row_sleef(__m256 z, const row_exp *c) {
-    (void)c;
-    return Sleef_expf8_u10avx2(z);
+/* ---- the row exps of the templates (arch/row_kernels.h, arch/softmax_passes.h) ---- */
+/* The fast exp with exp_row's magic-number rounding, which rounds as MXCSR says: the entries
+ * take it only when MXCSR's RC bits say round-to-nearest (row_exp_nearest); in a directed mode
+ * they take roundps, and every operation keeps the caller's mode. Switching to round-to-nearest
+ * for the call instead would round z = scale * x in another mode than max_scaled did for the
+ * shift the driver passes: a z one ULP above that max (exp gives +inf, the row NaN), or a z that
+ * overflows where the caller's mode stops at FLT_MAX (tests/test_fpenv.c). */
+enum { EXP_MAGIC = SDPA_EXP_KINDS };
+#define ROW_EXPS 4
+#define ROW_SUMS 4
+ALWAYS_INLINE int row_exp_folds(int kind) { return kind != SDPA_EXP_SLEEF; }
+/* SLEEF's exp is a call, but here a second pass for the sums costs more than the spills it
+ * saves around the calls */
+ALWAYS_INLINE int row_sums_after(int kind) { return (void)kind, 0; }
+ALWAYS_INLINE int row_exp_nearest(int kind) { return kind == SDPA_EXP_FAST ? EXP_MAGIC : kind; }
+ALWAYS_INLINE row_exp row_exp_shift(float shift, int folded) {
+    return row_exp_fast(shift, folded, 1);
+}
+/* softmax_short's, against the row's max in every lane: no correction of the fold's factor */
+ALWAYS_INLINE row_exp row_exp_max(__m256 max, int folded, int kind) {
+    (void)kind;
+    return row_exp_fast(_mm256_cvtss_f32(max), folded, 0);
+}
+/* ... and against a guessed shift g (kernels.h, "A guessed shift"), folded as k ln2 for
+ * k = floor(g / ln2): the weights carry the factor 2^-k exactly, which the normalisation takes out
+ * exactly (tests/test_exp.c reads them in ULP); the clamp stays at g - 87.5 */
+ALWAYS_INLINE row_exp row_exp_guess(__m256 g, int kind) {
+    const float gs = _mm256_cvtss_f32(g);
+    if (!row_exp_folds(kind)) return row_exp_fast(gs, 0, 0);
+    return row_exp_at(gs, 8.0f * floorf(gs * 0x1.715476p+0f), 1, 0);
+}
+ALWAYS_INLINE void row_exps(__m256 *z, int count, const row_exp *c, int kind) {
+    _Pragma("GCC unroll 8") for (int u = 0; u < count; u++) z[u] =
+        kind == SDPA_EXP_SLEEF ? Sleef_expf8_u10avx2(z[u]) : exp_row(z[u], c, kind == EXP_MAGIC);
+}
+ALWAYS_INLINE __m256 exp_whole(__m256 x, const row_exp *c, int kind) {
+    return kind == SDPA_EXP_SLEEF ? exp_sleef_avx2(x, c->table, 1) : exp_fast_avx2(x, c->table, 1);
 }
 
 #endif

@@ -14,6 +14,49 @@
 
 #define W 16
 
+/* ---- vector operations for the row templates ---- */
+/* What arch/row_kernels.h and arch/softmax_passes.h ask of an ISA, beyond + - * on its vector
+ * type (the compiler's vector operators, the intrinsics' own instructions). Macros over the
+ * intrinsics where one does, so that the templates compile to what the intrinsics written out
+ * give: even an always_inline wrapper is inlined at another point, after which gcc picks other
+ * registers and another loop layout, and a short call shows it. An `acc` is a variable. */
+typedef __m512 vf;
+typedef __mmask16 vpart; /* the lanes of a row's last, partial vector */
+#define vf_load(p)             _mm512_loadu_ps(p)
+#define vf_store(p, v)         _mm512_storeu_ps(p, v)
+#define vf_set1(a)             _mm512_set1_ps(a)
+#define vf_first(v)            _mm512_cvtss_f32(v)
+#define vf_max(a, b)           _mm512_max_ps(a, b) /* b where either is NaN */
+#define vf_min(a, b)           _mm512_min_ps(a, b)
+#define vf_hsum(v)             _mm512_reduce_add_ps(v)
+#define vf_hmax(v)             _mm512_reduce_max_ps(v)
+#define vpart_first(len)       tail_mask(len) /* lanes [0, len), len <= W: below */
+#define vf_load_part(p, m)     _mm512_maskz_loadu_ps(m, p)
+#define vf_store_part(p, m, v) _mm512_mask_storeu_ps(p, m, v)
+#define vf_max_part(acc, m, z) _mm512_mask_max_ps(acc, m, z, acc)
+#define vf_add_part(acc, m, e) _mm512_mask_add_ps(acc, m, acc, e)
+#define vf_lead(p)             lead_to_line(p) /* the long loops start at a line: below */
+#define rounds_to_nearest()    (!(_mm_getcsr() & 0x6000u)) /* MXCSR's RC */
+/* Lane-wise max and sum of all 16 lanes, in every lane, with no trip through a scalar register
+ * (the result feeds vector code at once): inside each 128-bit chunk, then across the four chunks,
+ * each as three exchanges side by side (the partners i ^ 1, i ^ 2 and i ^ 3), not two in turn. A
+ * 512-bit shuffle across chunks takes 5 cycles on Zen 5: the reduction's chain is one such
+ * shuffle, not two, and a short row's time includes that chain. */
+#define ALL_OF_4(OP, v, SHUFFLE) OP(OP(v, SHUFFLE(v, 0xB1)), OP(SHUFFLE(v, 0x4E), SHUFFLE(v, 0x1B)))
+#define IN_CHUNKS_(v, imm)       _mm512_permute_ps(v, imm)
+#define ACROSS_CHUNKS_(v, imm)   _mm512_shuffle_f32x4(v, v, imm)
+static inline __attribute__((always_inline)) vf vf_allmax(vf v) {
+    v = ALL_OF_4(_mm512_max_ps, v, IN_CHUNKS_);
+    return ALL_OF_4(_mm512_max_ps, v, ACROSS_CHUNKS_);
+}
+static inline __attribute__((always_inline)) vf vf_allsum(vf v) {
+    v = ALL_OF_4(_mm512_add_ps, v, IN_CHUNKS_);
+    return ALL_OF_4(_mm512_add_ps, v, ACROSS_CHUNKS_);
+}
+#undef IN_CHUNKS_
+#undef ACROSS_CHUNKS_
+#undef ALL_OF_4
+
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* lanes [0, remaining) set, for remaining <= W */

@@ -134,15 +134,6 @@ ALWAYS_INLINE row_exp row_exp_fast32_lanes(__m512 shift, int folded) {
     return c;
 }
 
-/* softmax_short's guessed shift (kernels.h, "A guessed shift"): the max of the row's two ends,
- * z[0] and z[n - 1], from two broadcast loads, so that the exps wait for neither the max nor its
- * cross-lane reduction */
-ALWAYS_INLINE __m512 ends_guess(const float *x, size_t n, __m512 vs, int unit) {
-    __m512 first = _mm512_set1_ps(x[0]), last = _mm512_set1_ps(x[n - 1]);
-    if (!unit) first = _mm512_mul_ps(first, vs), last = _mm512_mul_ps(last, vs);
-    return _mm512_max_ps(first, last);
-}
-
 /* the 32-entry exp against a guessed shift g, folded as k ln2 for k = floor(g / ln2): the weights
  * carry the factor 2^-k exactly, which the normalisation takes out exactly (a row whose max is 0
  * keeps weights that are its exps rounded once: tests/test_exp.c reads them in ULP). The clamp
@@ -157,9 +148,6 @@ ALWAYS_INLINE row_exp row_exp_fast32_guess(__m512 g) {
     c.lo = _mm512_add_ps(g, _mm512_set1_ps(SDPA_EXP_X_CLAMP_LO));
     return c;
 }
-
-/* SLEEF's exp against a guessed shift: z - g, unfolded */
-ALWAYS_INLINE row_exp row_exp_sleef_guess(__m512 g) { return row_exp_fast_lanes(g, 0); }
 
 /* the folded reduction of both row exps: z clamped at c's lo, t = round(z K / ln2) against c's
  * b (N in its low bits, returned in ti), and r = z - N ln2 / K in two steps */
@@ -200,6 +188,37 @@ ALWAYS_INLINE __m512 exp_row_fast(__m512 z, const row_exp *c) {
 ALWAYS_INLINE __m512 exp_row_sleef(__m512 z, const row_exp *c) {
     (void)c;
     return Sleef_expf16_u10avx512f(z);
+}
+
+/* ---- the row exps of the templates (arch/row_kernels.h, arch/softmax_passes.h) ---- */
+enum { EXP_FAST32 = SDPA_EXP_KINDS }; /* softmax_short's fast exp, K = 32 */
+#define ROW_EXPS 4
+#define ROW_SUMS 4
+ALWAYS_INLINE int row_exp_folds(int kind) { return kind != SDPA_EXP_SLEEF; }
+ALWAYS_INLINE int row_sums_after(int kind) { return kind == SDPA_EXP_SLEEF; } /* a call */
+/* N rounds to nearest whatever MXCSR says, at no cost (embedded rounding) */
+ALWAYS_INLINE int row_exp_nearest(int kind) { return kind; }
+ALWAYS_INLINE row_exp row_exp_shift(float shift, int folded) {
+    return row_exp_fast(shift, folded, 1);
+}
+/* softmax_short's, against the row's max in every lane: no correction of the fold's factor */
+ALWAYS_INLINE row_exp row_exp_max(__m512 max, int folded, int kind) {
+    return kind == EXP_FAST32 ? row_exp_fast32_lanes(max, folded) : row_exp_fast_lanes(max, folded);
+}
+/* ... and against a guessed shift */
+ALWAYS_INLINE row_exp row_exp_guess(__m512 g, int kind) {
+    return kind == EXP_FAST32 ? row_exp_fast32_guess(g)
+                              : row_exp_fast_lanes(g, row_exp_folds(kind));
+}
+ALWAYS_INLINE void row_exps(__m512 *z, int count, const row_exp *c, int kind) {
+    _Pragma("GCC unroll 8") for (int u = 0; u < count; u++) z[u] =
+        kind == SDPA_EXP_SLEEF ? exp_row_sleef(z[u], c)
+        : kind == EXP_FAST32   ? exp_row_fast32(z[u], c)
+                               : exp_row_fast(z[u], c);
+}
+ALWAYS_INLINE __m512 exp_whole(__m512 x, const row_exp *c, int kind) {
+    return kind == SDPA_EXP_SLEEF ? exp_sleef_avx512(x, c->table, 1)
+                                  : exp_fast_avx512(x, c->table, 1);
 }
 
 #endif

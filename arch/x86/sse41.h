@@ -14,6 +14,40 @@
 
 #define W 4
 
+/* ---- vector operations for the row templates ---- */
+/* What arch/row_kernels.h asks of an ISA, beyond + - * on its vector
+ * type (the compiler's vector operators, the intrinsics' own instructions). Macros over the
+ * intrinsics where one does, so that the templates compile to what the intrinsics written out
+ * give: even an always_inline wrapper is inlined at another point, after which gcc picks other
+ * registers and another loop layout, and a short call shows it. An `acc` is a variable. */
+typedef __m128 vf;
+typedef size_t vpart; /* the length of a row's last, partial vector */
+#define vf_load(p)               _mm_loadu_ps(p)
+#define vf_store(p, v)           _mm_storeu_ps(p, v)
+#define vf_set1(a)               _mm_set1_ps(a)
+#define vf_first(v)              _mm_cvtss_f32(v)
+#define vf_max(a, b)             _mm_max_ps(a, b) /* b where either is NaN */
+#define vf_min(a, b)             _mm_min_ps(a, b)
+#define vf_hsum(v)               hsum(v) /* below */
+#define vpart_first(len)         (len)   /* the first len floats, len < W, element by element: */
+#define vf_load_part(p, len)     load_partial(p, len, 0.0f) /* below */
+#define vf_store_part(p, len, v) store_partial(p, v, len)
+#define vf_lead(p)               ((void)(p), (size_t)0)      /* no line-aligned loops */
+#define rounds_to_nearest()      (!(_mm_getcsr() & 0x6000u)) /* MXCSR's RC */
+static inline float vf_hmax(vf m) {
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+static inline vf vpart_lanes(size_t len) {
+    return _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32((int)len), _mm_setr_epi32(0, 1, 2, 3)));
+}
+static inline vf vf_max_part(vf acc, vpart len, vf z) {
+    return _mm_max_ps(_mm_blendv_ps(_mm_set1_ps(-INFINITY), z, vpart_lanes(len)), acc);
+}
+static inline vf vf_add_part(vf acc, vpart len, vf e) {
+    return _mm_add_ps(acc, _mm_and_ps(e, vpart_lanes(len)));
+}
+
 /* the first `len` (< W) floats of p in a vector, the rest `fill`; element loads, not a memcpy
  * through the stack: a libc call and a 16-byte load of bytes just stored in pieces (not
  * forwarded) would cost a short row more than its work */

@@ -71,4 +71,22 @@ ALWAYS_INLINE void exp_sleef_light4_sse41(__m128 x[4]) {
     for (int u = 0; u < 4; u++) x[u] = Sleef_expf4_u10sse4(x[u]);
 }
 
+/* ---- the row exps of the templates (arch/row_kernels.h) ---- */
+/* exp_sum's exps are the light ones (arguments <= 0), four side by side (exp_fast_body) */
+#include "row_exp_plain.h"
+#define ROW_EXPS 4
+#define ROW_SUMS 2 /* beside four exps, 16 registers hold two sums without a spill */
+ALWAYS_INLINE int row_sums_after(int kind) { return kind == SDPA_EXP_SLEEF; } /* a call */
+ALWAYS_INLINE void row_exps(__m128 *z, int count, const row_exp *c, int kind) {
+    (void)c;
+    if (kind == SDPA_EXP_FAST)
+        exp_fast_body(z, count, 0);
+    else
+        for (int u = 0; u < count; u++) z[u] = Sleef_expf4_u10sse4(z[u]);
+}
+ALWAYS_INLINE __m128 exp_whole(__m128 x, const row_exp *c, int kind) {
+    (void)c;
+    return kind == SDPA_EXP_FAST ? exp_fast_sse41(x) : exp_sleef_sse41(x);
+}
+
 #endif

@@ -2,14 +2,6 @@
  * at sdpa_attention_kernels_avx512. */
 #include "avx512_exp.h"
 
-/* Two 128-bit-chunked partial sums of four vectors: chunk k of the result holds, in lane i,
- * the sum over chunk k of the lanes of the i-th input. */
-ALWAYS_INLINE __m512 hsum4_chunks_avx512(__m512 a, __m512 b, __m512 c, __m512 d) {
-    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-    return _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
-}
-
 /* Lane i of the result is the sum of the lanes of the i-th argument: a transpose-and-add tree,
  * 15 adds for 16 sums instead of 16 separate reductions. */
 ALWAYS_INLINE __m512 hsum16_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5,

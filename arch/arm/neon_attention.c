@@ -1,19 +1,17 @@
 /* NEON (AArch64 Advanced SIMD) attention microkernels: 4 floats a vector, 32 registers, FMA.
  * Kept apart from arch/arm/neon.c so that both can be written at once; neon.c's table points
- * at sdpa_attention_kernels_neon. Tails are loaded and stored lane by lane (neon_tails.h), so
- * nothing past the end of a row is read or written. */
-#include <arm_neon.h>
+ * at sdpa_attention_kernels_neon. The scores are arch/attention_tiles.h's, with NEON's register
+ * blocks. Tails are loaded and stored lane by lane (neon_tails.h), so nothing past the end of a
+ * row is read or written. */
+#include "neon.h"
 
-#include "kernels.h"
-#include "neon_tails.h"
+#define ISA_NAME(f) f##_neon
 
-#define W 4
+#include "attention_tiles.h"
 
-/* Lane i of the result is the sum of the lanes of the i-th argument (two pairwise adds). */
-static inline float32x4_t hsum4_neon(float32x4_t a0, float32x4_t a1, float32x4_t a2,
-                                     float32x4_t a3) {
-    return vpaddq_f32(vpaddq_f32(a0, a1), vpaddq_f32(a2, a3));
-}
+/* Scores: 4 x 4 blocks, 8 loads for 16 FMAs (24 of the 32 registers), each row's 4 dots reduced
+ * by two pairwise adds; a single query against 8 keys at a time. */
+enum { SCORES_MR = 4, SCORES_NR = 4, SCORES_KEYWISE = 0, SCORES_ROW_NR = 8 };
 
 static float dot_neon(const float *a, const float *b, size_t n) {
     float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, s2 = s0, s3 = s0;
@@ -28,93 +26,9 @@ static float dot_neon(const float *a, const float *b, size_t n) {
     if (i < n) s1 = vfmaq_f32(s1, load_partial(a + i, n - i), load_partial(b + i, n - i));
     return vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
 }
+ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return dot_neon(a, b, n); }
 
-#define LOAD_FULL(ptr) vld1q_f32(ptr)
-#define LOAD_TAIL(ptr) load_partial(ptr, len)
-
-/* One step of a 4 x 4 block: 8 loads feed 16 FMAs (24 of the 32 registers). */
-#define SCORES_4X4_STEP(LOAD)                                                                      \
-    do {                                                                                           \
-        float32x4_t q0 = LOAD(q + p), q1 = LOAD(q + q_stride + p),                                 \
-                    q2 = LOAD(q + 2 * q_stride + p), q3 = LOAD(q + 3 * q_stride + p);              \
-        float32x4_t k0 = LOAD(k + p), k1 = LOAD(k + k_stride + p),                                 \
-                    k2 = LOAD(k + 2 * k_stride + p), k3 = LOAD(k + 3 * k_stride + p);              \
-        a00 = vfmaq_f32(a00, q0, k0), a01 = vfmaq_f32(a01, q0, k1);                                \
-        a02 = vfmaq_f32(a02, q0, k2), a03 = vfmaq_f32(a03, q0, k3);                                \
-        a10 = vfmaq_f32(a10, q1, k0), a11 = vfmaq_f32(a11, q1, k1);                                \
-        a12 = vfmaq_f32(a12, q1, k2), a13 = vfmaq_f32(a13, q1, k3);                                \
-        a20 = vfmaq_f32(a20, q2, k0), a21 = vfmaq_f32(a21, q2, k1);                                \
-        a22 = vfmaq_f32(a22, q2, k2), a23 = vfmaq_f32(a23, q2, k3);                                \
-        a30 = vfmaq_f32(a30, q3, k0), a31 = vfmaq_f32(a31, q3, k1);                                \
-        a32 = vfmaq_f32(a32, q3, k2), a33 = vfmaq_f32(a33, q3, k3);                                \
-    } while (0)
-
-static inline void scores_4x4_neon(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                   const float *k, size_t k_stride, size_t d, float scale) {
-    float32x4_t a00 = vdupq_n_f32(0.0f), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
-                a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00,
-                a31 = a00, a32 = a00, a33 = a00;
-    size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_4X4_STEP(LOAD_FULL);
-    if (p < d) {
-        size_t len = d - p;
-        SCORES_4X4_STEP(LOAD_TAIL);
-    }
-    vst1q_f32(s, vmulq_n_f32(hsum4_neon(a00, a01, a02, a03), scale));
-    vst1q_f32(s + ld_s, vmulq_n_f32(hsum4_neon(a10, a11, a12, a13), scale));
-    vst1q_f32(s + 2 * ld_s, vmulq_n_f32(hsum4_neon(a20, a21, a22, a23), scale));
-    vst1q_f32(s + 3 * ld_s, vmulq_n_f32(hsum4_neon(a30, a31, a32, a33), scale));
-}
-
-#define SCORES_1X8_STEP(LOAD)                                                                      \
-    do {                                                                                           \
-        float32x4_t vq = LOAD(q + p);                                                              \
-        a0 = vfmaq_f32(a0, vq, LOAD(k + p)), a1 = vfmaq_f32(a1, vq, LOAD(k + k_stride + p));       \
-        a2 = vfmaq_f32(a2, vq, LOAD(k + 2 * k_stride + p));                                        \
-        a3 = vfmaq_f32(a3, vq, LOAD(k + 3 * k_stride + p));                                        \
-        a4 = vfmaq_f32(a4, vq, LOAD(k + 4 * k_stride + p));                                        \
-        a5 = vfmaq_f32(a5, vq, LOAD(k + 5 * k_stride + p));                                        \
-        a6 = vfmaq_f32(a6, vq, LOAD(k + 6 * k_stride + p));                                        \
-        a7 = vfmaq_f32(a7, vq, LOAD(k + 7 * k_stride + p));                                        \
-    } while (0)
-
-/* One query x 8 keys (decode). */
-static inline void scores_1x8_neon(float *s, const float *q, const float *k, size_t k_stride,
-                                   size_t d, float scale) {
-    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-                a7 = a0;
-    size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_1X8_STEP(LOAD_FULL);
-    if (p < d) {
-        size_t len = d - p;
-        SCORES_1X8_STEP(LOAD_TAIL);
-    }
-    vst1q_f32(s, vmulq_n_f32(hsum4_neon(a0, a1, a2, a3), scale));
-    vst1q_f32(s + 4, vmulq_n_f32(hsum4_neon(a4, a5, a6, a7), scale));
-}
-
-static void scores_tile_neon(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                             const float *k, size_t k_stride, size_t nk, size_t d, float scale) {
-    size_t i = 0;
-    for (; i + 4 <= nq; i += 4) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 4 <= nk; j += 4)
-            scores_4x4_neon(si + j, ld_s, qi, q_stride, k + j * k_stride, k_stride, d, scale);
-        for (; j < nk; j++)
-            for (size_t r = 0; r < 4; r++)
-                si[r * ld_s + j] = scale * dot_neon(qi + r * q_stride, k + j * k_stride, d);
-    }
-    for (; i < nq; i++) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 8 <= nk; j += 8)
-            scores_1x8_neon(si + j, qi, k + j * k_stride, k_stride, d, scale);
-        for (; j < nk; j++) si[j] = scale * dot_neon(qi, k + j * k_stride, d);
-    }
-}
+#include "attention_entries.h"
 
 /* acc[4 rows][16 columns] += p[4 rows][nk] * v[nk][16 columns]: 16 accumulators, 4 loads of v
  * and 4 scalar weights per key for 16 FMAs. */

@@ -2,98 +2,17 @@
  * at sdpa_attention_kernels_avx2. */
 #include "avx2_exp.h"
 
-/* Lane i of the result is the sum of the lanes of the i-th argument (a transpose-add tree). */
-ALWAYS_INLINE __m256 hsum8_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
-                                __m256 a6, __m256 a7) {
-    /* hadd twice: each 128-bit half holds the half-sums of four inputs */
-    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                         _mm256_permute2f128_ps(u0, u1, 0x31));
-}
+#define ISA_NAME(f) f##_avx2
 
-#define LOAD_FULL(ptr) _mm256_loadu_ps(ptr)
-#define LOAD_TAIL(ptr) _mm256_maskload_ps(ptr, m)
+#include "attention_tiles.h"
 
-/* One step of a 2 x 4 block: 6 loads feed 8 FMAs (16 registers hold no more); the empty asm
- * keeps the loaded rows in registers (see pv_2x32_avx2). */
-#define SCORES_2X4_STEP(LOAD)                                                                      \
-    do {                                                                                           \
-        __m256 q0 = LOAD(q + p), q1 = LOAD(q + q_stride + p);                                      \
-        __m256 k0 = LOAD(k + p), k1 = LOAD(k + k_stride + p), k2 = LOAD(k + 2 * k_stride + p),     \
-               k3 = LOAD(k + 3 * k_stride + p);                                                    \
-        __asm__("" : "+x"(q0), "+x"(q1), "+x"(k0), "+x"(k1), "+x"(k2), "+x"(k3));                  \
-        a00 = _mm256_fmadd_ps(q0, k0, a00), a01 = _mm256_fmadd_ps(q0, k1, a01);                    \
-        a02 = _mm256_fmadd_ps(q0, k2, a02), a03 = _mm256_fmadd_ps(q0, k3, a03);                    \
-        a10 = _mm256_fmadd_ps(q1, k0, a10), a11 = _mm256_fmadd_ps(q1, k1, a11);                    \
-        a12 = _mm256_fmadd_ps(q1, k2, a12), a13 = _mm256_fmadd_ps(q1, k3, a13);                    \
-    } while (0)
+/* Scores: 2 x 4 blocks, 6 loads for 8 FMAs (16 registers hold no more) and the 8 dots reduced by
+ * one fv_hsums; a single query against 8 keys at a time. */
+enum { SCORES_MR = 2, SCORES_NR = 4, SCORES_KEYWISE = 0, SCORES_ROW_NR = 8 };
 
-ALWAYS_INLINE void scores_2x4_avx2(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                   const float *k, size_t k_stride, size_t d, __m256 vscale) {
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
-           a12 = a00, a13 = a00;
-    size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_2X4_STEP(LOAD_FULL);
-    if (p < d) {
-        __m256i m = tail_mask(d - p);
-        SCORES_2X4_STEP(LOAD_TAIL);
-    }
-    __m256 sum = _mm256_mul_ps(hsum8_avx2(a00, a01, a02, a03, a10, a11, a12, a13), vscale);
-    _mm_storeu_ps(s, _mm256_castps256_ps128(sum));
-    _mm_storeu_ps(s + ld_s, _mm256_extractf128_ps(sum, 1));
-}
+ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return dot_avx2(a, b, n); }
 
-#define SCORES_1X8_STEP(LOAD)                                                                      \
-    do {                                                                                           \
-        __m256 vq = LOAD(q + p);                                                                   \
-        a0 = _mm256_fmadd_ps(vq, LOAD(k + p), a0);                                                 \
-        a1 = _mm256_fmadd_ps(vq, LOAD(k + k_stride + p), a1);                                      \
-        a2 = _mm256_fmadd_ps(vq, LOAD(k + 2 * k_stride + p), a2);                                  \
-        a3 = _mm256_fmadd_ps(vq, LOAD(k + 3 * k_stride + p), a3);                                  \
-        a4 = _mm256_fmadd_ps(vq, LOAD(k + 4 * k_stride + p), a4);                                  \
-        a5 = _mm256_fmadd_ps(vq, LOAD(k + 5 * k_stride + p), a5);                                  \
-        a6 = _mm256_fmadd_ps(vq, LOAD(k + 6 * k_stride + p), a6);                                  \
-        a7 = _mm256_fmadd_ps(vq, LOAD(k + 7 * k_stride + p), a7);                                  \
-    } while (0)
-
-/* One query x 8 keys (decode). */
-ALWAYS_INLINE void scores_1x8_avx2(float *s, const float *q, const float *k, size_t k_stride,
-                                   size_t d, __m256 vscale) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_1X8_STEP(LOAD_FULL);
-    if (p < d) {
-        __m256i m = tail_mask(d - p);
-        SCORES_1X8_STEP(LOAD_TAIL);
-    }
-    _mm256_storeu_ps(s, _mm256_mul_ps(hsum8_avx2(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
-}
-
-static void scores_tile_avx2(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                             const float *k, size_t k_stride, size_t nk, size_t d, float scale) {
-    const __m256 vscale = _mm256_set1_ps(scale);
-    size_t i = 0;
-    for (; i + 2 <= nq; i += 2) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 4 <= nk; j += 4)
-            scores_2x4_avx2(si + j, ld_s, qi, q_stride, k + j * k_stride, k_stride, d, vscale);
-        for (; j < nk; j++) {
-            si[j] = scale * dot_avx2(qi, k + j * k_stride, d);
-            si[ld_s + j] = scale * dot_avx2(qi + q_stride, k + j * k_stride, d);
-        }
-    }
-    for (; i < nq; i++) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 8 <= nk; j += 8)
-            scores_1x8_avx2(si + j, qi, k + j * k_stride, k_stride, d, vscale);
-        for (; j < nk; j++) si[j] = scale * dot_avx2(qi, k + j * k_stride, d);
-    }
-}
+#include "attention_entries.h"
 
 /* The P V microkernels: acc[i][c] = acc[i][c] alpha[i] + sum_j P(i, j) v[j][c], with the weight
  * P(i, j) at p[i * p_row + j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major

@@ -2,123 +2,57 @@
  * at sdpa_attention_kernels_avx512. */
 #include "avx512_exp.h"
 
-/* Lane i of the result is the sum of the lanes of the i-th argument: a transpose-and-add tree,
- * 15 adds for 16 sums instead of 16 separate reductions. */
-ALWAYS_INLINE __m512 hsum16_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5,
-                                   __m512 a6, __m512 a7, __m512 a8, __m512 a9, __m512 a10,
-                                   __m512 a11, __m512 a12, __m512 a13, __m512 a14, __m512 a15) {
-    __m512 x0 = hsum4_chunks_avx512(a0, a1, a2, a3), x1 = hsum4_chunks_avx512(a4, a5, a6, a7);
-    __m512 x2 = hsum4_chunks_avx512(a8, a9, a10, a11);
-    __m512 x3 = hsum4_chunks_avx512(a12, a13, a14, a15);
-    __m512 y01 =
-        _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x44), _mm512_shuffle_f32x4(x0, x1, 0xEE));
-    __m512 y23 =
-        _mm512_add_ps(_mm512_shuffle_f32x4(x2, x3, 0x44), _mm512_shuffle_f32x4(x2, x3, 0xEE));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88),
-                         _mm512_shuffle_f32x4(y01, y23, 0xDD));
+#define ISA_NAME(f) f##_avx512
+
+#include "attention_tiles.h"
+
+/* Scores: 4 x 4 blocks, 8 loads for 16 FMAs and the 16 dots reduced by one fv_hsums; a single
+ * query against 16 keys at a time. */
+enum { SCORES_MR = 4, SCORES_NR = 4, SCORES_KEYWISE = 0, SCORES_ROW_NR = 16 };
+
+ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) {
+    return dot_avx512(a, b, n);
 }
 
-/* One step of a 4 x 4 block: 8 loads feed 16 FMAs. LOAD is a full or a masked load. */
-#define SCORES_4X4_STEP(LOAD)                                                                      \
-    do {                                                                                           \
-        __m512 q0 = LOAD(q + p), q1 = LOAD(q + q_stride + p), q2 = LOAD(q + 2 * q_stride + p),     \
-               q3 = LOAD(q + 3 * q_stride + p);                                                    \
-        __m512 k0 = LOAD(k + p), k1 = LOAD(k + k_stride + p), k2 = LOAD(k + 2 * k_stride + p),     \
-               k3 = LOAD(k + 3 * k_stride + p);                                                    \
-        a00 = _mm512_fmadd_ps(q0, k0, a00), a01 = _mm512_fmadd_ps(q0, k1, a01);                    \
-        a02 = _mm512_fmadd_ps(q0, k2, a02), a03 = _mm512_fmadd_ps(q0, k3, a03);                    \
-        a10 = _mm512_fmadd_ps(q1, k0, a10), a11 = _mm512_fmadd_ps(q1, k1, a11);                    \
-        a12 = _mm512_fmadd_ps(q1, k2, a12), a13 = _mm512_fmadd_ps(q1, k3, a13);                    \
-        a20 = _mm512_fmadd_ps(q2, k0, a20), a21 = _mm512_fmadd_ps(q2, k1, a21);                    \
-        a22 = _mm512_fmadd_ps(q2, k2, a22), a23 = _mm512_fmadd_ps(q2, k3, a23);                    \
-        a30 = _mm512_fmadd_ps(q3, k0, a30), a31 = _mm512_fmadd_ps(q3, k1, a31);                    \
-        a32 = _mm512_fmadd_ps(q3, k2, a32), a33 = _mm512_fmadd_ps(q3, k3, a33);                    \
-    } while (0)
-#define LOAD_FULL(ptr) _mm512_loadu_ps(ptr)
-#define LOAD_TAIL(ptr) _mm512_maskz_loadu_ps(m, ptr)
-
-/* Scores of 4 queries x 4 keys: 16 dot products in 16 registers along d, reduced once. */
-ALWAYS_INLINE void scores_4x4_avx512(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                     const float *k, size_t k_stride, size_t d, __m512 vscale) {
-    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
-           a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00,
-           a32 = a00, a33 = a00;
+/* A single query against 16 keys (decode) with the 16 dots in named accumulators: in
+ * scores_row's form, with the dots in an array, GCC spends more instructions a block on the 16
+ * key pointers, which this loop, bound by its 17 loads a step, does not hide. */
+ALWAYS_INLINE void row16_key(fv *acc, fv vq, const float *k, const fv_lanes *m) {
+    *acc = fv_madd(vq, tile_load(k, m), *acc);
+}
+ALWAYS_INLINE void row16_step(fv *a0, fv *a1, fv *a2, fv *a3, fv *a4, fv *a5, fv *a6, fv *a7,
+                              fv *a8, fv *a9, fv *a10, fv *a11, fv *a12, fv *a13, fv *a14, fv *a15,
+                              const float *q, const float *k, size_t ks, size_t p,
+                              const fv_lanes *m) {
+    const fv vq = tile_load(q + p, m);
+    row16_key(a0, vq, k + p, m), row16_key(a1, vq, k + ks + p, m);
+    row16_key(a2, vq, k + 2 * ks + p, m), row16_key(a3, vq, k + 3 * ks + p, m);
+    row16_key(a4, vq, k + 4 * ks + p, m), row16_key(a5, vq, k + 5 * ks + p, m);
+    row16_key(a6, vq, k + 6 * ks + p, m), row16_key(a7, vq, k + 7 * ks + p, m);
+    row16_key(a8, vq, k + 8 * ks + p, m), row16_key(a9, vq, k + 9 * ks + p, m);
+    row16_key(a10, vq, k + 10 * ks + p, m), row16_key(a11, vq, k + 11 * ks + p, m);
+    row16_key(a12, vq, k + 12 * ks + p, m), row16_key(a13, vq, k + 13 * ks + p, m);
+    row16_key(a14, vq, k + 14 * ks + p, m), row16_key(a15, vq, k + 15 * ks + p, m);
+}
+#define ISA_SCORES_ROW
+ALWAYS_INLINE void isa_scores_row(float *s, const float *q, const float *k, size_t k_stride,
+                                  size_t d, fv vscale) {
+    fv a0 = fv_zero(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+       a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
     size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_4X4_STEP(LOAD_FULL);
+    for (; p + W <= d; p += W)
+        row16_step(&a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7, &a8, &a9, &a10, &a11, &a12, &a13, &a14,
+                   &a15, q, k, k_stride, p, NULL);
     if (p < d) {
-        __mmask16 m = tail_mask(d - p);
-        SCORES_4X4_STEP(LOAD_TAIL);
+        const fv_lanes m = fv_first(d - p);
+        row16_step(&a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7, &a8, &a9, &a10, &a11, &a12, &a13, &a14,
+                   &a15, q, k, k_stride, p, &m);
     }
-    __m512 sum = _mm512_mul_ps(hsum16_avx512(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22,
-                                             a23, a30, a31, a32, a33),
-                               vscale);
-    _mm_storeu_ps(s, _mm512_extractf32x4_ps(sum, 0));
-    _mm_storeu_ps(s + ld_s, _mm512_extractf32x4_ps(sum, 1));
-    _mm_storeu_ps(s + 2 * ld_s, _mm512_extractf32x4_ps(sum, 2));
-    _mm_storeu_ps(s + 3 * ld_s, _mm512_extractf32x4_ps(sum, 3));
+    const fv a[16] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15};
+    fv_store(s, fv_mul(fv_hsums(a), vscale));
 }
 
-/* One step of a 1 x 16 block: the query's vector is loaded once for 16 keys. */
-#define SCORES_1X16_STEP(LOAD)                                                                     \
-    do {                                                                                           \
-        __m512 vq = LOAD(q + p);                                                                   \
-        a0 = _mm512_fmadd_ps(vq, LOAD(k + p), a0);                                                 \
-        a1 = _mm512_fmadd_ps(vq, LOAD(k + k_stride + p), a1);                                      \
-        a2 = _mm512_fmadd_ps(vq, LOAD(k + 2 * k_stride + p), a2);                                  \
-        a3 = _mm512_fmadd_ps(vq, LOAD(k + 3 * k_stride + p), a3);                                  \
-        a4 = _mm512_fmadd_ps(vq, LOAD(k + 4 * k_stride + p), a4);                                  \
-        a5 = _mm512_fmadd_ps(vq, LOAD(k + 5 * k_stride + p), a5);                                  \
-        a6 = _mm512_fmadd_ps(vq, LOAD(k + 6 * k_stride + p), a6);                                  \
-        a7 = _mm512_fmadd_ps(vq, LOAD(k + 7 * k_stride + p), a7);                                  \
-        a8 = _mm512_fmadd_ps(vq, LOAD(k + 8 * k_stride + p), a8);                                  \
-        a9 = _mm512_fmadd_ps(vq, LOAD(k + 9 * k_stride + p), a9);                                  \
-        a10 = _mm512_fmadd_ps(vq, LOAD(k + 10 * k_stride + p), a10);                               \
-        a11 = _mm512_fmadd_ps(vq, LOAD(k + 11 * k_stride + p), a11);                               \
-        a12 = _mm512_fmadd_ps(vq, LOAD(k + 12 * k_stride + p), a12);                               \
-        a13 = _mm512_fmadd_ps(vq, LOAD(k + 13 * k_stride + p), a13);                               \
-        a14 = _mm512_fmadd_ps(vq, LOAD(k + 14 * k_stride + p), a14);                               \
-        a15 = _mm512_fmadd_ps(vq, LOAD(k + 15 * k_stride + p), a15);                               \
-    } while (0)
-
-/* Scores of one query x 16 keys (decode). */
-ALWAYS_INLINE void scores_1x16_avx512(float *s, const float *q, const float *k, size_t k_stride,
-                                      size_t d, __m512 vscale) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
-           a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
-    size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_1X16_STEP(LOAD_FULL);
-    if (p < d) {
-        __mmask16 m = tail_mask(d - p);
-        SCORES_1X16_STEP(LOAD_TAIL);
-    }
-    _mm512_storeu_ps(s, _mm512_mul_ps(hsum16_avx512(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10,
-                                                    a11, a12, a13, a14, a15),
-                                      vscale));
-}
-
-static void scores_tile_avx512(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                               const float *k, size_t k_stride, size_t nk, size_t d, float scale) {
-    const __m512 vscale = _mm512_set1_ps(scale);
-    size_t i = 0;
-    for (; i + 4 <= nq; i += 4) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 4 <= nk; j += 4)
-            scores_4x4_avx512(si + j, ld_s, qi, q_stride, k + j * k_stride, k_stride, d, vscale);
-        for (; j < nk; j++)
-            for (size_t r = 0; r < 4; r++)
-                si[r * ld_s + j] = scale * dot_avx512(qi + r * q_stride, k + j * k_stride, d);
-    }
-    for (; i < nq; i++) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 16 <= nk; j += 16)
-            scores_1x16_avx512(si + j, qi, k + j * k_stride, k_stride, d, vscale);
-        for (; j < nk; j++) si[j] = scale * dot_avx512(qi, k + j * k_stride, d);
-    }
-}
+#include "attention_entries.h"
 
 /* The P V microkernels: acc[i][c] = acc[i][c] alpha[i] + sum_j P(i, j) v[j][c], with the weight
  * P(i, j) at p[i * p_row + j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major

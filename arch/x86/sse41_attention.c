@@ -2,96 +2,20 @@
  * at sdpa_attention_kernels_sse41. */
 #include "sse41_exp.h"
 
-#define LOAD_FULL(ptr) _mm_loadu_ps(ptr)
-#define LOAD_TAIL(ptr) load_partial(ptr, len, 0.0f)
-#define MADD(a, b, c)  _mm_add_ps(c, _mm_mul_ps(a, b))
+#define ISA_NAME(f) f##_sse41
 
-/* One step of a 2 x 4 block: 6 loads feed 8 multiply-adds. The keys are taken one at a time
- * so that 8 sums, 2 query rows and the temporaries fit the 16 registers without spilling. */
-#define SCORES_2X4_KEY(LOAD, C)                                                                    \
-    do {                                                                                           \
-        __m128 kc = LOAD(k + (C)*k_stride + p);                                                    \
-        a0##C = MADD(q0, kc, a0##C);                                                               \
-        a1##C = MADD(q1, kc, a1##C);                                                               \
-    } while (0)
-#define SCORES_2X4_STEP(LOAD)                                                                      \
-    do {                                                                                           \
-        __m128 q0 = LOAD(q + p), q1 = LOAD(q + q_stride + p);                                      \
-        SCORES_2X4_KEY(LOAD, 0);                                                                   \
-        SCORES_2X4_KEY(LOAD, 1);                                                                   \
-        SCORES_2X4_KEY(LOAD, 2);                                                                   \
-        SCORES_2X4_KEY(LOAD, 3);                                                                   \
-    } while (0)
+#include "attention_tiles.h"
 
-/* Lane i of the result is the sum of the lanes of the i-th argument. */
-ALWAYS_INLINE __m128 hsum4_sse41(__m128 a0, __m128 a1, __m128 a2, __m128 a3) {
-    return _mm_hadd_ps(_mm_hadd_ps(a0, a1), _mm_hadd_ps(a2, a3));
-}
+/* Scores: 2 x 4 blocks, the keys taken one at a time so that 8 sums, 2 query rows and the
+ * temporaries fit the 16 registers without spilling, each row's 4 dots reduced by hadds; a
+ * single query against 8 keys at a time. */
+enum { SCORES_MR = 2, SCORES_NR = 4, SCORES_KEYWISE = 1, SCORES_ROW_NR = 8 };
 
-ALWAYS_INLINE void scores_2x4_sse41(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                    const float *k, size_t k_stride, size_t d, __m128 vscale) {
-    __m128 a00 = _mm_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
-           a13 = a00;
-    size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_2X4_STEP(LOAD_FULL);
-    if (p < d) {
-        size_t len = d - p;
-        SCORES_2X4_STEP(LOAD_TAIL);
-    }
-    _mm_storeu_ps(s, _mm_mul_ps(hsum4_sse41(a00, a01, a02, a03), vscale));
-    _mm_storeu_ps(s + ld_s, _mm_mul_ps(hsum4_sse41(a10, a11, a12, a13), vscale));
-}
+ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return dot_sse41(a, b, n); }
 
-#define SCORES_1X8_STEP(LOAD)                                                                      \
-    do {                                                                                           \
-        __m128 vq = LOAD(q + p);                                                                   \
-        a0 = MADD(vq, LOAD(k + p), a0), a1 = MADD(vq, LOAD(k + k_stride + p), a1);                 \
-        a2 = MADD(vq, LOAD(k + 2 * k_stride + p), a2);                                             \
-        a3 = MADD(vq, LOAD(k + 3 * k_stride + p), a3);                                             \
-        a4 = MADD(vq, LOAD(k + 4 * k_stride + p), a4);                                             \
-        a5 = MADD(vq, LOAD(k + 5 * k_stride + p), a5);                                             \
-        a6 = MADD(vq, LOAD(k + 6 * k_stride + p), a6);                                             \
-        a7 = MADD(vq, LOAD(k + 7 * k_stride + p), a7);                                             \
-    } while (0)
+#include "attention_entries.h"
 
-/* One query x 8 keys (decode). */
-ALWAYS_INLINE void scores_1x8_sse41(float *s, const float *q, const float *k, size_t k_stride,
-                                    size_t d, __m128 vscale) {
-    __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_1X8_STEP(LOAD_FULL);
-    if (p < d) {
-        size_t len = d - p;
-        SCORES_1X8_STEP(LOAD_TAIL);
-    }
-    _mm_storeu_ps(s, _mm_mul_ps(hsum4_sse41(a0, a1, a2, a3), vscale));
-    _mm_storeu_ps(s + 4, _mm_mul_ps(hsum4_sse41(a4, a5, a6, a7), vscale));
-}
-
-static void scores_tile_sse41(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                              const float *k, size_t k_stride, size_t nk, size_t d, float scale) {
-    const __m128 vscale = _mm_set1_ps(scale);
-    size_t i = 0;
-    for (; i + 2 <= nq; i += 2) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 4 <= nk; j += 4)
-            scores_2x4_sse41(si + j, ld_s, qi, q_stride, k + j * k_stride, k_stride, d, vscale);
-        for (; j < nk; j++) {
-            si[j] = scale * dot_sse41(qi, k + j * k_stride, d);
-            si[ld_s + j] = scale * dot_sse41(qi + q_stride, k + j * k_stride, d);
-        }
-    }
-    for (; i < nq; i++) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 8 <= nk; j += 8)
-            scores_1x8_sse41(si + j, qi, k + j * k_stride, k_stride, d, vscale);
-        for (; j < nk; j++) si[j] = scale * dot_sse41(qi, k + j * k_stride, d);
-    }
-}
+#define MADD(a, b, c) _mm_add_ps(c, _mm_mul_ps(a, b))
 
 /* Without AVX's three-operand forms every SSE arithmetic instruction overwrites one of its
  * operands, so a multiply-add whose operands both live on takes three instructions: a load (or

@@ -32,4 +32,10 @@ static void ISA_NAME(scores_tile)(float *s, size_t ld_s, const float *q, size_t 
         ISA_NAME(scores_query)(s + i * ld_s, q + i * q_stride, k, k_stride, nk, d, scale);
 }
 
+static void ISA_NAME(pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                              size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    const pv_operands o = {acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v};
+    isa_pv(&o);
+}
+
 #endif

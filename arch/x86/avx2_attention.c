@@ -12,181 +12,13 @@ enum { SCORES_MR = 2, SCORES_NR = 4, SCORES_KEYWISE = 0, SCORES_ROW_NR = 8 };
 
 ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return dot_avx2(a, b, n); }
 
+/* P V: 6 rows x 16 columns, 12 accumulators (more chains than the 8 that two FMA pipes need), 2
+ * loads of v and 6 broadcasts for 12 FMAs a key; then pairs of rows x 32 columns (8
+ * accumulators, 4 loads and 2 broadcasts for 8 FMAs); the columns left over 8 at a time, masked,
+ * row by row with four keys a step. */
+ALWAYS_INLINE void isa_pv(const pv_operands *o) { pv_tile_loops(o, 6, 2, 2, 4, 1, 4); }
+
 #include "attention_entries.h"
-
-/* The P V microkernels: acc[i][c] = acc[i][c] alpha[i] + sum_j P(i, j) v[j][c], with the weight
- * P(i, j) at p[i * p_row + j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major
- * tiles of exp_pv: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q) and alpha = NULL for 1.
- * Inlined into each caller with its constants. */
-ALWAYS_INLINE __m256 pv_load_acc(const float *o, const float *alpha) {
-    __m256 c = _mm256_loadu_ps(o);
-    return alpha ? _mm256_mul_ps(c, _mm256_broadcast_ss(alpha)) : c;
-}
-
-/* acc[2 rows][32 columns]: 8 accumulators in registers, 4 loads of v and 2 broadcasts per key
- * for 8 FMAs. */
-ALWAYS_INLINE void pv_2x32_avx2(float *acc, size_t ld_acc, const float *p, size_t p_row,
-                                size_t p_key, const float *alpha, size_t nk, const float *v,
-                                size_t v_stride) {
-    float *o0 = acc, *o1 = acc + ld_acc;
-    const float *a0 = alpha, *a1 = alpha ? alpha + 1 : NULL;
-    __m256 c00 = pv_load_acc(o0, a0), c01 = pv_load_acc(o0 + W, a0),
-           c02 = pv_load_acc(o0 + 2 * W, a0), c03 = pv_load_acc(o0 + 3 * W, a0);
-    __m256 c10 = pv_load_acc(o1, a1), c11 = pv_load_acc(o1 + W, a1),
-           c12 = pv_load_acc(o1 + 2 * W, a1), c13 = pv_load_acc(o1 + 3 * W, a1);
-    for (size_t j = 0; j < nk; j++) {
-        const float *vj = v + j * v_stride, *pj = p + j * p_key;
-        __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + W),
-               v2 = _mm256_loadu_ps(vj + 2 * W), v3 = _mm256_loadu_ps(vj + 3 * W);
-        /* keep each row of v in a register for both FMAs: folded into them as memory operands
-           (what GCC does otherwise) it is loaded twice and the loop becomes load-bound */
-        __asm__("" : "+x"(v0), "+x"(v1), "+x"(v2), "+x"(v3));
-        __m256 w = _mm256_broadcast_ss(pj);
-        c00 = _mm256_fmadd_ps(w, v0, c00), c01 = _mm256_fmadd_ps(w, v1, c01);
-        c02 = _mm256_fmadd_ps(w, v2, c02), c03 = _mm256_fmadd_ps(w, v3, c03);
-        w = _mm256_broadcast_ss(pj + p_row);
-        c10 = _mm256_fmadd_ps(w, v0, c10), c11 = _mm256_fmadd_ps(w, v1, c11);
-        c12 = _mm256_fmadd_ps(w, v2, c12), c13 = _mm256_fmadd_ps(w, v3, c13);
-    }
-    _mm256_storeu_ps(o0, c00), _mm256_storeu_ps(o0 + W, c01);
-    _mm256_storeu_ps(o0 + 2 * W, c02), _mm256_storeu_ps(o0 + 3 * W, c03);
-    _mm256_storeu_ps(o1, c10), _mm256_storeu_ps(o1 + W, c11);
-    _mm256_storeu_ps(o1 + 2 * W, c12), _mm256_storeu_ps(o1 + 3 * W, c13);
-}
-
-/* acc[6 rows][16 columns]: 12 accumulators (more chains than the 8 two FMA pipes need), 2 loads
- * of v and 6 broadcasts per key for 12 FMAs. */
-ALWAYS_INLINE void pv_6x16_avx2(float *acc, size_t ld_acc, const float *p, size_t p_row,
-                                size_t p_key, const float *alpha, size_t nk, const float *v,
-                                size_t v_stride) {
-    __m256 c[6][2];
-    for (int r = 0; r < 6; r++) {
-        const float *ar = alpha ? alpha + r : NULL;
-        c[r][0] = pv_load_acc(acc + r * ld_acc, ar);
-        c[r][1] = pv_load_acc(acc + r * ld_acc + W, ar);
-    }
-    for (size_t j = 0; j < nk; j++) {
-        const float *vj = v + j * v_stride, *pj = p + j * p_key;
-        __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + W);
-        __asm__("" : "+x"(v0), "+x"(v1)); /* one load for six rows (see pv_2x32_avx2) */
-        for (int r = 0; r < 6; r++) {
-            __m256 w = _mm256_broadcast_ss(pj + r * p_row);
-            c[r][0] = _mm256_fmadd_ps(w, v0, c[r][0]);
-            c[r][1] = _mm256_fmadd_ps(w, v1, c[r][1]);
-        }
-    }
-    for (int r = 0; r < 6; r++) {
-        _mm256_storeu_ps(acc + r * ld_acc, c[r][0]);
-        _mm256_storeu_ps(acc + r * ld_acc + W, c[r][1]);
-    }
-}
-
-/* One row, 32 columns, two keys per step for eight independent chains. */
-ALWAYS_INLINE void pv_1x32_avx2(float *acc, const float *p, size_t p_key, const float *alpha,
-                                size_t nk, const float *v, size_t v_stride) {
-    __m256 c0 = pv_load_acc(acc, alpha), c1 = pv_load_acc(acc + W, alpha),
-           c2 = pv_load_acc(acc + 2 * W, alpha), c3 = pv_load_acc(acc + 3 * W, alpha);
-    __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
-    size_t j = 0;
-    for (; j + 2 <= nk; j += 2) {
-        const float *v0 = v + j * v_stride, *v1 = v0 + v_stride;
-        __m256 w0 = _mm256_broadcast_ss(p + j * p_key),
-               w1 = _mm256_broadcast_ss(p + (j + 1) * p_key);
-        c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0), c0);
-        c1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + W), c1);
-        c2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 2 * W), c2);
-        c3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 3 * W), c3);
-        e0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1), e0);
-        e1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1 + W), e1);
-        e2 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1 + 2 * W), e2);
-        e3 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1 + 3 * W), e3);
-    }
-    if (j < nk) {
-        const float *v0 = v + j * v_stride;
-        __m256 w0 = _mm256_broadcast_ss(p + j * p_key);
-        c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0), c0);
-        c1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + W), c1);
-        c2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 2 * W), c2);
-        c3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 3 * W), c3);
-    }
-    _mm256_storeu_ps(acc, _mm256_add_ps(c0, e0));
-    _mm256_storeu_ps(acc + W, _mm256_add_ps(c1, e1));
-    _mm256_storeu_ps(acc + 2 * W, _mm256_add_ps(c2, e2));
-    _mm256_storeu_ps(acc + 3 * W, _mm256_add_ps(c3, e3));
-}
-
-/* One row, 8 columns of which the lanes in m are real (maskload never touches the others). */
-ALWAYS_INLINE void pv_1x8_avx2(float *acc, const float *p, size_t p_key, const float *alpha,
-                               size_t nk, const float *v, size_t v_stride, __m256i m) {
-    __m256 c0 = _mm256_maskload_ps(acc, m), c1 = _mm256_setzero_ps(), c2 = c1, c3 = c1;
-    if (alpha) c0 = _mm256_mul_ps(c0, _mm256_broadcast_ss(alpha));
-    size_t j = 0;
-    for (; j + 4 <= nk; j += 4) {
-        const float *v0 = v + j * v_stride, *p0 = p + j * p_key;
-        c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0), _mm256_maskload_ps(v0, m), c0);
-        c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + p_key), _mm256_maskload_ps(v0 + v_stride, m),
-                             c1);
-        c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + 2 * p_key),
-                             _mm256_maskload_ps(v0 + 2 * v_stride, m), c2);
-        c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + 3 * p_key),
-                             _mm256_maskload_ps(v0 + 3 * v_stride, m), c3);
-    }
-    for (; j < nk; j++)
-        c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j * p_key),
-                             _mm256_maskload_ps(v + j * v_stride, m), c0);
-    _mm256_maskstore_ps(acc, m, _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)));
-}
-
-/* A whole tile: rows six at a time (16 columns a step), then in pairs (32 columns, then 8), then
- * the row left over. */
-ALWAYS_INLINE void pv_tile_body(float *acc, size_t ld_acc, const float *p, size_t p_row,
-                                size_t p_key, const float *alpha, size_t nq, size_t nk,
-                                const float *v, size_t v_stride, size_t d_v) {
-    const __m256i all = _mm256_set1_epi32(-1);
-    size_t i = 0;
-    for (; i + 6 <= nq && d_v >= 2 * W; i += 6) {
-        float *a = acc + i * ld_acc;
-        const float *pi = p + i * p_row, *ai = alpha ? alpha + i : NULL;
-        size_t c = 0;
-        for (; c + 2 * W <= d_v; c += 2 * W)
-            pv_6x16_avx2(a + c, ld_acc, pi, p_row, p_key, ai, nk, v + c, v_stride);
-        for (; c < d_v; c += W) {
-            __m256i m = d_v - c >= W ? all : tail_mask(d_v - c);
-            for (size_t r = 0; r < 6; r++)
-                pv_1x8_avx2(a + r * ld_acc + c, pi + r * p_row, p_key, ai ? ai + r : NULL, nk,
-                            v + c, v_stride, m);
-        }
-    }
-    for (; i + 2 <= nq; i += 2) {
-        float *a = acc + i * ld_acc;
-        const float *pi = p + i * p_row, *ai = alpha ? alpha + i : NULL;
-        size_t c = 0;
-        for (; c + 4 * W <= d_v; c += 4 * W)
-            pv_2x32_avx2(a + c, ld_acc, pi, p_row, p_key, ai, nk, v + c, v_stride);
-        for (; c < d_v; c += W) {
-            __m256i m = d_v - c >= W ? all : tail_mask(d_v - c);
-            pv_1x8_avx2(a + c, pi, p_key, ai, nk, v + c, v_stride, m);
-            pv_1x8_avx2(a + ld_acc + c, pi + p_row, p_key, ai ? ai + 1 : NULL, nk, v + c, v_stride,
-                        m);
-        }
-    }
-    for (; i < nq; i++) {
-        float *a = acc + i * ld_acc;
-        const float *pi = p + i * p_row, *ai = alpha ? alpha + i : NULL;
-        size_t c = 0;
-        for (; c + 4 * W <= d_v; c += 4 * W)
-            pv_1x32_avx2(a + c, pi, p_key, ai, nk, v + c, v_stride);
-        for (; c < d_v; c += W) {
-            __m256i m = d_v - c >= W ? all : tail_mask(d_v - c);
-            pv_1x8_avx2(a + c, pi, p_key, ai, nk, v + c, v_stride, m);
-        }
-    }
-}
-
-static void pv_tile_avx2(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
-                         size_t nk, const float *v, size_t v_stride, size_t d_v) {
-    pv_tile_body(acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v);
-}
 
 /* In-register transpose of 8 rows of 8 floats: unpack, shuffle, then swap 128-bit halves. */
 ALWAYS_INLINE void transpose8_avx2(__m256 r[8]) {
@@ -387,7 +219,8 @@ static void scores_max_avx2(float *st, float *tile_max, const float *qt, size_t 
             }                                                                                      \
             _mm256_storeu_ps(sums + g * W, _mm256_add_ps(s0, s1));                                 \
         }                                                                                          \
-        pv_tile_body(acc, ld_acc, st, 1, ld, alpha, nq, nk, v, v_stride, d_v);                     \
+        const pv_operands o = {acc, ld_acc, st, 1, ld, alpha, nq, nk, v, v_stride, d_v};           \
+        isa_pv(&o);                                                                                \
     }
 EXP_PV_AVX2(exp_pv_fast_avx2, exp_fast_avx2)
 EXP_PV_AVX2(exp_pv_sleef_avx2, exp_sleef_avx2)

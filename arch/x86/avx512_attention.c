@@ -52,186 +52,12 @@ ALWAYS_INLINE void isa_scores_row(float *s, const float *q, const float *k, size
     fv_store(s, fv_mul(fv_hsums(a), vscale));
 }
 
+/* P V: 4 rows x 64 columns, the block of acc in 16 registers for all nk keys (4 loads of v and 4
+ * broadcasts for 16 FMAs a key); the columns left over 16 at a time, masked, for the 4 rows at
+ * once; the rows left over one at a time. */
+ALWAYS_INLINE void isa_pv(const pv_operands *o) { pv_tile_loops(o, 4, 4, 0, 0, 4, 4); }
+
 #include "attention_entries.h"
-
-/* The P V microkernels: acc[i][c] = acc[i][c] alpha[i] + sum_j P(i, j) v[j][c], with the weight
- * P(i, j) at p[i * p_row + j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major
- * tiles of exp_pv: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q) and alpha = NULL for 1 (so that
- * rescaling a row for a new max costs a multiply at the load, not a pass over the row). Inlined
- * into each caller with its constants. */
-ALWAYS_INLINE __m512 pv_load_acc(const float *o, __mmask16 m, const float *alpha) {
-    __m512 c = _mm512_maskz_loadu_ps(m, o);
-    return alpha ? _mm512_mul_ps(c, _mm512_set1_ps(*alpha)) : c;
-}
-
-/* acc[4 rows][64 columns]: the block of acc stays in 16 registers for all nk keys; each key
- * costs 4 loads of v and 4 broadcasts for 16 FMAs. */
-ALWAYS_INLINE void pv_4x64_avx512(float *acc, size_t ld_acc, const float *p, size_t p_row,
-                                  size_t p_key, const float *alpha, size_t nk, const float *v,
-                                  size_t v_stride) {
-    float *o0 = acc, *o1 = acc + ld_acc, *o2 = acc + 2 * ld_acc, *o3 = acc + 3 * ld_acc;
-    const __mmask16 all = 0xFFFF;
-    const float *a0 = alpha, *a1 = alpha ? alpha + 1 : NULL, *a2 = alpha ? alpha + 2 : NULL,
-                *a3 = alpha ? alpha + 3 : NULL;
-    __m512 c00 = pv_load_acc(o0, all, a0), c01 = pv_load_acc(o0 + W, all, a0),
-           c02 = pv_load_acc(o0 + 2 * W, all, a0), c03 = pv_load_acc(o0 + 3 * W, all, a0);
-    __m512 c10 = pv_load_acc(o1, all, a1), c11 = pv_load_acc(o1 + W, all, a1),
-           c12 = pv_load_acc(o1 + 2 * W, all, a1), c13 = pv_load_acc(o1 + 3 * W, all, a1);
-    __m512 c20 = pv_load_acc(o2, all, a2), c21 = pv_load_acc(o2 + W, all, a2),
-           c22 = pv_load_acc(o2 + 2 * W, all, a2), c23 = pv_load_acc(o2 + 3 * W, all, a2);
-    __m512 c30 = pv_load_acc(o3, all, a3), c31 = pv_load_acc(o3 + W, all, a3),
-           c32 = pv_load_acc(o3 + 2 * W, all, a3), c33 = pv_load_acc(o3 + 3 * W, all, a3);
-    for (size_t j = 0; j < nk; j++) {
-        const float *vj = v + j * v_stride, *pj = p + j * p_key;
-        __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + W),
-               v2 = _mm512_loadu_ps(vj + 2 * W), v3 = _mm512_loadu_ps(vj + 3 * W);
-        __m512 w = _mm512_set1_ps(pj[0]);
-        c00 = _mm512_fmadd_ps(w, v0, c00), c01 = _mm512_fmadd_ps(w, v1, c01);
-        c02 = _mm512_fmadd_ps(w, v2, c02), c03 = _mm512_fmadd_ps(w, v3, c03);
-        w = _mm512_set1_ps(pj[p_row]);
-        c10 = _mm512_fmadd_ps(w, v0, c10), c11 = _mm512_fmadd_ps(w, v1, c11);
-        c12 = _mm512_fmadd_ps(w, v2, c12), c13 = _mm512_fmadd_ps(w, v3, c13);
-        w = _mm512_set1_ps(pj[2 * p_row]);
-        c20 = _mm512_fmadd_ps(w, v0, c20), c21 = _mm512_fmadd_ps(w, v1, c21);
-        c22 = _mm512_fmadd_ps(w, v2, c22), c23 = _mm512_fmadd_ps(w, v3, c23);
-        w = _mm512_set1_ps(pj[3 * p_row]);
-        c30 = _mm512_fmadd_ps(w, v0, c30), c31 = _mm512_fmadd_ps(w, v1, c31);
-        c32 = _mm512_fmadd_ps(w, v2, c32), c33 = _mm512_fmadd_ps(w, v3, c33);
-    }
-    _mm512_storeu_ps(o0, c00), _mm512_storeu_ps(o0 + W, c01);
-    _mm512_storeu_ps(o0 + 2 * W, c02), _mm512_storeu_ps(o0 + 3 * W, c03);
-    _mm512_storeu_ps(o1, c10), _mm512_storeu_ps(o1 + W, c11);
-    _mm512_storeu_ps(o1 + 2 * W, c12), _mm512_storeu_ps(o1 + 3 * W, c13);
-    _mm512_storeu_ps(o2, c20), _mm512_storeu_ps(o2 + W, c21);
-    _mm512_storeu_ps(o2 + 2 * W, c22), _mm512_storeu_ps(o2 + 3 * W, c23);
-    _mm512_storeu_ps(o3, c30), _mm512_storeu_ps(o3 + W, c31);
-    _mm512_storeu_ps(o3 + 2 * W, c32), _mm512_storeu_ps(o3 + 3 * W, c33);
-}
-
-/* acc[4 rows][16 columns, masked by m]; two keys per step keep eight independent FMA chains. */
-ALWAYS_INLINE void pv_4x16_avx512(float *acc, size_t ld_acc, const float *p, size_t p_row,
-                                  size_t p_key, const float *alpha, size_t nk, const float *v,
-                                  size_t v_stride, __mmask16 m) {
-    __m512 c0 = pv_load_acc(acc, m, alpha),
-           c1 = pv_load_acc(acc + ld_acc, m, alpha ? alpha + 1 : NULL);
-    __m512 c2 = pv_load_acc(acc + 2 * ld_acc, m, alpha ? alpha + 2 : NULL);
-    __m512 c3 = pv_load_acc(acc + 3 * ld_acc, m, alpha ? alpha + 3 : NULL);
-    __m512 e0 = _mm512_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
-    size_t j = 0;
-    for (; j + 2 <= nk; j += 2) {
-        const float *p0 = p + j * p_key, *p1 = p0 + p_key;
-        __m512 v0 = _mm512_maskz_loadu_ps(m, v + j * v_stride);
-        __m512 v1 = _mm512_maskz_loadu_ps(m, v + (j + 1) * v_stride);
-        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[0]), v0, c0);
-        c1 = _mm512_fmadd_ps(_mm512_set1_ps(p0[p_row]), v0, c1);
-        c2 = _mm512_fmadd_ps(_mm512_set1_ps(p0[2 * p_row]), v0, c2);
-        c3 = _mm512_fmadd_ps(_mm512_set1_ps(p0[3 * p_row]), v0, c3);
-        e0 = _mm512_fmadd_ps(_mm512_set1_ps(p1[0]), v1, e0);
-        e1 = _mm512_fmadd_ps(_mm512_set1_ps(p1[p_row]), v1, e1);
-        e2 = _mm512_fmadd_ps(_mm512_set1_ps(p1[2 * p_row]), v1, e2);
-        e3 = _mm512_fmadd_ps(_mm512_set1_ps(p1[3 * p_row]), v1, e3);
-    }
-    if (j < nk) {
-        const float *p0 = p + j * p_key;
-        __m512 v0 = _mm512_maskz_loadu_ps(m, v + j * v_stride);
-        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[0]), v0, c0);
-        c1 = _mm512_fmadd_ps(_mm512_set1_ps(p0[p_row]), v0, c1);
-        c2 = _mm512_fmadd_ps(_mm512_set1_ps(p0[2 * p_row]), v0, c2);
-        c3 = _mm512_fmadd_ps(_mm512_set1_ps(p0[3 * p_row]), v0, c3);
-    }
-    _mm512_mask_storeu_ps(acc, m, _mm512_add_ps(c0, e0));
-    _mm512_mask_storeu_ps(acc + ld_acc, m, _mm512_add_ps(c1, e1));
-    _mm512_mask_storeu_ps(acc + 2 * ld_acc, m, _mm512_add_ps(c2, e2));
-    _mm512_mask_storeu_ps(acc + 3 * ld_acc, m, _mm512_add_ps(c3, e3));
-}
-
-/* One row (decode, and the rows left over): 64 columns, two keys per step for eight chains. */
-ALWAYS_INLINE void pv_1x64_avx512(float *acc, const float *p, size_t p_key, const float *alpha,
-                                  size_t nk, const float *v, size_t v_stride) {
-    const __mmask16 all = 0xFFFF;
-    __m512 c0 = pv_load_acc(acc, all, alpha), c1 = pv_load_acc(acc + W, all, alpha),
-           c2 = pv_load_acc(acc + 2 * W, all, alpha), c3 = pv_load_acc(acc + 3 * W, all, alpha);
-    __m512 e0 = _mm512_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
-    size_t j = 0;
-    for (; j + 2 <= nk; j += 2) {
-        const float *v0 = v + j * v_stride, *v1 = v0 + v_stride;
-        __m512 w0 = _mm512_set1_ps(p[j * p_key]), w1 = _mm512_set1_ps(p[(j + 1) * p_key]);
-        c0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0), c0);
-        c1 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + W), c1);
-        c2 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 2 * W), c2);
-        c3 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 3 * W), c3);
-        e0 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1), e0);
-        e1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1 + W), e1);
-        e2 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1 + 2 * W), e2);
-        e3 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1 + 3 * W), e3);
-    }
-    if (j < nk) {
-        const float *v0 = v + j * v_stride;
-        __m512 w0 = _mm512_set1_ps(p[j * p_key]);
-        c0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0), c0);
-        c1 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + W), c1);
-        c2 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 2 * W), c2);
-        c3 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 3 * W), c3);
-    }
-    _mm512_storeu_ps(acc, _mm512_add_ps(c0, e0));
-    _mm512_storeu_ps(acc + W, _mm512_add_ps(c1, e1));
-    _mm512_storeu_ps(acc + 2 * W, _mm512_add_ps(c2, e2));
-    _mm512_storeu_ps(acc + 3 * W, _mm512_add_ps(c3, e3));
-}
-
-ALWAYS_INLINE void pv_1x16_avx512(float *acc, const float *p, size_t p_key, const float *alpha,
-                                  size_t nk, const float *v, size_t v_stride, __mmask16 m) {
-    __m512 c0 = pv_load_acc(acc, m, alpha), c1 = _mm512_setzero_ps(), c2 = c1, c3 = c1;
-    size_t j = 0;
-    for (; j + 4 <= nk; j += 4) {
-        const float *v0 = v + j * v_stride, *p0 = p + j * p_key;
-        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[0]), _mm512_maskz_loadu_ps(m, v0), c0);
-        c1 =
-            _mm512_fmadd_ps(_mm512_set1_ps(p0[p_key]), _mm512_maskz_loadu_ps(m, v0 + v_stride), c1);
-        c2 = _mm512_fmadd_ps(_mm512_set1_ps(p0[2 * p_key]),
-                             _mm512_maskz_loadu_ps(m, v0 + 2 * v_stride), c2);
-        c3 = _mm512_fmadd_ps(_mm512_set1_ps(p0[3 * p_key]),
-                             _mm512_maskz_loadu_ps(m, v0 + 3 * v_stride), c3);
-    }
-    for (; j < nk; j++)
-        c0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j * p_key]),
-                             _mm512_maskz_loadu_ps(m, v + j * v_stride), c0);
-    _mm512_mask_storeu_ps(acc, m, _mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)));
-}
-
-/* A whole tile: rows of four, then the rows left over; 64 columns at a time, then 16. */
-ALWAYS_INLINE void pv_tile_body(float *acc, size_t ld_acc, const float *p, size_t p_row,
-                                size_t p_key, const float *alpha, size_t nq, size_t nk,
-                                const float *v, size_t v_stride, size_t d_v) {
-    size_t i = 0;
-    for (; i + 4 <= nq; i += 4) {
-        float *a = acc + i * ld_acc;
-        const float *pi = p + i * p_row, *ai = alpha ? alpha + i : NULL;
-        size_t c = 0;
-        for (; c + 4 * W <= d_v; c += 4 * W)
-            pv_4x64_avx512(a + c, ld_acc, pi, p_row, p_key, ai, nk, v + c, v_stride);
-        for (; c < d_v; c += W) {
-            __mmask16 m = d_v - c >= W ? (__mmask16)0xFFFF : tail_mask(d_v - c);
-            pv_4x16_avx512(a + c, ld_acc, pi, p_row, p_key, ai, nk, v + c, v_stride, m);
-        }
-    }
-    for (; i < nq; i++) {
-        float *a = acc + i * ld_acc;
-        const float *pi = p + i * p_row, *ai = alpha ? alpha + i : NULL;
-        size_t c = 0;
-        for (; c + 4 * W <= d_v; c += 4 * W)
-            pv_1x64_avx512(a + c, pi, p_key, ai, nk, v + c, v_stride);
-        for (; c < d_v; c += W) {
-            __mmask16 m = d_v - c >= W ? (__mmask16)0xFFFF : tail_mask(d_v - c);
-            pv_1x16_avx512(a + c, pi, p_key, ai, nk, v + c, v_stride, m);
-        }
-    }
-}
-
-static void pv_tile_avx512(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
-                           size_t nk, const float *v, size_t v_stride, size_t d_v) {
-    pv_tile_body(acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v);
-}
 
 /* exp of a whole tile of scores minus each row's shift, with the row sums: four vectors per
  * step so that the exp's dependency chains overlap. */
@@ -462,7 +288,8 @@ static void scores_max_avx512(float *st, float *tile_max, const float *qt, size_
             }                                                                                      \
             _mm512_storeu_ps(sums + h * W, _mm512_add_ps(s0, s1));                                 \
         }                                                                                          \
-        pv_tile_body(acc, ld_acc, st, 1, ld, alpha, nq, nk, v, v_stride, d_v);                     \
+        const pv_operands o = {acc, ld_acc, st, 1, ld, alpha, nq, nk, v, v_stride, d_v};           \
+        isa_pv(&o);                                                                                \
     }
 EXP_PV_AVX512(exp_pv_fast_avx512, exp_fast_avx512)
 EXP_PV_AVX512(exp_pv_sleef_avx512, exp_sleef_avx512)

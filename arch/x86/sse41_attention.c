@@ -39,10 +39,14 @@ ALWAYS_INLINE __m128 bcast_aligned(const float *p, int lane) {
                                         : _mm_shuffle_epi32(x, 0xFF));
 }
 
-/* The P V microkernels: acc[i][c] = acc[i][c] alpha[i] + sum_j P(i, j) v[j][c], with the weight
- * P(i, j) at p[i * p_row + j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major
- * tiles of exp_pv: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q, 16-byte aligned) and
- * alpha = NULL for 1. */
+/* c[t] += row[t W ..] b for t < nv: one broadcast against nv vectors loaded straight into the
+ * products' registers */
+ALWAYS_INLINE void madd_row(fv *c, fv b, const float *row, int nv) {
+    for (int t = 0; t < nv; t++) c[t] = fv_madd(fv_load(row + t * W), b, c[t]);
+}
+
+/* The P V microkernels (pv_operands in attention_tiles.h; the key-major weights of exp_pv are
+ * 16-byte aligned). */
 
 /* One row of acc, nv vectors (nv * W columns) of it: pw = p + i * p_row. Row-major weights
  * come four keys at a time in one load, broadcast from the register; key-major ones each with
@@ -55,11 +59,6 @@ ALWAYS_INLINE void pv_row_sse41(float *acc, const float *alpha, const float *pw,
         const __m128 a = _mm_set1_ps(*alpha);
         for (int t = 0; t < nv; t++) c[t] = _mm_mul_ps(c[t], a);
     }
-#define PV_KEY(B, VJ)                                                                              \
-    do {                                                                                           \
-        const __m128 b_ = (B);                                                                     \
-        for (int t = 0; t < nv; t++) c[t] = MADD(_mm_loadu_ps((VJ) + t * W), b_, c[t]);            \
-    } while (0)
     const float *v0 = v;
     size_t j = 0;
     for (; j + 4 <= nk; j += 4, v0 += 4 * v_stride) {
@@ -69,21 +68,20 @@ ALWAYS_INLINE void pv_row_sse41(float *acc, const float *alpha, const float *pw,
         const float *v1 = v0 + vs, *v2 = v1 + vs, *v3 = v2 + vs;
         if (p_key == 1) {
             const __m128 w = _mm_loadu_ps(pw + j);
-            PV_KEY(BCAST(w, 0), v0);
-            PV_KEY(BCAST(w, 1), v1);
-            PV_KEY(BCAST(w, 2), v2);
-            PV_KEY(BCAST(w, 3), v3);
+            madd_row(c, BCAST(w, 0), v0, nv);
+            madd_row(c, BCAST(w, 1), v1, nv);
+            madd_row(c, BCAST(w, 2), v2, nv);
+            madd_row(c, BCAST(w, 3), v3, nv);
         } else {
             const float *pj = pw + j * p_key;
-            PV_KEY(bcast_aligned(pj, lane), v0);
-            PV_KEY(bcast_aligned(pj + p_key, lane), v1);
-            PV_KEY(bcast_aligned(pj + 2 * p_key, lane), v2);
-            PV_KEY(bcast_aligned(pj + 3 * p_key, lane), v3);
+            madd_row(c, bcast_aligned(pj, lane), v0, nv);
+            madd_row(c, bcast_aligned(pj + p_key, lane), v1, nv);
+            madd_row(c, bcast_aligned(pj + 2 * p_key, lane), v2, nv);
+            madd_row(c, bcast_aligned(pj + 3 * p_key, lane), v3, nv);
         }
     }
     for (; j < nk; j++, v0 += v_stride)
-        PV_KEY(p_key == 1 ? _mm_set1_ps(pw[j]) : bcast_aligned(pw + j * p_key, lane), v0);
-#undef PV_KEY
+        madd_row(c, p_key == 1 ? _mm_set1_ps(pw[j]) : bcast_aligned(pw + j * p_key, lane), v0, nv);
     for (int t = 0; t < nv; t++) _mm_storeu_ps(acc + t * W, c[t]);
 }
 
@@ -94,7 +92,7 @@ static void pv_row_partial_sse41(float *acc, const float *alpha, const float *pw
     __m128 c = load_partial(acc, len, 0.0f);
     if (alpha) c = _mm_mul_ps(c, _mm_set1_ps(*alpha));
     for (size_t j = 0; j < nk; j++)
-        c = MADD(_mm_set1_ps(pw[j * p_key]), load_partial(v + j * v_stride, len, 0.0f), c);
+        c = fv_madd(_mm_set1_ps(pw[j * p_key]), load_partial(v + j * v_stride, len, 0.0f), c);
     store_partial(acc, c, len);
 }
 
@@ -124,9 +122,11 @@ ALWAYS_INLINE void pv_rows_sse41(float *acc, size_t ld_acc, const float *p, size
 
 /* A whole tile, column block by column block (32 columns, then 16, then what is left) so that
  * the block of v the rows share stays in L1. */
-ALWAYS_INLINE void pv_tile_body(float *acc, size_t ld_acc, const float *p, size_t p_row,
-                                size_t p_key, const float *alpha, size_t nq, size_t nk,
-                                const float *v, size_t v_stride, size_t d_v) {
+ALWAYS_INLINE void pv_tile_body(const pv_operands *o) {
+    float *acc = o->acc;
+    const float *p = o->p, *v = o->v, *alpha = o->alpha;
+    const size_t ld_acc = o->ld_acc, p_row = o->p_row, p_key = o->p_key, nq = o->nq, nk = o->nk;
+    const size_t v_stride = o->v_stride, d_v = o->d_v;
     size_t c = 0;
     for (; c + 8 * W <= d_v; c += 8 * W)
         pv_rows_sse41(acc, ld_acc, p, p_row, p_key, alpha, nq, nk, v, v_stride, c, 8);
@@ -147,15 +147,14 @@ ALWAYS_INLINE void pv_tile_body(float *acc, size_t ld_acc, const float *p, size_
                                  p_key, nk, v + c, v_stride, d_v - c);
 }
 
-static void pv_tile_sse41(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
-                          size_t nk, const float *v, size_t v_stride, size_t d_v) {
-    pv_tile_body(acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v);
-}
-
 /* The key-major tile of exp_pv (one copy for both exp kinds). */
-static void pv_keymajor_sse41(float *acc, size_t ld_acc, const float *st, const float *alpha,
-                              size_t nq, size_t nk, const float *v, size_t v_stride, size_t d_v) {
-    pv_tile_body(acc, ld_acc, st, 1, SDPA_ATTN_MAX_BLOCK_Q, alpha, nq, nk, v, v_stride, d_v);
+static void pv_keymajor_sse41(const pv_operands *o) { pv_tile_body(o); }
+
+ALWAYS_INLINE void isa_pv(const pv_operands *o) {
+    if (o->p_key == 1)
+        pv_tile_body(o);
+    else
+        pv_keymajor_sse41(o);
 }
 
 /* qt[p][i] = q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q: 4 x 4 blocks through
@@ -316,7 +315,8 @@ static void scores_max_sse41(float *st, float *tile_max, const float *qt, size_t
             }                                                                                      \
             _mm_storeu_ps(sums + g * W, _mm_add_ps(s0, s1));                                       \
         }                                                                                          \
-        pv_keymajor_sse41(acc, ld_acc, st, alpha, nq, nk, v, v_stride, d_v);                       \
+        const pv_operands o = {acc, ld_acc, st, 1, ld, alpha, nq, nk, v, v_stride, d_v};           \
+        isa_pv(&o);                                                                                \
     }
 
 EXP_PV_SSE41(exp_pv_fast_sse41, exp_light_sse41, exp_light4_sse41)

@@ -9,6 +9,7 @@
 
 #include "attention_tiles.h"
 
+enum { BLOCK_Q = 32, BLOCK_KV = 64 };
 /* Scores: 4 x 4 blocks, 8 loads for 16 FMAs (24 of the 32 registers), each row's 4 dots reduced
  * by two pairwise adds; a single query against 8 keys at a time. */
 enum { SCORES_MR = 4, SCORES_NR = 4, SCORES_KEYWISE = 0, SCORES_ROW_NR = 8 };
@@ -33,10 +34,3 @@ ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return d
 ALWAYS_INLINE void isa_pv(const pv_operands *o) { pv_tile_loops(o, 4, 4, 0, 0, 1, 2); }
 
 #include "attention_entries.h"
-
-const sdpa_attention_kernels sdpa_attention_kernels_neon = {
-    .block_q = 32,
-    .block_kv = 64,
-    .scores_tile = scores_tile_neon,
-    .pv_tile = pv_tile_neon,
-};

@@ -1,21 +1,32 @@
 /* SSE4.1 attention microkernels (the tiling driver is src/attention.c); sse41.c's table points
- * at sdpa_attention_kernels_sse41. */
+ * at sdpa_attention_kernels_sse41. The algorithms are arch/attention_tiles.h's and
+ * arch/attention_packed.h's, but for the two GEMM-like kernels (P V and the key-major scores),
+ * which SSE's two-operand instructions make a different job (below). */
 #include "sse41_exp.h"
 
 #define ISA_NAME(f) f##_sse41
 
-#include "attention_tiles.h"
+#include "attention_packed.h"
 
+enum { BLOCK_Q = 32, BLOCK_KV = 64 };
 /* Scores: 2 x 4 blocks, the keys taken one at a time so that 8 sums, 2 query rows and the
  * temporaries fit the 16 registers without spilling, each row's 4 dots reduced by hadds; a
  * single query against 8 keys at a time. */
 enum { SCORES_MR = 2, SCORES_NR = 4, SCORES_KEYWISE = 1, SCORES_ROW_NR = 8 };
+/* four keys a step: an exp is a chain of some fifty cycles, and only four side by side keep the
+ * pipes busy (sse41_exp.h) */
+enum { EXP_PV_KEYS = 4 };
 
 ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return dot_sse41(a, b, n); }
 
-#include "attention_entries.h"
-
-#define MADD(a, b, c) _mm_add_ps(c, _mm_mul_ps(a, b))
+ALWAYS_INLINE fv isa_exp_table(void) { return fv_zero(); }
+ALWAYS_INLINE void isa_exps(fv *x, int n, fv table, int kind) {
+    (void)table;
+    if (kind == SDPA_EXP_FAST)
+        exp_fast_body(x, n, 0);
+    else
+        for (int u = 0; u < n; u++) x[u] = Sleef_expf4_u10sse4(x[u]);
+}
 
 /* Without AVX's three-operand forms every SSE arithmetic instruction overwrites one of its
  * operands, so a multiply-add whose operands both live on takes three instructions: a load (or
@@ -157,26 +168,6 @@ ALWAYS_INLINE void isa_pv(const pv_operands *o) {
         pv_keymajor_sse41(o);
 }
 
-/* qt[p][i] = q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q: 4 x 4 blocks through
- * the register transpose (partial loads for the d tail, zeros for the missing rows). */
-static void pack_q_sse41(float *qt, const float *q, size_t q_stride, size_t nq, size_t d) {
-    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    for (size_t p0 = 0; p0 < d; p0 += W) {
-        const size_t np = d - p0 < W ? d - p0 : W;
-        for (size_t i0 = 0; i0 < ld; i0 += W) {
-            __m128 r[4];
-            for (size_t t = 0; t < W; t++) {
-                r[t] = _mm_setzero_ps();
-                if (i0 + t >= nq) continue;
-                const float *qi = q + (i0 + t) * q_stride + p0;
-                r[t] = np == W ? _mm_loadu_ps(qi) : load_partial(qi, np, 0.0f);
-            }
-            _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);
-            for (size_t t = 0; t < np; t++) _mm_storeu_ps(qt + (p0 + t) * ld + i0, r[t]);
-        }
-    }
-}
-
 /* st[j][i] = scale * sum_p k[j][p] qt[p][i] for nkeys keys and nv vectors of queries
  * (nkeys * nv = 8 accumulators): per 4 values of p one load of each key's row and 4 pshufd
  * broadcasts, each against nv vectors of qt. The scale multiplies the finished dots, as in
@@ -187,27 +178,20 @@ ALWAYS_INLINE void keymajor_block_sse41(float *st, const float *qt, const float 
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     __m128 a[8];
     for (int t = 0; t < nkeys * nv; t++) a[t] = _mm_setzero_ps();
-#define KM_STEP(B, KEY, QP)                                                                        \
-    do {                                                                                           \
-        const __m128 b_ = (B);                                                                     \
-        for (int t = 0; t < nv; t++)                                                               \
-            a[(KEY)*nv + t] = MADD(_mm_loadu_ps((QP) + t * W), b_, a[(KEY)*nv + t]);               \
-    } while (0)
     size_t p = 0;
     for (; p + 4 <= d; p += 4) {
         const float *q0 = qt + p * ld;
         for (int key = 0; key < nkeys; key++) {
             const __m128 k4 = _mm_loadu_ps(k + key * k_stride + p);
-            KM_STEP(BCAST(k4, 0), key, q0);
-            KM_STEP(BCAST(k4, 1), key, q0 + ld);
-            KM_STEP(BCAST(k4, 2), key, q0 + 2 * ld);
-            KM_STEP(BCAST(k4, 3), key, q0 + 3 * ld);
+            madd_row(a + key * nv, BCAST(k4, 0), q0, nv);
+            madd_row(a + key * nv, BCAST(k4, 1), q0 + ld, nv);
+            madd_row(a + key * nv, BCAST(k4, 2), q0 + 2 * ld, nv);
+            madd_row(a + key * nv, BCAST(k4, 3), q0 + 3 * ld, nv);
         }
     }
     for (; p < d; p++)
         for (int key = 0; key < nkeys; key++)
-            KM_STEP(_mm_set1_ps(k[key * k_stride + p]), key, qt + p * ld);
-#undef KM_STEP
+            madd_row(a + key * nv, _mm_set1_ps(k[key * k_stride + p]), qt + p * ld, nv);
     for (int key = 0; key < nkeys; key++)
         for (int t = 0; t < nv; t++)
             _mm_store_ps(st + key * ld + t * W, _mm_mul_ps(a[key * nv + t], vscale));
@@ -215,8 +199,8 @@ ALWAYS_INLINE void keymajor_block_sse41(float *st, const float *qt, const float 
 
 /* The key-major scores of nk keys for the first nq queries (rounded up to 8, 16 or all 32): one
  * key across 8 vectors, two across 4, four across 2. */
-static void scores_keymajor_sse41(float *st, const float *qt, const float *k, size_t k_stride,
-                                  size_t nk, size_t d, size_t nq, float scale) {
+static void ISA_NAME(scores_keymajor)(float *st, const float *qt, const float *k, size_t k_stride,
+                                      size_t nk, size_t d, size_t nq, float scale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     const __m128 vs = _mm_set1_ps(scale);
     size_t j = 0;
@@ -236,99 +220,4 @@ static void scores_keymajor_sse41(float *st, const float *qt, const float *k, si
     }
 }
 
-/* The scores tile from the packed queries: the key-major tile, then 4 x 4 in-register
- * transposes into s[query][key]. */
-static void scores_packed_sse41(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
-                                size_t k_stride, size_t nk, size_t d, float scale) {
-    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    _Alignas(16) float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
-    scores_keymajor_sse41(st, qt, k, k_stride, nk, d, nq, scale);
-    for (size_t j0 = 0; j0 < nk; j0 += W) {
-        const size_t nj = nk - j0 < W ? nk - j0 : W;
-        for (size_t i0 = 0; i0 < nq; i0 += W) {
-            __m128 r[4];
-            for (size_t t = 0; t < W; t++)
-                r[t] = t < nj ? _mm_load_ps(st + (j0 + t) * ld + i0) : _mm_setzero_ps();
-            _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);
-            for (size_t t = 0; t < W && i0 + t < nq; t++) {
-                float *si = s + (i0 + t) * ld_s + j0;
-                if (nj == W)
-                    _mm_storeu_ps(si, r[t]);
-                else
-                    store_partial(si, r[t], nj);
-            }
-        }
-    }
-}
-
-/* The online softmax's step for a whole tile (kernels.h, scores_max and exp_pv; the avx512
- * version says why): scores key-major, row maxima, exps and row sums across 4 queries at a time,
- * the P V step reading the weights in that layout and rescaling each accumulator row as it loads
- * it. */
-static void scores_max_sse41(float *st, float *tile_max, const float *qt, size_t nq, const float *k,
-                             size_t k_stride, size_t nk, size_t d_k, float scale) {
-    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    scores_keymajor_sse41(st, qt, k, k_stride, nk, d_k, nq, scale);
-    for (size_t g = 0; g * W < nq; g++) {
-        __m128 mx0 = _mm_set1_ps(-INFINITY), mx1 = mx0;
-        size_t j = 0;
-        for (; j + 2 <= nk; j += 2) {
-            mx0 = _mm_max_ps(_mm_load_ps(st + j * ld + g * W), mx0);
-            mx1 = _mm_max_ps(_mm_load_ps(st + (j + 1) * ld + g * W), mx1);
-        }
-        if (j < nk) mx0 = _mm_max_ps(_mm_load_ps(st + j * ld + g * W), mx0);
-        _mm_storeu_ps(tile_max + g * W, _mm_max_ps(mx0, mx1));
-    }
-}
-
-#define EXP_PV_SSE41(NAME, EXP, EXP4)                                                              \
-    static void NAME(float *acc, size_t ld_acc, float *st, const float *m, const float *m_new,     \
-                     float *alpha, float *sums, size_t nq, size_t nk, const float *v,              \
-                     size_t v_stride, size_t d_v) {                                                \
-        const size_t ld = SDPA_ATTN_MAX_BLOCK_Q, groups = (nq + W - 1) / W;                        \
-        float old[SDPA_ATTN_MAX_BLOCK_Q], shift[SDPA_ATTN_MAX_BLOCK_Q];                            \
-        /* rows past nq (zero queries, scores 0): shift 0, alpha exp(-inf) = 0, both unused */     \
-        for (size_t i = 0; i < groups * W; i++) {                                                  \
-            old[i] = i < nq ? m[i] : -INFINITY;                                                    \
-            shift[i] = i < nq ? m_new[i] : 0.0f;                                                   \
-        }                                                                                          \
-        for (size_t g = 0; g < groups; g++) {                                                      \
-            const __m128 mx = _mm_loadu_ps(shift + g * W);                                         \
-            /* exp(0) is exactly 1: a row whose max did not move is not rescaled at all */         \
-            _mm_storeu_ps(alpha + g * W, EXP(_mm_sub_ps(_mm_loadu_ps(old + g * W), mx)));          \
-            __m128 s0 = _mm_setzero_ps(), s1 = s0;                                                 \
-            size_t j = 0;                                                                          \
-            for (; j + 4 <= nk; j += 4) {                                                          \
-                float *p0 = st + j * ld + g * W;                                                   \
-                __m128 e[4];                                                                       \
-                for (int u = 0; u < 4; u++) e[u] = _mm_sub_ps(_mm_load_ps(p0 + u * ld), mx);       \
-                EXP4(e);                                                                           \
-                for (int u = 0; u < 4; u++) _mm_store_ps(p0 + u * ld, e[u]);                       \
-                s0 = _mm_add_ps(s0, _mm_add_ps(e[0], e[2]));                                       \
-                s1 = _mm_add_ps(s1, _mm_add_ps(e[1], e[3]));                                       \
-            }                                                                                      \
-            for (; j < nk; j++) {                                                                  \
-                float *p0 = st + j * ld + g * W;                                                   \
-                __m128 e0 = EXP(_mm_sub_ps(_mm_load_ps(p0), mx));                                  \
-                _mm_store_ps(p0, e0);                                                              \
-                s0 = _mm_add_ps(s0, e0);                                                           \
-            }                                                                                      \
-            _mm_storeu_ps(sums + g * W, _mm_add_ps(s0, s1));                                       \
-        }                                                                                          \
-        const pv_operands o = {acc, ld_acc, st, 1, ld, alpha, nq, nk, v, v_stride, d_v};           \
-        isa_pv(&o);                                                                                \
-    }
-
-EXP_PV_SSE41(exp_pv_fast_sse41, exp_light_sse41, exp_light4_sse41)
-EXP_PV_SSE41(exp_pv_sleef_sse41, exp_sleef_light_sse41, exp_sleef_light4_sse41)
-
-const sdpa_attention_kernels sdpa_attention_kernels_sse41 = {
-    .block_q = 32,
-    .block_kv = 64,
-    .scores_tile = scores_tile_sse41,
-    .pv_tile = pv_tile_sse41,
-    .pack_q = pack_q_sse41,
-    .scores_packed = scores_packed_sse41,
-    .scores_max = scores_max_sse41,
-    .exp_pv = {exp_pv_fast_sse41, exp_pv_sleef_sse41},
-};
+#include "attention_entries.h"

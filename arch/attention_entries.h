@@ -7,35 +7,32 @@
  *   SCORES_MR, SCORES_NR    the scores' register block (scores_block)
  *   SCORES_KEYWISE          its loads keywise (scores_step)
  *   SCORES_ROW_NR           the keys of a single query's block
- *   ISA_SCORES_ROW          defined where the backend has an isa_scores_row of its own
  *   EXP_PV_KEYS             exp_pv's keys a step, 2 or 4 (exp_pv_loops), with the packed entries
  *   ISA_EXP_TILE            defined, to give the table exp_tile: where one call a tile measured
  *                           faster than the driver's exp_sum row by row */
 #ifndef SDPA_ARCH_ATTENTION_ENTRIES_H
 #define SDPA_ARCH_ATTENTION_ENTRIES_H
 
-#ifndef ISA_SCORES_ROW
-ALWAYS_INLINE void isa_scores_row(float *s, const float *q, const float *k, size_t k_stride,
-                                  size_t d, fv vscale) {
-    scores_row(s, q, k, k_stride, d, vscale, SCORES_ROW_NR);
-}
-#endif
-
-/* a function of its own, so that the registers its row_nr key streams need are allocated for it
- * alone, not along with the blocks' */
-__attribute__((noinline)) static void ISA_NAME(scores_query)(float *s, const float *q,
-                                                             const float *k, size_t k_stride,
-                                                             size_t nk, size_t d, float scale) {
-    scores_query(s, q, k, k_stride, nk, d, scale, SCORES_ROW_NR);
+/* Several rows: blocks of mr, then the rows left over one query each. A function of its own, so
+ * that a single query (decode, and the scores entry) runs with no row loop around it: its
+ * row_nr key streams need every general register. */
+__attribute__((noinline)) static void ISA_NAME(scores_rows)(float *s, size_t ld_s, const float *q,
+                                                            size_t q_stride, size_t nq,
+                                                            const float *k, size_t k_stride,
+                                                            size_t nk, size_t d, float scale) {
+    size_t i = scores_row_blocks(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale, SCORES_MR,
+                                 SCORES_NR, SCORES_KEYWISE);
+    for (; i < nq; i++)
+        scores_query(s + i * ld_s, q + i * q_stride, k, k_stride, nk, d, scale, SCORES_ROW_NR);
 }
 
 static void ISA_NAME(scores_tile)(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
                                   const float *k, size_t k_stride, size_t nk, size_t d,
                                   float scale) {
-    size_t i = scores_row_blocks(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale, SCORES_MR,
-                                 SCORES_NR, SCORES_KEYWISE);
-    for (; i < nq; i++)
-        ISA_NAME(scores_query)(s + i * ld_s, q + i * q_stride, k, k_stride, nk, d, scale);
+    if (nq == 1)
+        scores_query(s, q, k, k_stride, nk, d, scale, SCORES_ROW_NR);
+    else
+        ISA_NAME(scores_rows)(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
 }
 
 static void ISA_NAME(pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,

@@ -29,10 +29,6 @@ typedef struct pv_operands {
 } pv_operands;
 /* kernels.h's pv_tile on o: pv_tile_loops with the backend's blocks, or loops of its own */
 ALWAYS_INLINE void isa_pv(const pv_operands *o);
-/* s[c] = scale * dot(q, k + c * k_stride, d) for c < SCORES_ROW_NR, vscale = scale in every
- * lane: the backend's own where it defines ISA_SCORES_ROW, else attention_entries.h's */
-ALWAYS_INLINE void isa_scores_row(float *s, const float *q, const float *k, size_t k_stride,
-                                  size_t d, fv vscale);
 
 /* ---- partial vectors of up to W lanes ---- */
 
@@ -110,12 +106,6 @@ ALWAYS_INLINE void scores_block(float *s, size_t ld_s, const float *q, size_t q_
     }
 }
 
-/* a single query against row_nr keys, its vector loaded once for all of them */
-ALWAYS_INLINE void scores_row(float *s, const float *q, const float *k, size_t k_stride, size_t d,
-                              fv vscale, int row_nr) {
-    scores_block(s, 0, q, 0, k, k_stride, d, vscale, 1, row_nr, 1);
-}
-
 /* kernels.h's scores_tile for the rows from 0 in blocks of mr, against nr keys at a time
  * (keywise as in scores_step), the keys left over one dot each; returns the first row not done */
 ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, size_t q_stride,
@@ -137,14 +127,14 @@ ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, si
     return i;
 }
 
-/* one query's scores (a row left over, or decode): row_nr keys at a time (isa_scores_row), then
- * a dot each */
+/* one query's scores (a row left over, or decode): row_nr keys at a time, the query's vector
+ * loaded once for all of them, then a dot each */
 ALWAYS_INLINE void scores_query(float *s, const float *q, const float *k, size_t k_stride,
                                 size_t nk, size_t d, float scale, int row_nr) {
     const fv vscale = fv_set1(scale);
     size_t j = 0;
     for (; j + row_nr <= nk; j += row_nr)
-        isa_scores_row(s + j, q, k + j * k_stride, k_stride, d, vscale);
+        scores_block(s + j, 0, q, 0, k + j * k_stride, k_stride, d, vscale, 1, row_nr, 1);
     for (; j < nk; j++) s[j] = scale * isa_dot(q, k + j * k_stride, d);
 }
 

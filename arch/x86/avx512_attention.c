@@ -20,44 +20,6 @@ ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) {
     return dot_avx512(a, b, n);
 }
 
-/* A single query against 16 keys (decode) with the 16 dots in named accumulators: in
- * scores_row's form, with the dots in an array, GCC spends more instructions a block on the 16
- * key pointers, which this loop, bound by its 17 loads a step, does not hide. */
-ALWAYS_INLINE void row16_key(fv *acc, fv vq, const float *k, const fv_lanes *m) {
-    *acc = fv_madd(vq, tile_load(k, m), *acc);
-}
-ALWAYS_INLINE void row16_step(fv *a0, fv *a1, fv *a2, fv *a3, fv *a4, fv *a5, fv *a6, fv *a7,
-                              fv *a8, fv *a9, fv *a10, fv *a11, fv *a12, fv *a13, fv *a14, fv *a15,
-                              const float *q, const float *k, size_t ks, size_t p,
-                              const fv_lanes *m) {
-    const fv vq = tile_load(q + p, m);
-    row16_key(a0, vq, k + p, m), row16_key(a1, vq, k + ks + p, m);
-    row16_key(a2, vq, k + 2 * ks + p, m), row16_key(a3, vq, k + 3 * ks + p, m);
-    row16_key(a4, vq, k + 4 * ks + p, m), row16_key(a5, vq, k + 5 * ks + p, m);
-    row16_key(a6, vq, k + 6 * ks + p, m), row16_key(a7, vq, k + 7 * ks + p, m);
-    row16_key(a8, vq, k + 8 * ks + p, m), row16_key(a9, vq, k + 9 * ks + p, m);
-    row16_key(a10, vq, k + 10 * ks + p, m), row16_key(a11, vq, k + 11 * ks + p, m);
-    row16_key(a12, vq, k + 12 * ks + p, m), row16_key(a13, vq, k + 13 * ks + p, m);
-    row16_key(a14, vq, k + 14 * ks + p, m), row16_key(a15, vq, k + 15 * ks + p, m);
-}
-#define ISA_SCORES_ROW
-ALWAYS_INLINE void isa_scores_row(float *s, const float *q, const float *k, size_t k_stride,
-                                  size_t d, fv vscale) {
-    fv a0 = fv_zero(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
-       a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
-    size_t p = 0;
-    for (; p + W <= d; p += W)
-        row16_step(&a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7, &a8, &a9, &a10, &a11, &a12, &a13, &a14,
-                   &a15, q, k, k_stride, p, NULL);
-    if (p < d) {
-        const fv_lanes m = fv_first(d - p);
-        row16_step(&a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7, &a8, &a9, &a10, &a11, &a12, &a13, &a14,
-                   &a15, q, k, k_stride, p, &m);
-    }
-    const fv a[16] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15};
-    fv_store(s, fv_mul(fv_hsums(a), vscale));
-}
-
 /* P V: 4 rows x 64 columns, the block of acc in 16 registers for all nk keys (4 loads of v and 4
  * broadcasts for 16 FMAs a key); the columns left over 16 at a time, masked, for the 4 rows at
  * once; the rows left over one at a time. */

@@ -1,19 +1,18 @@
 /* NEON (AArch64 Advanced SIMD) attention microkernels: 4 floats a vector, 32 registers, FMA.
  * Kept apart from arch/arm/neon.c so that both can be written at once; neon.c's table points
- * at sdpa_attention_kernels_neon. Tails are loaded and stored lane by lane (neon_tails.h), so
- * nothing past the end of a row is read or written. */
-#include <arm_neon.h>
+ * at sdpa_attention_kernels_neon. The algorithms are arch/attention_tiles.h's; this file gives
+ * them NEON's register blocks. Tails are loaded and stored lane by lane (neon_tails.h), so nothing
+ * past the end of a row is read or written. */
+#include "neon.h"
 
-#include "kernels.h"
-#include "neon_tails.h"
+#define ISA_NAME(f) f##_neon
 
-#define W 4
+#include "attention_tiles.h"
 
-/* Lane i of the result is the sum of the lanes of the i-th argument (two pairwise adds). */
-static inline float32x4_t hsum4_neon(float32x4_t a0, float32x4_t a1, float32x4_t a2,
-                                     float32x4_t a3) {
-    return vpaddq_f32(vpaddq_f32(a0, a1), vpaddq_f32(a2, a3));
-}
+enum { BLOCK_Q = 32, BLOCK_KV = 64 };
+/* Scores: 4 x 4 blocks, 8 loads for 16 FMAs (24 of the 32 registers), each row's 4 dots reduced
+ * by two pairwise adds; a single query against 8 keys at a time. */
+enum { SCORES_MR = 4, SCORES_NR = 4, SCORES_KEYWISE = 0, SCORES_ROW_NR = 8 };
 
 static float dot_neon(const float *a, const float *b, size_t n) {
     float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, s2 = s0, s3 = s0;
@@ -28,207 +27,10 @@ static float dot_neon(const float *a, const float *b, size_t n) {
     if (i < n) s1 = vfmaq_f32(s1, load_partial(a + i, n - i), load_partial(b + i, n - i));
     return vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
 }
+ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return dot_neon(a, b, n); }
 
-#define LOAD_FULL(ptr) vld1q_f32(ptr)
-#define LOAD_TAIL(ptr) load_partial(ptr, len)
+/* P V: 4 rows x 16 columns, 16 accumulators, 4 loads of v and 4 weights for 16 FMAs a key; the
+ * columns left over a vector at a time, row by row. */
+ALWAYS_INLINE void isa_pv(const pv_operands *o) { pv_tile_loops(o, 4, 4, 0, 0, 1, 2); }
 
-/* One step of a 4 x 4 block: 8 loads feed 16 FMAs (24 of the 32 registers). */
-#define SCORES_4X4_STEP(LOAD)                                                                      \
-    do {                                                                                           \
-        float32x4_t q0 = LOAD(q + p), q1 = LOAD(q + q_stride + p),                                 \
-                    q2 = LOAD(q + 2 * q_stride + p), q3 = LOAD(q + 3 * q_stride + p);              \
-        float32x4_t k0 = LOAD(k + p), k1 = LOAD(k + k_stride + p),                                 \
-                    k2 = LOAD(k + 2 * k_stride + p), k3 = LOAD(k + 3 * k_stride + p);              \
-        a00 = vfmaq_f32(a00, q0, k0), a01 = vfmaq_f32(a01, q0, k1);                                \
-        a02 = vfmaq_f32(a02, q0, k2), a03 = vfmaq_f32(a03, q0, k3);                                \
-        a10 = vfmaq_f32(a10, q1, k0), a11 = vfmaq_f32(a11, q1, k1);                                \
-        a12 = vfmaq_f32(a12, q1, k2), a13 = vfmaq_f32(a13, q1, k3);                                \
-        a20 = vfmaq_f32(a20, q2, k0), a21 = vfmaq_f32(a21, q2, k1);                                \
-        a22 = vfmaq_f32(a22, q2, k2), a23 = vfmaq_f32(a23, q2, k3);                                \
-        a30 = vfmaq_f32(a30, q3, k0), a31 = vfmaq_f32(a31, q3, k1);                                \
-        a32 = vfmaq_f32(a32, q3, k2), a33 = vfmaq_f32(a33, q3, k3);                                \
-    } while (0)
-
-static inline void scores_4x4_neon(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                   const float *k, size_t k_stride, size_t d, float scale) {
-    float32x4_t a00 = vdupq_n_f32(0.0f), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
-                a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00,
-                a31 = a00, a32 = a00, a33 = a00;
-    size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_4X4_STEP(LOAD_FULL);
-    if (p < d) {
-        size_t len = d - p;
-        SCORES_4X4_STEP(LOAD_TAIL);
-    }
-    vst1q_f32(s, vmulq_n_f32(hsum4_neon(a00, a01, a02, a03), scale));
-    vst1q_f32(s + ld_s, vmulq_n_f32(hsum4_neon(a10, a11, a12, a13), scale));
-    vst1q_f32(s + 2 * ld_s, vmulq_n_f32(hsum4_neon(a20, a21, a22, a23), scale));
-    vst1q_f32(s + 3 * ld_s, vmulq_n_f32(hsum4_neon(a30, a31, a32, a33), scale));
-}
-
-#define SCORES_1X8_STEP(LOAD)                                                                      \
-    do {                                                                                           \
-        float32x4_t vq = LOAD(q + p);                                                              \
-        a0 = vfmaq_f32(a0, vq, LOAD(k + p)), a1 = vfmaq_f32(a1, vq, LOAD(k + k_stride + p));       \
-        a2 = vfmaq_f32(a2, vq, LOAD(k + 2 * k_stride + p));                                        \
-        a3 = vfmaq_f32(a3, vq, LOAD(k + 3 * k_stride + p));                                        \
-        a4 = vfmaq_f32(a4, vq, LOAD(k + 4 * k_stride + p));                                        \
-        a5 = vfmaq_f32(a5, vq, LOAD(k + 5 * k_stride + p));                                        \
-        a6 = vfmaq_f32(a6, vq, LOAD(k + 6 * k_stride + p));                                        \
-        a7 = vfmaq_f32(a7, vq, LOAD(k + 7 * k_stride + p));                                        \
-    } while (0)
-
-/* One query x 8 keys (decode). */
-static inline void scores_1x8_neon(float *s, const float *q, const float *k, size_t k_stride,
-                                   size_t d, float scale) {
-    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-                a7 = a0;
-    size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_1X8_STEP(LOAD_FULL);
-    if (p < d) {
-        size_t len = d - p;
-        SCORES_1X8_STEP(LOAD_TAIL);
-    }
-    vst1q_f32(s, vmulq_n_f32(hsum4_neon(a0, a1, a2, a3), scale));
-    vst1q_f32(s + 4, vmulq_n_f32(hsum4_neon(a4, a5, a6, a7), scale));
-}
-
-static void scores_tile_neon(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                             const float *k, size_t k_stride, size_t nk, size_t d, float scale) {
-    size_t i = 0;
-    for (; i + 4 <= nq; i += 4) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 4 <= nk; j += 4)
-            scores_4x4_neon(si + j, ld_s, qi, q_stride, k + j * k_stride, k_stride, d, scale);
-        for (; j < nk; j++)
-            for (size_t r = 0; r < 4; r++)
-                si[r * ld_s + j] = scale * dot_neon(qi + r * q_stride, k + j * k_stride, d);
-    }
-    for (; i < nq; i++) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 8 <= nk; j += 8)
-            scores_1x8_neon(si + j, qi, k + j * k_stride, k_stride, d, scale);
-        for (; j < nk; j++) si[j] = scale * dot_neon(qi, k + j * k_stride, d);
-    }
-}
-
-/* acc[4 rows][16 columns] += p[4 rows][nk] * v[nk][16 columns]: 16 accumulators, 4 loads of v
- * and 4 scalar weights per key for 16 FMAs. */
-static void pv_4x16_neon(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nk,
-                         const float *v, size_t v_stride) {
-    float *o0 = acc, *o1 = acc + ld_acc, *o2 = acc + 2 * ld_acc, *o3 = acc + 3 * ld_acc;
-    float32x4_t c00 = vld1q_f32(o0), c01 = vld1q_f32(o0 + W), c02 = vld1q_f32(o0 + 2 * W),
-                c03 = vld1q_f32(o0 + 3 * W);
-    float32x4_t c10 = vld1q_f32(o1), c11 = vld1q_f32(o1 + W), c12 = vld1q_f32(o1 + 2 * W),
-                c13 = vld1q_f32(o1 + 3 * W);
-    float32x4_t c20 = vld1q_f32(o2), c21 = vld1q_f32(o2 + W), c22 = vld1q_f32(o2 + 2 * W),
-                c23 = vld1q_f32(o2 + 3 * W);
-    float32x4_t c30 = vld1q_f32(o3), c31 = vld1q_f32(o3 + W), c32 = vld1q_f32(o3 + 2 * W),
-                c33 = vld1q_f32(o3 + 3 * W);
-    for (size_t j = 0; j < nk; j++) {
-        const float *vj = v + j * v_stride;
-        float32x4_t v0 = vld1q_f32(vj), v1 = vld1q_f32(vj + W), v2 = vld1q_f32(vj + 2 * W),
-                    v3 = vld1q_f32(vj + 3 * W);
-        float w = p[j];
-        c00 = vfmaq_n_f32(c00, v0, w), c01 = vfmaq_n_f32(c01, v1, w);
-        c02 = vfmaq_n_f32(c02, v2, w), c03 = vfmaq_n_f32(c03, v3, w);
-        w = p[ld_p + j];
-        c10 = vfmaq_n_f32(c10, v0, w), c11 = vfmaq_n_f32(c11, v1, w);
-        c12 = vfmaq_n_f32(c12, v2, w), c13 = vfmaq_n_f32(c13, v3, w);
-        w = p[2 * ld_p + j];
-        c20 = vfmaq_n_f32(c20, v0, w), c21 = vfmaq_n_f32(c21, v1, w);
-        c22 = vfmaq_n_f32(c22, v2, w), c23 = vfmaq_n_f32(c23, v3, w);
-        w = p[3 * ld_p + j];
-        c30 = vfmaq_n_f32(c30, v0, w), c31 = vfmaq_n_f32(c31, v1, w);
-        c32 = vfmaq_n_f32(c32, v2, w), c33 = vfmaq_n_f32(c33, v3, w);
-    }
-    vst1q_f32(o0, c00), vst1q_f32(o0 + W, c01), vst1q_f32(o0 + 2 * W, c02);
-    vst1q_f32(o0 + 3 * W, c03);
-    vst1q_f32(o1, c10), vst1q_f32(o1 + W, c11), vst1q_f32(o1 + 2 * W, c12);
-    vst1q_f32(o1 + 3 * W, c13);
-    vst1q_f32(o2, c20), vst1q_f32(o2 + W, c21), vst1q_f32(o2 + 2 * W, c22);
-    vst1q_f32(o2 + 3 * W, c23);
-    vst1q_f32(o3, c30), vst1q_f32(o3 + W, c31), vst1q_f32(o3 + 2 * W, c32);
-    vst1q_f32(o3 + 3 * W, c33);
-}
-
-/* One row, 16 columns, two keys per step for eight independent chains. */
-static void pv_1x16_neon(float *acc, const float *p, size_t nk, const float *v, size_t v_stride) {
-    float32x4_t c0 = vld1q_f32(acc), c1 = vld1q_f32(acc + W), c2 = vld1q_f32(acc + 2 * W),
-                c3 = vld1q_f32(acc + 3 * W);
-    float32x4_t e0 = vdupq_n_f32(0.0f), e1 = e0, e2 = e0, e3 = e0;
-    size_t j = 0;
-    for (; j + 2 <= nk; j += 2) {
-        const float *v0 = v + j * v_stride, *v1 = v0 + v_stride;
-        c0 = vfmaq_n_f32(c0, vld1q_f32(v0), p[j]), c1 = vfmaq_n_f32(c1, vld1q_f32(v0 + W), p[j]);
-        c2 = vfmaq_n_f32(c2, vld1q_f32(v0 + 2 * W), p[j]);
-        c3 = vfmaq_n_f32(c3, vld1q_f32(v0 + 3 * W), p[j]);
-        e0 = vfmaq_n_f32(e0, vld1q_f32(v1), p[j + 1]);
-        e1 = vfmaq_n_f32(e1, vld1q_f32(v1 + W), p[j + 1]);
-        e2 = vfmaq_n_f32(e2, vld1q_f32(v1 + 2 * W), p[j + 1]);
-        e3 = vfmaq_n_f32(e3, vld1q_f32(v1 + 3 * W), p[j + 1]);
-    }
-    if (j < nk) {
-        const float *v0 = v + j * v_stride;
-        c0 = vfmaq_n_f32(c0, vld1q_f32(v0), p[j]), c1 = vfmaq_n_f32(c1, vld1q_f32(v0 + W), p[j]);
-        c2 = vfmaq_n_f32(c2, vld1q_f32(v0 + 2 * W), p[j]);
-        c3 = vfmaq_n_f32(c3, vld1q_f32(v0 + 3 * W), p[j]);
-    }
-    vst1q_f32(acc, vaddq_f32(c0, e0)), vst1q_f32(acc + W, vaddq_f32(c1, e1));
-    vst1q_f32(acc + 2 * W, vaddq_f32(c2, e2)), vst1q_f32(acc + 3 * W, vaddq_f32(c3, e3));
-}
-
-/* One row, one vector of len (1..4) columns. */
-static void pv_1x4_neon(float *acc, const float *p, size_t nk, const float *v, size_t v_stride,
-                        size_t len) {
-    if (len == W) {
-        float32x4_t c0 = vld1q_f32(acc), c1 = vdupq_n_f32(0.0f);
-        size_t j = 0;
-        for (; j + 2 <= nk; j += 2) {
-            c0 = vfmaq_n_f32(c0, vld1q_f32(v + j * v_stride), p[j]);
-            c1 = vfmaq_n_f32(c1, vld1q_f32(v + (j + 1) * v_stride), p[j + 1]);
-        }
-        if (j < nk) c0 = vfmaq_n_f32(c0, vld1q_f32(v + j * v_stride), p[j]);
-        vst1q_f32(acc, vaddq_f32(c0, c1));
-        return;
-    }
-    float32x4_t c0 = load_partial(acc, len);
-    for (size_t j = 0; j < nk; j++) c0 = vfmaq_n_f32(c0, load_partial(v + j * v_stride, len), p[j]);
-    store_partial(acc, c0, len);
-}
-
-static void pv_tile_neon(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
-                         size_t nk, const float *v, size_t v_stride, size_t d_v) {
-    size_t i = 0;
-    for (; i + 4 <= nq; i += 4) {
-        float *a = acc + i * ld_acc;
-        const float *pi = p + i * ld_p;
-        size_t c = 0;
-        for (; c + 4 * W <= d_v; c += 4 * W)
-            pv_4x16_neon(a + c, ld_acc, pi, ld_p, nk, v + c, v_stride);
-        for (; c < d_v; c += W) {
-            size_t len = d_v - c < W ? d_v - c : W;
-            for (size_t r = 0; r < 4; r++)
-                pv_1x4_neon(a + r * ld_acc + c, pi + r * ld_p, nk, v + c, v_stride, len);
-        }
-    }
-    for (; i < nq; i++) {
-        float *a = acc + i * ld_acc;
-        const float *pi = p + i * ld_p;
-        size_t c = 0;
-        for (; c + 4 * W <= d_v; c += 4 * W) pv_1x16_neon(a + c, pi, nk, v + c, v_stride);
-        for (; c < d_v; c += W)
-            pv_1x4_neon(a + c, pi, nk, v + c, v_stride, d_v - c < W ? d_v - c : W);
-    }
-}
-
-const sdpa_attention_kernels sdpa_attention_kernels_neon = {
-    .block_q = 32,
-    .block_kv = 64,
-    .scores_tile = scores_tile_neon,
-    .pv_tile = pv_tile_neon,
-};
+#include "attention_entries.h"

@@ -115,4 +115,69 @@ static inline float dot_avx2(const float *a, const float *b, size_t n) {
     return hsum(_mm256_add_ps(acc0, acc4));
 }
 
+/* ---- vector operations for the attention templates ---- */
+/* The vocabulary that arch/attention_tiles.h and arch/attention_packed.h are written in (avx512.h
+ * says what each operation does). Partial vectors go through maskload and maskstore, which
+ * never touch the lanes outside the mask. */
+typedef __m256 fv;
+typedef __m256i fv_lanes;
+#define FV_MASKED 1
+ALWAYS_INLINE fv fv_zero(void) { return _mm256_setzero_ps(); }
+ALWAYS_INLINE fv fv_set1(float x) { return _mm256_set1_ps(x); }
+ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm256_broadcast_ss(p); }
+ALWAYS_INLINE fv fv_load(const float *p) { return _mm256_loadu_ps(p); }
+ALWAYS_INLINE fv fv_load_aligned(const float *p) { return _mm256_load_ps(p); } /* 32 bytes */
+ALWAYS_INLINE void fv_store(float *p, fv x) { _mm256_storeu_ps(p, x); }
+ALWAYS_INLINE void fv_store_aligned(float *p, fv x) { _mm256_store_ps(p, x); }
+ALWAYS_INLINE fv fv_add(fv a, fv b) { return _mm256_add_ps(a, b); }
+ALWAYS_INLINE fv fv_sub(fv a, fv b) { return _mm256_sub_ps(a, b); }
+ALWAYS_INLINE fv fv_mul(fv a, fv b) { return _mm256_mul_ps(a, b); }
+ALWAYS_INLINE fv fv_max(fv a, fv b) { return _mm256_max_ps(a, b); }
+ALWAYS_INLINE fv fv_madd(fv a, fv b, fv c) { return _mm256_fmadd_ps(a, b, c); }
+ALWAYS_INLINE float fv_reduce_add(fv x) { return hsum(x); }
+/* An empty asm that takes x in a register: folded into its uses as a memory operand (what GCC
+ * does otherwise), a vector loaded for several FMAs is loaded again for each, and with two
+ * loads a cycle the loop becomes load-bound. */
+ALWAYS_INLINE void fv_pin(fv *x) { __asm__("" : "+x"(*x)); }
+
+ALWAYS_INLINE fv_lanes fv_first(size_t n) { return tail_mask(n); }
+ALWAYS_INLINE fv fv_load_part(const float *p, fv_lanes m) { return _mm256_maskload_ps(p, m); }
+ALWAYS_INLINE fv fv_load_part_or(const float *p, fv_lanes m, float fill) {
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+}
+ALWAYS_INLINE void fv_store_part(float *p, fv x, fv_lanes m) { _mm256_maskstore_ps(p, m, x); }
+ALWAYS_INLINE fv fv_add_part(fv a, fv b, fv_lanes m) {
+    return _mm256_add_ps(a, _mm256_and_ps(b, _mm256_castsi256_ps(m)));
+}
+
+/* lane i: the sum of the lanes of a[i], for i < W (hadd twice: each 128-bit half holds the
+ * half-sums of four inputs) */
+ALWAYS_INLINE fv fv_hsums(const fv *a) {
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* lanes [4c, 4c + 4) of x to p */
+ALWAYS_INLINE void fv_store4(float *p, fv x, int c) {
+    _mm_storeu_ps(p, c == 0 ? _mm256_castps256_ps128(x) : _mm256_extractf128_ps(x, 1));
+}
+
+/* r[i] lane j <- r[j] lane i for i, j < W: unpack, shuffle, then swap 128-bit halves */
+ALWAYS_INLINE void fv_transpose(fv *r) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
 #endif

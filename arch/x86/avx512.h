@@ -126,4 +126,97 @@ static inline float dot_avx512(const float *a, const float *b, size_t n) {
     return hsum_avx512(_mm512_add_ps(acc0, acc1));
 }
 
+/* ---- vector operations for the attention templates ---- */
+/* The vocabulary that arch/attention_tiles.h and arch/attention_packed.h are written in, one
+ * definition per ISA. fv holds W floats; fv_lanes names the real lanes of a partial vector: a
+ * mask here, a count where an ISA has no masked loads and stores. FV_MASKED: the partial
+ * operations also take all W lanes, so that a loop need not tell its last vector apart. */
+typedef __m512 fv;
+typedef __mmask16 fv_lanes;
+#define FV_MASKED 1
+ALWAYS_INLINE fv fv_zero(void) { return _mm512_setzero_ps(); }
+ALWAYS_INLINE fv fv_set1(float x) { return _mm512_set1_ps(x); }
+ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm512_set1_ps(*p); }
+ALWAYS_INLINE fv fv_load(const float *p) { return _mm512_loadu_ps(p); }
+ALWAYS_INLINE fv fv_load_aligned(const float *p) { return _mm512_load_ps(p); } /* 64 bytes */
+ALWAYS_INLINE void fv_store(float *p, fv x) { _mm512_storeu_ps(p, x); }
+ALWAYS_INLINE void fv_store_aligned(float *p, fv x) { _mm512_store_ps(p, x); }
+ALWAYS_INLINE fv fv_add(fv a, fv b) { return _mm512_add_ps(a, b); }
+ALWAYS_INLINE fv fv_sub(fv a, fv b) { return _mm512_sub_ps(a, b); }
+ALWAYS_INLINE fv fv_mul(fv a, fv b) { return _mm512_mul_ps(a, b); }
+ALWAYS_INLINE fv fv_max(fv a, fv b) { return _mm512_max_ps(a, b); }
+ALWAYS_INLINE fv fv_madd(fv a, fv b, fv c) { return _mm512_fmadd_ps(a, b, c); } /* a b + c */
+ALWAYS_INLINE float fv_reduce_add(fv x) { return _mm512_reduce_add_ps(x); }
+/* keep x in a register, not folded into its uses as a memory operand: nothing to do here */
+ALWAYS_INLINE void fv_pin(fv *x) { (void)x; }
+
+/* lanes [0, n) of a partial vector, 1 <= n <= W (n < W where !FV_MASKED); the _part operations
+ * leave the other lanes of memory alone, load them as 0 (or fill) and add nothing to them */
+ALWAYS_INLINE fv_lanes fv_first(size_t n) { return tail_mask(n); }
+ALWAYS_INLINE fv fv_load_part(const float *p, fv_lanes m) { return _mm512_maskz_loadu_ps(m, p); }
+ALWAYS_INLINE fv fv_load_part_or(const float *p, fv_lanes m, float fill) {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), m, p);
+}
+ALWAYS_INLINE void fv_store_part(float *p, fv x, fv_lanes m) { _mm512_mask_storeu_ps(p, m, x); }
+ALWAYS_INLINE fv fv_add_part(fv a, fv b, fv_lanes m) { return _mm512_mask_add_ps(a, m, a, b); }
+
+/* Two 128-bit-chunked partial sums of four vectors: chunk k of the result holds, in lane i,
+ * the sum over chunk k of the lanes of the i-th input. */
+ALWAYS_INLINE __m512 hsum4_chunks_avx512(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    return _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+}
+
+/* lane i: the sum of the lanes of a[i], for i < W. A transpose-and-add tree, 15 adds for 16
+ * sums instead of 16 separate reductions. */
+ALWAYS_INLINE fv fv_hsums(const fv *a) {
+    __m512 x0 = hsum4_chunks_avx512(a[0], a[1], a[2], a[3]);
+    __m512 x1 = hsum4_chunks_avx512(a[4], a[5], a[6], a[7]);
+    __m512 x2 = hsum4_chunks_avx512(a[8], a[9], a[10], a[11]);
+    __m512 x3 = hsum4_chunks_avx512(a[12], a[13], a[14], a[15]);
+    __m512 y01 =
+        _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x44), _mm512_shuffle_f32x4(x0, x1, 0xEE));
+    __m512 y23 =
+        _mm512_add_ps(_mm512_shuffle_f32x4(x2, x3, 0x44), _mm512_shuffle_f32x4(x2, x3, 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88),
+                         _mm512_shuffle_f32x4(y01, y23, 0xDD));
+}
+
+/* lanes [4c, 4c + 4) of x to p (the immediate must be a literal) */
+ALWAYS_INLINE void fv_store4(float *p, fv x, int c) {
+    _mm_storeu_ps(p, c == 0   ? _mm512_extractf32x4_ps(x, 0)
+                     : c == 1 ? _mm512_extractf32x4_ps(x, 1)
+                     : c == 2 ? _mm512_extractf32x4_ps(x, 2)
+                              : _mm512_extractf32x4_ps(x, 3));
+}
+
+/* r[i] lane j <- r[j] lane i for i, j < W: three rounds of unpack and lane shuffles */
+ALWAYS_INLINE void fv_transpose(fv *r) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4g + m], 128-bit chunk c: rows 4g..4g+3 of column 4c + m */
+    for (int g = 0; g < 4; g++) {
+        __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+        __m512d c = _mm512_castps_pd(t[4 * g + 2]), e = _mm512_castps_pd(t[4 * g + 3]);
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+    }
+    for (int m = 0; m < 4; m++) {
+        __m512 a = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
+        __m512 b = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xDD);
+        __m512 c = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
+        __m512 e = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xDD);
+        r[m] = _mm512_shuffle_f32x4(a, c, 0x88);
+        r[8 + m] = _mm512_shuffle_f32x4(a, c, 0xDD);
+        r[4 + m] = _mm512_shuffle_f32x4(b, e, 0x88);
+        r[12 + m] = _mm512_shuffle_f32x4(b, e, 0xDD);
+    }
+}
+
 #endif

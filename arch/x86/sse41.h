@@ -101,4 +101,47 @@ static inline float dot_sse41(const float *a, const float *b, size_t n) {
     return hsum(_mm_add_ps(acc0, acc4));
 }
 
+/* ---- vector operations for the attention templates ---- */
+/* The vocabulary that arch/attention_tiles.h and arch/attention_packed.h are written in (avx512.h
+ * says what each operation does). No masked loads: a partial vector's lanes are a count, loaded
+ * and stored element by element (load_partial), and only for fewer than W of them. */
+typedef __m128 fv;
+typedef size_t fv_lanes;
+#define FV_MASKED 0
+ALWAYS_INLINE fv fv_zero(void) { return _mm_setzero_ps(); }
+ALWAYS_INLINE fv fv_set1(float x) { return _mm_set1_ps(x); }
+ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm_set1_ps(*p); }
+ALWAYS_INLINE fv fv_load(const float *p) { return _mm_loadu_ps(p); }
+ALWAYS_INLINE fv fv_load_aligned(const float *p) { return _mm_load_ps(p); } /* 16 bytes */
+ALWAYS_INLINE void fv_store(float *p, fv x) { _mm_storeu_ps(p, x); }
+ALWAYS_INLINE void fv_store_aligned(float *p, fv x) { _mm_store_ps(p, x); }
+ALWAYS_INLINE fv fv_add(fv a, fv b) { return _mm_add_ps(a, b); }
+ALWAYS_INLINE fv fv_sub(fv a, fv b) { return _mm_sub_ps(a, b); }
+ALWAYS_INLINE fv fv_mul(fv a, fv b) { return _mm_mul_ps(a, b); }
+ALWAYS_INLINE fv fv_max(fv a, fv b) { return _mm_max_ps(a, b); }
+ALWAYS_INLINE fv fv_madd(fv a, fv b, fv c) { return _mm_add_ps(c, _mm_mul_ps(a, b)); }
+ALWAYS_INLINE float fv_reduce_add(fv x) { return hsum(x); }
+ALWAYS_INLINE void fv_pin(fv *x) { (void)x; }
+
+ALWAYS_INLINE fv_lanes fv_first(size_t n) { return n; }
+ALWAYS_INLINE fv fv_load_part(const float *p, fv_lanes n) { return load_partial(p, n, 0.0f); }
+ALWAYS_INLINE fv fv_load_part_or(const float *p, fv_lanes n, float fill) {
+    return load_partial(p, n, fill);
+}
+ALWAYS_INLINE void fv_store_part(float *p, fv x, fv_lanes n) { store_partial(p, x, n); }
+ALWAYS_INLINE fv fv_add_part(fv a, fv b, fv_lanes n) {
+    const __m128i below = _mm_cmpgt_epi32(_mm_set1_epi32((int)n), _mm_setr_epi32(0, 1, 2, 3));
+    return _mm_add_ps(a, _mm_and_ps(b, _mm_castsi128_ps(below)));
+}
+
+/* lane i: the sum of the lanes of a[i], for i < W */
+ALWAYS_INLINE fv fv_hsums(const fv *a) {
+    return _mm_hadd_ps(_mm_hadd_ps(a[0], a[1]), _mm_hadd_ps(a[2], a[3]));
+}
+ALWAYS_INLINE void fv_store4(float *p, fv x, int c) {
+    (void)c;
+    _mm_storeu_ps(p, x);
+}
+ALWAYS_INLINE void fv_transpose(fv *r) { _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]); }
+
 #endif

@@ -1,96 +1,31 @@
 /* SSE4.1 attention microkernels (the tiling driver is src/attention.c); sse41.c's table points
- * at sdpa_attention_kernels_sse41. */
+ * at sdpa_attention_kernels_sse41. The algorithms are arch/attention_tiles.h's and
+ * arch/attention_packed.h's, but for the two GEMM-like kernels (P V and the key-major scores),
+ * which SSE's two-operand instructions make a different job (below). */
 #include "sse41_exp.h"
 
-#define LOAD_FULL(ptr) _mm_loadu_ps(ptr)
-#define LOAD_TAIL(ptr) load_partial(ptr, len, 0.0f)
-#define MADD(a, b, c)  _mm_add_ps(c, _mm_mul_ps(a, b))
+#define ISA_NAME(f) f##_sse41
 
-/* One step of a 2 x 4 block: 6 loads feed 8 multiply-adds. The keys are taken one at a time
- * so that 8 sums, 2 query rows and the temporaries fit the 16 registers without spilling. */
-#define SCORES_2X4_KEY(LOAD, C)                                                                    \
-    do {                                                                                           \
-        __m128 kc = LOAD(k + (C)*k_stride + p);                                                    \
-        a0##C = MADD(q0, kc, a0##C);                                                               \
-        a1##C = MADD(q1, kc, a1##C);                                                               \
-    } while (0)
-#define SCORES_2X4_STEP(LOAD)                                                                      \
-    do {                                                                                           \
-        __m128 q0 = LOAD(q + p), q1 = LOAD(q + q_stride + p);                                      \
-        SCORES_2X4_KEY(LOAD, 0);                                                                   \
-        SCORES_2X4_KEY(LOAD, 1);                                                                   \
-        SCORES_2X4_KEY(LOAD, 2);                                                                   \
-        SCORES_2X4_KEY(LOAD, 3);                                                                   \
-    } while (0)
+#include "attention_packed.h"
 
-/* Lane i of the result is the sum of the lanes of the i-th argument. */
-ALWAYS_INLINE __m128 hsum4_sse41(__m128 a0, __m128 a1, __m128 a2, __m128 a3) {
-    return _mm_hadd_ps(_mm_hadd_ps(a0, a1), _mm_hadd_ps(a2, a3));
-}
+enum { BLOCK_Q = 32, BLOCK_KV = 64 };
+/* Scores: 2 x 4 blocks, the keys taken one at a time so that 8 sums, 2 query rows and the
+ * temporaries fit the 16 registers without spilling, each row's 4 dots reduced by hadds; a
+ * single query against 8 keys at a time. */
+enum { SCORES_MR = 2, SCORES_NR = 4, SCORES_KEYWISE = 1, SCORES_ROW_NR = 8 };
+/* four keys a step: an exp is a chain of some fifty cycles, and only four side by side keep the
+ * pipes busy (sse41_exp.h) */
+enum { EXP_PV_KEYS = 4 };
 
-ALWAYS_INLINE void scores_2x4_sse41(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                    const float *k, size_t k_stride, size_t d, __m128 vscale) {
-    __m128 a00 = _mm_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
-           a13 = a00;
-    size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_2X4_STEP(LOAD_FULL);
-    if (p < d) {
-        size_t len = d - p;
-        SCORES_2X4_STEP(LOAD_TAIL);
-    }
-    _mm_storeu_ps(s, _mm_mul_ps(hsum4_sse41(a00, a01, a02, a03), vscale));
-    _mm_storeu_ps(s + ld_s, _mm_mul_ps(hsum4_sse41(a10, a11, a12, a13), vscale));
-}
+ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return dot_sse41(a, b, n); }
 
-#define SCORES_1X8_STEP(LOAD)                                                                      \
-    do {                                                                                           \
-        __m128 vq = LOAD(q + p);                                                                   \
-        a0 = MADD(vq, LOAD(k + p), a0), a1 = MADD(vq, LOAD(k + k_stride + p), a1);                 \
-        a2 = MADD(vq, LOAD(k + 2 * k_stride + p), a2);                                             \
-        a3 = MADD(vq, LOAD(k + 3 * k_stride + p), a3);                                             \
-        a4 = MADD(vq, LOAD(k + 4 * k_stride + p), a4);                                             \
-        a5 = MADD(vq, LOAD(k + 5 * k_stride + p), a5);                                             \
-        a6 = MADD(vq, LOAD(k + 6 * k_stride + p), a6);                                             \
-        a7 = MADD(vq, LOAD(k + 7 * k_stride + p), a7);                                             \
-    } while (0)
-
-/* One query x 8 keys (decode). */
-ALWAYS_INLINE void scores_1x8_sse41(float *s, const float *q, const float *k, size_t k_stride,
-                                    size_t d, __m128 vscale) {
-    __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    size_t p = 0;
-    for (; p + W <= d; p += W) SCORES_1X8_STEP(LOAD_FULL);
-    if (p < d) {
-        size_t len = d - p;
-        SCORES_1X8_STEP(LOAD_TAIL);
-    }
-    _mm_storeu_ps(s, _mm_mul_ps(hsum4_sse41(a0, a1, a2, a3), vscale));
-    _mm_storeu_ps(s + 4, _mm_mul_ps(hsum4_sse41(a4, a5, a6, a7), vscale));
-}
-
-static void scores_tile_sse41(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                              const float *k, size_t k_stride, size_t nk, size_t d, float scale) {
-    const __m128 vscale = _mm_set1_ps(scale);
-    size_t i = 0;
-    for (; i + 2 <= nq; i += 2) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 4 <= nk; j += 4)
-            scores_2x4_sse41(si + j, ld_s, qi, q_stride, k + j * k_stride, k_stride, d, vscale);
-        for (; j < nk; j++) {
-            si[j] = scale * dot_sse41(qi, k + j * k_stride, d);
-            si[ld_s + j] = scale * dot_sse41(qi + q_stride, k + j * k_stride, d);
-        }
-    }
-    for (; i < nq; i++) {
-        const float *qi = q + i * q_stride;
-        float *si = s + i * ld_s;
-        size_t j = 0;
-        for (; j + 8 <= nk; j += 8)
-            scores_1x8_sse41(si + j, qi, k + j * k_stride, k_stride, d, vscale);
-        for (; j < nk; j++) si[j] = scale * dot_sse41(qi, k + j * k_stride, d);
-    }
+ALWAYS_INLINE fv isa_exp_table(void) { return fv_zero(); }
+ALWAYS_INLINE void isa_exps(fv *x, int n, fv table, int kind) {
+    (void)table;
+    if (kind == SDPA_EXP_FAST)
+        exp_fast_body(x, n, 0);
+    else
+        for (int u = 0; u < n; u++) x[u] = Sleef_expf4_u10sse4(x[u]);
 }
 
 /* Without AVX's three-operand forms every SSE arithmetic instruction overwrites one of its
@@ -115,10 +50,14 @@ ALWAYS_INLINE __m128 bcast_aligned(const float *p, int lane) {
                                         : _mm_shuffle_epi32(x, 0xFF));
 }
 
-/* The P V microkernels: acc[i][c] = acc[i][c] alpha[i] + sum_j P(i, j) v[j][c], with the weight
- * P(i, j) at p[i * p_row + j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major
- * tiles of exp_pv: p_row = 1, p_key = SDPA_ATTN_MAX_BLOCK_Q, 16-byte aligned) and
- * alpha = NULL for 1. */
+/* c[t] += row[t W ..] b for t < nv: one broadcast against nv vectors loaded straight into the
+ * products' registers */
+ALWAYS_INLINE void madd_row(fv *c, fv b, const float *row, int nv) {
+    for (int t = 0; t < nv; t++) c[t] = fv_madd(fv_load(row + t * W), b, c[t]);
+}
+
+/* The P V microkernels (pv_operands in attention_tiles.h; the key-major weights of exp_pv are
+ * 16-byte aligned). */
 
 /* One row of acc, nv vectors (nv * W columns) of it: pw = p + i * p_row. Row-major weights
  * come four keys at a time in one load, broadcast from the register; key-major ones each with
@@ -131,11 +70,6 @@ ALWAYS_INLINE void pv_row_sse41(float *acc, const float *alpha, const float *pw,
         const __m128 a = _mm_set1_ps(*alpha);
         for (int t = 0; t < nv; t++) c[t] = _mm_mul_ps(c[t], a);
     }
-#define PV_KEY(B, VJ)                                                                              \
-    do {                                                                                           \
-        const __m128 b_ = (B);                                                                     \
-        for (int t = 0; t < nv; t++) c[t] = MADD(_mm_loadu_ps((VJ) + t * W), b_, c[t]);            \
-    } while (0)
     const float *v0 = v;
     size_t j = 0;
     for (; j + 4 <= nk; j += 4, v0 += 4 * v_stride) {
@@ -145,21 +79,20 @@ ALWAYS_INLINE void pv_row_sse41(float *acc, const float *alpha, const float *pw,
         const float *v1 = v0 + vs, *v2 = v1 + vs, *v3 = v2 + vs;
         if (p_key == 1) {
             const __m128 w = _mm_loadu_ps(pw + j);
-            PV_KEY(BCAST(w, 0), v0);
-            PV_KEY(BCAST(w, 1), v1);
-            PV_KEY(BCAST(w, 2), v2);
-            PV_KEY(BCAST(w, 3), v3);
+            madd_row(c, BCAST(w, 0), v0, nv);
+            madd_row(c, BCAST(w, 1), v1, nv);
+            madd_row(c, BCAST(w, 2), v2, nv);
+            madd_row(c, BCAST(w, 3), v3, nv);
         } else {
             const float *pj = pw + j * p_key;
-            PV_KEY(bcast_aligned(pj, lane), v0);
-            PV_KEY(bcast_aligned(pj + p_key, lane), v1);
-            PV_KEY(bcast_aligned(pj + 2 * p_key, lane), v2);
-            PV_KEY(bcast_aligned(pj + 3 * p_key, lane), v3);
+            madd_row(c, bcast_aligned(pj, lane), v0, nv);
+            madd_row(c, bcast_aligned(pj + p_key, lane), v1, nv);
+            madd_row(c, bcast_aligned(pj + 2 * p_key, lane), v2, nv);
+            madd_row(c, bcast_aligned(pj + 3 * p_key, lane), v3, nv);
         }
     }
     for (; j < nk; j++, v0 += v_stride)
-        PV_KEY(p_key == 1 ? _mm_set1_ps(pw[j]) : bcast_aligned(pw + j * p_key, lane), v0);
-#undef PV_KEY
+        madd_row(c, p_key == 1 ? _mm_set1_ps(pw[j]) : bcast_aligned(pw + j * p_key, lane), v0, nv);
     for (int t = 0; t < nv; t++) _mm_storeu_ps(acc + t * W, c[t]);
 }
 
@@ -170,7 +103,7 @@ static void pv_row_partial_sse41(float *acc, const float *alpha, const float *pw
     __m128 c = load_partial(acc, len, 0.0f);
     if (alpha) c = _mm_mul_ps(c, _mm_set1_ps(*alpha));
     for (size_t j = 0; j < nk; j++)
-        c = MADD(_mm_set1_ps(pw[j * p_key]), load_partial(v + j * v_stride, len, 0.0f), c);
+        c = fv_madd(_mm_set1_ps(pw[j * p_key]), load_partial(v + j * v_stride, len, 0.0f), c);
     store_partial(acc, c, len);
 }
 
@@ -200,9 +133,11 @@ ALWAYS_INLINE void pv_rows_sse41(float *acc, size_t ld_acc, const float *p, size
 
 /* A whole tile, column block by column block (32 columns, then 16, then what is left) so that
  * the block of v the rows share stays in L1. */
-ALWAYS_INLINE void pv_tile_body(float *acc, size_t ld_acc, const float *p, size_t p_row,
-                                size_t p_key, const float *alpha, size_t nq, size_t nk,
-                                const float *v, size_t v_stride, size_t d_v) {
+ALWAYS_INLINE void pv_tile_body(const pv_operands *o) {
+    float *acc = o->acc;
+    const float *p = o->p, *v = o->v, *alpha = o->alpha;
+    const size_t ld_acc = o->ld_acc, p_row = o->p_row, p_key = o->p_key, nq = o->nq, nk = o->nk;
+    const size_t v_stride = o->v_stride, d_v = o->d_v;
     size_t c = 0;
     for (; c + 8 * W <= d_v; c += 8 * W)
         pv_rows_sse41(acc, ld_acc, p, p_row, p_key, alpha, nq, nk, v, v_stride, c, 8);
@@ -223,35 +158,14 @@ ALWAYS_INLINE void pv_tile_body(float *acc, size_t ld_acc, const float *p, size_
                                  p_key, nk, v + c, v_stride, d_v - c);
 }
 
-static void pv_tile_sse41(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
-                          size_t nk, const float *v, size_t v_stride, size_t d_v) {
-    pv_tile_body(acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v);
-}
-
 /* The key-major tile of exp_pv (one copy for both exp kinds). */
-static void pv_keymajor_sse41(float *acc, size_t ld_acc, const float *st, const float *alpha,
-                              size_t nq, size_t nk, const float *v, size_t v_stride, size_t d_v) {
-    pv_tile_body(acc, ld_acc, st, 1, SDPA_ATTN_MAX_BLOCK_Q, alpha, nq, nk, v, v_stride, d_v);
-}
+static void pv_keymajor_sse41(const pv_operands *o) { pv_tile_body(o); }
 
-/* qt[p][i] = q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q: 4 x 4 blocks through
- * the register transpose (partial loads for the d tail, zeros for the missing rows). */
-static void pack_q_sse41(float *qt, const float *q, size_t q_stride, size_t nq, size_t d) {
-    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    for (size_t p0 = 0; p0 < d; p0 += W) {
-        const size_t np = d - p0 < W ? d - p0 : W;
-        for (size_t i0 = 0; i0 < ld; i0 += W) {
-            __m128 r[4];
-            for (size_t t = 0; t < W; t++) {
-                r[t] = _mm_setzero_ps();
-                if (i0 + t >= nq) continue;
-                const float *qi = q + (i0 + t) * q_stride + p0;
-                r[t] = np == W ? _mm_loadu_ps(qi) : load_partial(qi, np, 0.0f);
-            }
-            _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);
-            for (size_t t = 0; t < np; t++) _mm_storeu_ps(qt + (p0 + t) * ld + i0, r[t]);
-        }
-    }
+ALWAYS_INLINE void isa_pv(const pv_operands *o) {
+    if (o->p_key == 1)
+        pv_tile_body(o);
+    else
+        pv_keymajor_sse41(o);
 }
 
 /* st[j][i] = scale * sum_p k[j][p] qt[p][i] for nkeys keys and nv vectors of queries
@@ -264,27 +178,20 @@ ALWAYS_INLINE void keymajor_block_sse41(float *st, const float *qt, const float 
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     __m128 a[8];
     for (int t = 0; t < nkeys * nv; t++) a[t] = _mm_setzero_ps();
-#define KM_STEP(B, KEY, QP)                                                                        \
-    do {                                                                                           \
-        const __m128 b_ = (B);                                                                     \
-        for (int t = 0; t < nv; t++)                                                               \
-            a[(KEY)*nv + t] = MADD(_mm_loadu_ps((QP) + t * W), b_, a[(KEY)*nv + t]);               \
-    } while (0)
     size_t p = 0;
     for (; p + 4 <= d; p += 4) {
         const float *q0 = qt + p * ld;
         for (int key = 0; key < nkeys; key++) {
             const __m128 k4 = _mm_loadu_ps(k + key * k_stride + p);
-            KM_STEP(BCAST(k4, 0), key, q0);
-            KM_STEP(BCAST(k4, 1), key, q0 + ld);
-            KM_STEP(BCAST(k4, 2), key, q0 + 2 * ld);
-            KM_STEP(BCAST(k4, 3), key, q0 + 3 * ld);
+            madd_row(a + key * nv, BCAST(k4, 0), q0, nv);
+            madd_row(a + key * nv, BCAST(k4, 1), q0 + ld, nv);
+            madd_row(a + key * nv, BCAST(k4, 2), q0 + 2 * ld, nv);
+            madd_row(a + key * nv, BCAST(k4, 3), q0 + 3 * ld, nv);
         }
     }
     for (; p < d; p++)
         for (int key = 0; key < nkeys; key++)
-            KM_STEP(_mm_set1_ps(k[key * k_stride + p]), key, qt + p * ld);
-#undef KM_STEP
+            madd_row(a + key * nv, _mm_set1_ps(k[key * k_stride + p]), qt + p * ld, nv);
     for (int key = 0; key < nkeys; key++)
         for (int t = 0; t < nv; t++)
             _mm_store_ps(st + key * ld + t * W, _mm_mul_ps(a[key * nv + t], vscale));
@@ -292,8 +199,8 @@ ALWAYS_INLINE void keymajor_block_sse41(float *st, const float *qt, const float 
 
 /* The key-major scores of nk keys for the first nq queries (rounded up to 8, 16 or all 32): one
  * key across 8 vectors, two across 4, four across 2. */
-static void scores_keymajor_sse41(float *st, const float *qt, const float *k, size_t k_stride,
-                                  size_t nk, size_t d, size_t nq, float scale) {
+static void ISA_NAME(scores_keymajor)(float *st, const float *qt, const float *k, size_t k_stride,
+                                      size_t nk, size_t d, size_t nq, float scale) {
     const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
     const __m128 vs = _mm_set1_ps(scale);
     size_t j = 0;
@@ -313,98 +220,4 @@ static void scores_keymajor_sse41(float *st, const float *qt, const float *k, si
     }
 }
 
-/* The scores tile from the packed queries: the key-major tile, then 4 x 4 in-register
- * transposes into s[query][key]. */
-static void scores_packed_sse41(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
-                                size_t k_stride, size_t nk, size_t d, float scale) {
-    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    _Alignas(16) float st[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
-    scores_keymajor_sse41(st, qt, k, k_stride, nk, d, nq, scale);
-    for (size_t j0 = 0; j0 < nk; j0 += W) {
-        const size_t nj = nk - j0 < W ? nk - j0 : W;
-        for (size_t i0 = 0; i0 < nq; i0 += W) {
-            __m128 r[4];
-            for (size_t t = 0; t < W; t++)
-                r[t] = t < nj ? _mm_load_ps(st + (j0 + t) * ld + i0) : _mm_setzero_ps();
-            _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);
-            for (size_t t = 0; t < W && i0 + t < nq; t++) {
-                float *si = s + (i0 + t) * ld_s + j0;
-                if (nj == W)
-                    _mm_storeu_ps(si, r[t]);
-                else
-                    store_partial(si, r[t], nj);
-            }
-        }
-    }
-}
-
-/* The online softmax's step for a whole tile (kernels.h, scores_max and exp_pv; the avx512
- * version says why): scores key-major, row maxima, exps and row sums across 4 queries at a time,
- * the P V step reading the weights in that layout and rescaling each accumulator row as it loads
- * it. */
-static void scores_max_sse41(float *st, float *tile_max, const float *qt, size_t nq, const float *k,
-                             size_t k_stride, size_t nk, size_t d_k, float scale) {
-    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
-    scores_keymajor_sse41(st, qt, k, k_stride, nk, d_k, nq, scale);
-    for (size_t g = 0; g * W < nq; g++) {
-        __m128 mx0 = _mm_set1_ps(-INFINITY), mx1 = mx0;
-        size_t j = 0;
-        for (; j + 2 <= nk; j += 2) {
-            mx0 = _mm_max_ps(_mm_load_ps(st + j * ld + g * W), mx0);
-            mx1 = _mm_max_ps(_mm_load_ps(st + (j + 1) * ld + g * W), mx1);
-        }
-        if (j < nk) mx0 = _mm_max_ps(_mm_load_ps(st + j * ld + g * W), mx0);
-        _mm_storeu_ps(tile_max + g * W, _mm_max_ps(mx0, mx1));
-    }
-}
-
-#define EXP_PV_SSE41(NAME, EXP, EXP4)                                                              \
-    static void NAME(float *acc, size_t ld_acc, float *st, const float *m, const float *m_new,     \
-                     float *alpha, float *sums, size_t nq, size_t nk, const float *v,              \
-                     size_t v_stride, size_t d_v) {                                                \
-        const size_t ld = SDPA_ATTN_MAX_BLOCK_Q, groups = (nq + W - 1) / W;                        \
-        float old[SDPA_ATTN_MAX_BLOCK_Q], shift[SDPA_ATTN_MAX_BLOCK_Q];                            \
-        /* rows past nq (zero queries, scores 0): shift 0, alpha exp(-inf) = 0, both unused */     \
-        for (size_t i = 0; i < groups * W; i++) {                                                  \
-            old[i] = i < nq ? m[i] : -INFINITY;                                                    \
-            shift[i] = i < nq ? m_new[i] : 0.0f;                                                   \
-        }                                                                                          \
-        for (size_t g = 0; g < groups; g++) {                                                      \
-            const __m128 mx = _mm_loadu_ps(shift + g * W);                                         \
-            /* exp(0) is exactly 1: a row whose max did not move is not rescaled at all */         \
-            _mm_storeu_ps(alpha + g * W, EXP(_mm_sub_ps(_mm_loadu_ps(old + g * W), mx)));          \
-            __m128 s0 = _mm_setzero_ps(), s1 = s0;                                                 \
-            size_t j = 0;                                                                          \
-            for (; j + 4 <= nk; j += 4) {                                                          \
-                float *p0 = st + j * ld + g * W;                                                   \
-                __m128 e[4];                                                                       \
-                for (int u = 0; u < 4; u++) e[u] = _mm_sub_ps(_mm_load_ps(p0 + u * ld), mx);       \
-                EXP4(e);                                                                           \
-                for (int u = 0; u < 4; u++) _mm_store_ps(p0 + u * ld, e[u]);                       \
-                s0 = _mm_add_ps(s0, _mm_add_ps(e[0], e[2]));                                       \
-                s1 = _mm_add_ps(s1, _mm_add_ps(e[1], e[3]));                                       \
-            }                                                                                      \
-            for (; j < nk; j++) {                                                                  \
-                float *p0 = st + j * ld + g * W;                                                   \
-                __m128 e0 = EXP(_mm_sub_ps(_mm_load_ps(p0), mx));                                  \
-                _mm_store_ps(p0, e0);                                                              \
-                s0 = _mm_add_ps(s0, e0);                                                           \
-            }                                                                                      \
-            _mm_storeu_ps(sums + g * W, _mm_add_ps(s0, s1));                                       \
-        }                                                                                          \
-        pv_keymajor_sse41(acc, ld_acc, st, alpha, nq, nk, v, v_stride, d_v);                       \
-    }
-
-EXP_PV_SSE41(exp_pv_fast_sse41, exp_light_sse41, exp_light4_sse41)
-EXP_PV_SSE41(exp_pv_sleef_sse41, exp_sleef_light_sse41, exp_sleef_light4_sse41)
-
-const sdpa_attention_kernels sdpa_attention_kernels_sse41 = {
-    .block_q = 32,
-    .block_kv = 64,
-    .scores_tile = scores_tile_sse41,
-    .pv_tile = pv_tile_sse41,
-    .pack_q = pack_q_sse41,
-    .scores_packed = scores_packed_sse41,
-    .scores_max = scores_max_sse41,
-    .exp_pv = {exp_pv_fast_sse41, exp_pv_sleef_sse41},
-};
+#include "attention_entries.h"

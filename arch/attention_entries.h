@@ -1,0 +1,106 @@
+/* A backend's table, sdpa_attention_kernels_<isa>, and its entries, from arch/attention_tiles.h
+ * (and arch/attention_packed.h, where the backend included it: the packed entries) with the
+ * backend's part, each named ISA_NAME(entry) (scores_tile_avx512, ...). Included once, last, by
+ * <isa>_attention.c, after:
+ *   ISA_NAME(f)             f with the backend's suffix (f##_avx512)
+ *   BLOCK_Q, BLOCK_KV       the table's tile (kernels.h)
+ *   SCORES_MR, SCORES_NR    the scores' register block (scores_block)
+ *   SCORES_KEYWISE          its loads keywise (scores_step)
+ *   SCORES_ROW_NR           the keys of a single query's block
+ *   EXP_PV_KEYS             exp_pv's keys a step, 2 or 4 (exp_pv_loops), with the packed entries
+ *   ISA_EXP_TILE            defined, to give the table exp_tile: where one call a tile measured
+ *                           faster than the driver's exp_sum row by row */
+#ifndef SDPA_ARCH_ATTENTION_ENTRIES_H
+#define SDPA_ARCH_ATTENTION_ENTRIES_H
+
+/* Several rows: blocks of mr, then the rows left over one query each. A function of its own, so
+ * that a single query (decode, and the scores entry) runs with no row loop around it: its
+ * row_nr key streams need every general register. */
+__attribute__((noinline)) static void ISA_NAME(scores_rows)(float *s, size_t ld_s, const float *q,
+                                                            size_t q_stride, size_t nq,
+                                                            const float *k, size_t k_stride,
+                                                            size_t nk, size_t d, float scale) {
+    size_t i = scores_row_blocks(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale, SCORES_MR,
+                                 SCORES_NR, SCORES_KEYWISE);
+    for (; i < nq; i++)
+        scores_query(s + i * ld_s, q + i * q_stride, k, k_stride, nk, d, scale, SCORES_ROW_NR);
+}
+
+static void ISA_NAME(scores_tile)(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                                  const float *k, size_t k_stride, size_t nk, size_t d,
+                                  float scale) {
+    if (nq == 1)
+        scores_query(s, q, k, k_stride, nk, d, scale, SCORES_ROW_NR);
+    else
+        ISA_NAME(scores_rows)(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
+}
+
+static void ISA_NAME(pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                              size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    const pv_operands o = {acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v};
+    isa_pv(&o);
+}
+
+#ifdef SDPA_ARCH_ATTENTION_PACKED_H
+
+static void ISA_NAME(pack_q)(float *qt, const float *q, size_t q_stride, size_t nq, size_t d) {
+    pack_q_loops(qt, q, q_stride, nq, d);
+}
+
+static void ISA_NAME(scores_packed)(float *s, size_t ld_s, const float *qt, size_t nq,
+                                    const float *k, size_t k_stride, size_t nk, size_t d,
+                                    float scale) {
+    scores_packed_loops(s, ld_s, qt, nq, k, k_stride, nk, d, scale);
+}
+
+static void ISA_NAME(scores_max)(float *st, float *tile_max, const float *qt, size_t nq,
+                                 const float *k, size_t k_stride, size_t nk, size_t d_k,
+                                 float scale) {
+    scores_max_loops(st, tile_max, qt, nq, k, k_stride, nk, d_k, scale);
+}
+
+static void ISA_NAME(exp_pv_fast)(float *acc, size_t ld_acc, float *st, const float *m,
+                                  const float *m_new, float *alpha, float *sums, size_t nq,
+                                  size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    exp_pv_loops(acc, ld_acc, st, m, m_new, alpha, sums, nq, nk, v, v_stride, d_v, SDPA_EXP_FAST,
+                 EXP_PV_KEYS);
+}
+
+static void ISA_NAME(exp_pv_sleef)(float *acc, size_t ld_acc, float *st, const float *m,
+                                   const float *m_new, float *alpha, float *sums, size_t nq,
+                                   size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    exp_pv_loops(acc, ld_acc, st, m, m_new, alpha, sums, nq, nk, v, v_stride, d_v, SDPA_EXP_SLEEF,
+                 EXP_PV_KEYS);
+}
+
+#ifdef ISA_EXP_TILE
+static void ISA_NAME(exp_tile_fast)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift,
+                                    float *sums) {
+    exp_tile_loops(s, ld_s, nq, nk, shift, sums, SDPA_EXP_FAST);
+}
+
+static void ISA_NAME(exp_tile_sleef)(float *s, size_t ld_s, size_t nq, size_t nk,
+                                     const float *shift, float *sums) {
+    exp_tile_loops(s, ld_s, nq, nk, shift, sums, SDPA_EXP_SLEEF);
+}
+#endif
+
+#endif
+
+const sdpa_attention_kernels ISA_NAME(sdpa_attention_kernels) = {
+    .block_q = BLOCK_Q,
+    .block_kv = BLOCK_KV,
+    .scores_tile = ISA_NAME(scores_tile),
+    .pv_tile = ISA_NAME(pv_tile),
+#ifdef SDPA_ARCH_ATTENTION_PACKED_H
+#ifdef ISA_EXP_TILE
+    .exp_tile = {ISA_NAME(exp_tile_fast), ISA_NAME(exp_tile_sleef)},
+#endif
+    .pack_q = ISA_NAME(pack_q),
+    .scores_packed = ISA_NAME(scores_packed),
+    .scores_max = ISA_NAME(scores_max),
+    .exp_pv = {ISA_NAME(exp_pv_fast), ISA_NAME(exp_pv_sleef)},
+#endif
+};
+
+#endif

@@ -1,0 +1,179 @@
+/* The packed attention microkernels (kernels.h: pack_q, scores_packed, scores_max, exp_pv, and
+ * exp_tile), written once over a backend's vector operations as arch/attention_tiles.h is, for a
+ * block of queries transposed once (qt[p][i], SDPA_ATTN_MAX_BLOCK_Q queries a row) and scores
+ * kept key-major (st[j][i]), as a GEMM with broadcasts of k leaves them. In that layout a row's
+ * max, its exps and its sum are vector operations across W queries at a time, with no
+ * transposes, no horizontal sums and no call per row.
+ * What a backend supplies for them is declared below, as in attention_tiles.h. */
+#ifndef SDPA_ARCH_ATTENTION_PACKED_H
+#define SDPA_ARCH_ATTENTION_PACKED_H
+
+#include "attention_tiles.h"
+
+/* ---- the backend's part (defined in <isa>_attention.c) ---- */
+
+/* st[j * SDPA_ATTN_MAX_BLOCK_Q + i] = scale * sum_p k[j * k_stride + p] qt[p][i] for j < nk and
+ * i < SDPA_ATTN_MAX_BLOCK_Q, or only the first queries that hold nq (rounded up to a block); a
+ * function of its own (scores_keymajor_avx512, ...), which both scores_packed and scores_max call
+ */
+static void ISA_NAME(scores_keymajor)(float *st, const float *qt, const float *k, size_t k_stride,
+                                      size_t nk, size_t d, size_t nq, float scale);
+/* the constants of the exps (the fast exp's table), loaded once a call */
+ALWAYS_INLINE fv isa_exp_table(void);
+/* x[u] = exp(x[u]) for u < n (the exps side by side, as far as that helps), the exp of kind
+ * (enum sdpa_exp_kind), for arguments <= 0: no upper clamp, and results below FLT_MIN may stay
+ * below it (kernels.h, exp_tile) */
+ALWAYS_INLINE void isa_exps(fv *x, int n, fv table, int kind);
+
+#define QT_LD SDPA_ATTN_MAX_BLOCK_Q /* floats from one row of qt or st to the next */
+
+/* fv_load_upto with fill in the lanes past n */
+ALWAYS_INLINE fv fv_load_upto_or(const float *p, size_t n, fv_lanes m, float fill) {
+    return FV_MASKED || n < W ? fv_load_part_or(p, m, fill) : fv_load(p);
+}
+
+/* kernels.h's pack_q: qt[p][i] = q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q,
+ * W x W blocks through the register transpose (partial loads for the d tail). */
+ALWAYS_INLINE void pack_q_loops(float *qt, const float *q, size_t q_stride, size_t nq, size_t d) {
+    for (size_t p0 = 0; p0 < d; p0 += W) {
+        const size_t np = d - p0 < W ? d - p0 : W;
+        const fv_lanes m = fv_first(np);
+        for (size_t i0 = 0; i0 < QT_LD; i0 += W) {
+            fv r[W];
+            for (size_t t = 0; t < W; t++)
+                r[t] = i0 + t < nq ? fv_load_upto(q + (i0 + t) * q_stride + p0, np, m) : fv_zero();
+            fv_transpose(r);
+            for (size_t t = 0; t < np; t++) fv_store(qt + (p0 + t) * QT_LD + i0, r[t]);
+        }
+    }
+}
+
+/* Key-major scores in blocks of nkeys keys x nv vectors of queries (the block repeated across
+ * all SDPA_ATTN_MAX_BLOCK_Q queries), keys j.. while whole blocks are left; returns the first
+ * key not done. */
+ALWAYS_INLINE size_t keymajor_blocks(float *st, const float *qt, const float *k, size_t k_stride,
+                                     size_t j, size_t nk, size_t d, fv vscale, int nkeys, int nv) {
+    for (; j + nkeys <= nk; j += nkeys)
+        for (size_t h = 0; h < QT_LD; h += nv * W)
+            bcast_block(st + j * QT_LD + h, QT_LD, k + j * k_stride, k_stride, 1, qt + h, QT_LD, d,
+                        nkeys, nv, 1, NULL, &vscale, NULL);
+    return j;
+}
+
+/* kernels.h's scores_packed: the key-major tile, then W x W register transposes into
+ * s[query][key]. */
+ALWAYS_INLINE void scores_packed_loops(float *s, size_t ld_s, const float *qt, size_t nq,
+                                       const float *k, size_t k_stride, size_t nk, size_t d,
+                                       float scale) {
+    _Alignas(64) float st[SDPA_ATTN_MAX_BLOCK_KV * QT_LD];
+    ISA_NAME(scores_keymajor)(st, qt, k, k_stride, nk, d, nq, scale);
+    for (size_t j0 = 0; j0 < nk; j0 += W) {
+        const size_t nj = nk - j0 < W ? nk - j0 : W;
+        const fv_lanes m = fv_first(nj);
+        for (size_t i0 = 0; i0 < nq; i0 += W) {
+            fv r[W];
+            for (size_t t = 0; t < W; t++)
+                r[t] = t < nj ? fv_load_aligned(st + (j0 + t) * QT_LD + i0) : fv_zero();
+            fv_transpose(r);
+            for (size_t t = 0; t < W && i0 + t < nq; t++)
+                fv_store_upto(s + (i0 + t) * ld_s + j0, r[t], nj, m);
+        }
+    }
+}
+
+/* kernels.h's scores_max: the key-major tile and each query's max over its keys, two keys a
+ * step for two chains. */
+ALWAYS_INLINE void scores_max_loops(float *st, float *tile_max, const float *qt, size_t nq,
+                                    const float *k, size_t k_stride, size_t nk, size_t d_k,
+                                    float scale) {
+    const fv ninf = fv_set1(-INFINITY);
+    ISA_NAME(scores_keymajor)(st, qt, k, k_stride, nk, d_k, nq, scale);
+    for (size_t h = 0; h * W < nq; h++) {
+        fv mx0 = ninf, mx1 = ninf;
+        size_t j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            mx0 = fv_max(fv_load_aligned(st + j * QT_LD + h * W), mx0);
+            mx1 = fv_max(fv_load_aligned(st + (j + 1) * QT_LD + h * W), mx1);
+        }
+        if (j < nk) mx0 = fv_max(fv_load_aligned(st + j * QT_LD + h * W), mx0);
+        fv_store(tile_max + h * W, fv_max(mx0, mx1));
+    }
+}
+
+/* one key's W weights of a key-major tile, p = exp(s - mx) in place; returns them */
+ALWAYS_INLINE fv exp_in_place(float *p, fv mx, fv table, int kind) {
+    fv e = fv_sub(fv_load_aligned(p), mx);
+    isa_exps(&e, 1, table, kind);
+    fv_store_aligned(p, e);
+    return e;
+}
+
+/* kernels.h's exp_pv: per W queries, alpha = exp(m - m_new), the weights exp(s - m_new) in place
+ * with their sums (u keys a step, 2 or 4, their exps side by side, added into two chains), then
+ * the P V step from the key-major weights, rescaling each accumulator row as it loads it. */
+ALWAYS_INLINE void exp_pv_loops(float *acc, size_t ld_acc, float *st, const float *m,
+                                const float *m_new, float *alpha, float *sums, size_t nq, size_t nk,
+                                const float *v, size_t v_stride, size_t d_v, int kind, int u) {
+    const fv table = isa_exp_table();
+    for (size_t h = 0; h * W < nq; h++) {
+        const size_t n = nq - h * W < W ? nq - h * W : W;
+        const fv_lanes valid = fv_first(n);
+        /* rows past nq (zero queries, scores 0): shift 0, alpha exp(-inf) = 0, both unused */
+        const fv mx = fv_load_upto_or(m_new + h * W, n, valid, 0.0f);
+        fv a = fv_sub(fv_load_upto_or(m + h * W, n, valid, -INFINITY), mx);
+        /* exp(0) is exactly 1: a row whose max did not move is not rescaled at all */
+        isa_exps(&a, 1, table, kind);
+        fv_store(alpha + h * W, a);
+        fv s0 = fv_zero(), s1 = s0;
+        size_t j = 0;
+        for (; j + u <= nk; j += u) {
+            float *p = st + j * QT_LD + h * W;
+            fv e[4];
+            for (int x = 0; x < u; x++) e[x] = fv_sub(fv_load_aligned(p + x * QT_LD), mx);
+            isa_exps(e, u, table, kind);
+            for (int x = 0; x < u; x++) fv_store_aligned(p + x * QT_LD, e[x]);
+            s0 = fv_add(s0, u == 4 ? fv_add(e[0], e[2]) : e[0]);
+            s1 = fv_add(s1, u == 4 ? fv_add(e[1], e[3]) : e[1]);
+        }
+        if (u == 2) {
+            if (j < nk) s0 = fv_add(s0, exp_in_place(st + j * QT_LD + h * W, mx, table, kind));
+        } else {
+            for (; j < nk; j++)
+                s0 = fv_add(s0, exp_in_place(st + j * QT_LD + h * W, mx, table, kind));
+        }
+        fv_store(sums + h * W, fv_add(s0, s1));
+    }
+    const pv_operands o = {acc, ld_acc, st, 1, QT_LD, alpha, nq, nk, v, v_stride, d_v};
+    isa_pv(&o);
+}
+
+/* kernels.h's exp_tile: s = exp(s - shift) row by row, with the row sums, four vectors a step
+ * so that the exps' dependency chains overlap. */
+ALWAYS_INLINE void exp_tile_loops(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift,
+                                  float *sums, int kind) {
+    const fv table = isa_exp_table();
+    for (size_t i = 0; i < nq; i++) {
+        float *row = s + i * ld_s;
+        const fv vshift = fv_set1(shift[i]);
+        fv t[4], e[4];
+        for (int x = 0; x < 4; x++) t[x] = fv_zero();
+        size_t j = 0;
+        for (; j + 4 * W <= nk; j += 4 * W) {
+            for (int x = 0; x < 4; x++) e[x] = fv_sub(fv_load(row + j + x * W), vshift);
+            isa_exps(e, 4, table, kind);
+            for (int x = 0; x < 4; x++) fv_store(row + j + x * W, e[x]);
+            for (int x = 0; x < 4; x++) t[x] = fv_add(t[x], e[x]);
+        }
+        for (; j < nk; j += W) {
+            const size_t n = nk - j < W ? nk - j : W;
+            const fv_lanes m = fv_first(n);
+            e[0] = fv_sub(fv_load_upto(row + j, n, m), vshift);
+            isa_exps(e, 1, table, kind);
+            fv_store_upto(row + j, e[0], n, m);
+            t[0] = FV_MASKED || n < W ? fv_add_part(t[0], e[0], m) : fv_add(t[0], e[0]);
+        }
+        sums[i] = fv_reduce_add(fv_add(fv_add(t[0], t[1]), fv_add(t[2], t[3])));
+    }
+}
+
+#endif

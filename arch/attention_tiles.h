@@ -1,0 +1,256 @@
+/* The attention microkernels' algorithms, written once over a backend's vector operations (the
+ * block "vector operations for the attention templates" of arch/x86/<isa>.h and arch/arm/neon.h)
+ * and compiled into each <isa>_attention.c with its vector width W a constant: the register blocks
+ * of scores_tile and pv_tile and the loops around them (BLIS's microkernel and its loops). Every
+ * function is inlined, and its int parameters (block shapes, keys a step) are constants at every
+ * call, so that each call compiles to straight-line code for its shape. What a backend supplies
+ * besides its vector operations is declared below ("the backend's part"); arch/attention_entries.h
+ * turns it all into the backend's entries. */
+#ifndef SDPA_ARCH_ATTENTION_TILES_H
+#define SDPA_ARCH_ATTENTION_TILES_H
+
+/* ---- the backend's part (defined in <isa>_attention.c) ---- */
+
+/* the dot of the scores' leftover keys */
+ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n);
+/* The operands of a P V step: acc[i * ld_acc + c] = acc[i * ld_acc + c] alpha[i] + sum_j P(i, j)
+ * v[j * v_stride + c] for i < nq, c < d_v, j < nk, with the weight P(i, j) at p[i * p_row +
+ * j * p_key] (row-major tiles: p_row = ld_p, p_key = 1; the key-major tiles of exp_pv: p_row = 1,
+ * p_key = SDPA_ATTN_MAX_BLOCK_Q) and alpha NULL for 1. */
+typedef struct pv_operands {
+    float *acc;
+    size_t ld_acc;
+    const float *p;
+    size_t p_row, p_key;
+    const float *alpha;
+    size_t nq, nk;
+    const float *v;
+    size_t v_stride, d_v;
+} pv_operands;
+/* kernels.h's pv_tile on o: pv_tile_loops with the backend's blocks, or loops of its own */
+ALWAYS_INLINE void isa_pv(const pv_operands *o);
+
+/* ---- partial vectors of up to W lanes ---- */
+
+/* A vector whose first n (1..W) lanes are real, m = fv_first(n) (computed once by the caller):
+ * a masked ISA's partial operations take all W lanes as well, the others' need a full vector
+ * told apart. */
+ALWAYS_INLINE fv fv_load_upto(const float *p, size_t n, fv_lanes m) {
+    return FV_MASKED || n < W ? fv_load_part(p, m) : fv_load(p);
+}
+ALWAYS_INLINE void fv_store_upto(float *p, fv x, size_t n, fv_lanes m) {
+    if (FV_MASKED || n < W)
+        fv_store_part(p, x, m);
+    else
+        fv_store(p, x);
+}
+/* a full vector (m NULL) or the lanes m of one */
+ALWAYS_INLINE fv tile_load(const float *p, const fv_lanes *m) {
+    return m ? fv_load_part(p, *m) : fv_load(p);
+}
+ALWAYS_INLINE void tile_store(float *p, fv x, const fv_lanes *m) {
+    if (m)
+        fv_store_part(p, x, *m);
+    else
+        fv_store(p, x);
+}
+
+/* ---- scores: s = scale * q k^T, a register block of dots along d ---- */
+
+#define SCORES_MAX_SUMS 16 /* mr * nr, the dots a block keeps in registers */
+
+/* One step along d of an mr x nr block of dots, a[r * nr + c] += q_r k_c over W (or the lanes
+ * m) of d. keywise: each key's vector is loaded and used against every query before the next is
+ * loaded, for few registers (16-register ISAs; and a single query, whose keys are then read
+ * straight into their FMAs); else every vector is loaded first and kept in a register. */
+ALWAYS_INLINE void scores_step(fv *a, const float *q, size_t q_stride, const float *k,
+                               size_t k_stride, int mr, int nr, int keywise, const fv_lanes *m) {
+    fv vq[SCORES_MAX_SUMS], vk[SCORES_MAX_SUMS];
+    for (int r = 0; r < mr; r++) vq[r] = tile_load(q + r * q_stride, m);
+    if (keywise) {
+        for (int c = 0; c < nr; c++) {
+            const fv kc = tile_load(k + c * k_stride, m);
+            for (int r = 0; r < mr; r++) a[r * nr + c] = fv_madd(vq[r], kc, a[r * nr + c]);
+        }
+        return;
+    }
+    for (int c = 0; c < nr; c++) vk[c] = tile_load(k + c * k_stride, m);
+    for (int r = 0; r < mr; r++) fv_pin(&vq[r]);
+    for (int c = 0; c < nr; c++) fv_pin(&vk[c]);
+    for (int r = 0; r < mr; r++)
+        for (int c = 0; c < nr; c++) a[r * nr + c] = fv_madd(vq[r], vk[c], a[r * nr + c]);
+}
+
+/* s[r * ld_s + c] = scale * dot(q_r, k_c) for r < mr queries and c < nr keys: mr * nr dots in
+ * registers for all of d, then reduced W at a time (fv_hsums), which takes mr * nr a multiple
+ * of W, and nr a multiple of W or 4 (a reduced vector then spans W / 4 rows). */
+ALWAYS_INLINE void scores_block(float *s, size_t ld_s, const float *q, size_t q_stride,
+                                const float *k, size_t k_stride, size_t d, fv vscale, int mr,
+                                int nr, int keywise) {
+    fv a[SCORES_MAX_SUMS];
+    for (int t = 0; t < mr * nr; t++) a[t] = fv_zero();
+    size_t p = 0;
+    for (; p + W <= d; p += W)
+        scores_step(a, q + p, q_stride, k + p, k_stride, mr, nr, keywise, NULL);
+    if (p < d) {
+        const fv_lanes m = fv_first(d - p);
+        scores_step(a, q + p, q_stride, k + p, k_stride, mr, nr, keywise, &m);
+    }
+    for (int g = 0; g < mr * nr / W; g++) {
+        const fv sum = fv_mul(fv_hsums(a + g * W), vscale);
+        const int r = g * W / nr;
+        if (nr >= W)
+            fv_store(s + r * ld_s + g * W % nr, sum);
+        else
+            for (int h = 0; h < W / 4; h++) fv_store4(s + (r + h) * ld_s, sum, h);
+    }
+}
+
+/* kernels.h's scores_tile for the rows from 0 in blocks of mr, against nr keys at a time
+ * (keywise as in scores_step), the keys left over one dot each; returns the first row not done */
+ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, size_t q_stride,
+                                       size_t nq, const float *k, size_t k_stride, size_t nk,
+                                       size_t d, float scale, int mr, int nr, int keywise) {
+    const fv vscale = fv_set1(scale);
+    size_t i = 0;
+    for (; i + mr <= nq; i += mr) {
+        const float *qi = q + i * q_stride;
+        float *si = s + i * ld_s;
+        size_t j = 0;
+        for (; j + nr <= nk; j += nr)
+            scores_block(si + j, ld_s, qi, q_stride, k + j * k_stride, k_stride, d, vscale, mr, nr,
+                         keywise);
+        for (; j < nk; j++)
+            for (int r = 0; r < mr; r++)
+                si[r * ld_s + j] = scale * isa_dot(qi + r * q_stride, k + j * k_stride, d);
+    }
+    return i;
+}
+
+/* one query's scores (a row left over, or decode): row_nr keys at a time, the query's vector
+ * loaded once for all of them, then a dot each */
+ALWAYS_INLINE void scores_query(float *s, const float *q, const float *k, size_t k_stride,
+                                size_t nk, size_t d, float scale, int row_nr) {
+    const fv vscale = fv_set1(scale);
+    size_t j = 0;
+    for (; j + row_nr <= nk; j += row_nr)
+        scores_block(s + j, 0, q, 0, k + j * k_stride, k_stride, d, vscale, 1, row_nr, 1);
+    for (; j < nk; j++) s[j] = scale * isa_dot(q, k + j * k_stride, d);
+}
+
+/* ---- broadcast GEMM: the P V product and the key-major scores ---- */
+
+#define BLOCK_MAX_CHAINS 16 /* mr * nv * u, the accumulators a block keeps in registers */
+
+/* One value of kk: ch[r * nv + t] += A(r, kk) B[kk][t] for r < mr, t < nv vectors, from a =
+ * &A(0, kk) (rows a_row apart) and b = B[kk]. B's vectors are loaded once for all mr rows. */
+ALWAYS_INLINE void block_step(fv *ch, const float *a, size_t a_row, const float *b, int mr, int nv,
+                              const fv_lanes *m) {
+    fv bv[4];
+    for (int t = 0; t < nv; t++) bv[t] = tile_load(b + t * W, m);
+    if (mr > 1)
+        for (int t = 0; t < nv; t++) fv_pin(&bv[t]);
+    for (int r = 0; r < mr; r++) {
+        const fv w = fv_bcast(a + r * a_row);
+        for (int t = 0; t < nv; t++) ch[r * nv + t] = fv_madd(w, bv[t], ch[r * nv + t]);
+    }
+}
+
+/* C[r][t] for r < mr rows (c + r * ldc) and t < nv vectors of W columns (or the lanes m of one,
+ * nv = 1), summed over kk < kn of A(r, kk) = a[r * a_row + kk * a_col] times B's row kk (b +
+ * kk * ldb), the A values broadcast against B's vectors: with scale NULL, C = C alpha[r] + A B
+ * (alpha NULL: 1), the P V step, whose rescaling of a row for a new max then costs a multiply at
+ * the load rather than a pass over the row; else C = scale (A B), the key-major scores, each a
+ * finished dot times scale. u values of kk a step, each into accumulators of its own (more
+ * independent FMA chains where mr * nv is small), added at the end; mr * nv * u <=
+ * BLOCK_MAX_CHAINS. */
+ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_row, size_t a_col,
+                               const float *b, size_t ldb, size_t kn, int mr, int nv, int u,
+                               const float *alpha, const fv *scale, const fv_lanes *m) {
+    const int n = mr * nv;
+    float *row[BLOCK_MAX_CHAINS];
+    fv ch[BLOCK_MAX_CHAINS];
+    for (int r = 0; r < mr; r++) row[r] = c + r * ldc;
+    for (int x = 0; x < u; x++)
+        for (int r = 0; r < mr; r++)
+            for (int t = 0; t < nv; t++) {
+                fv c0 = fv_zero();
+                if (!scale && x == 0) {
+                    c0 = tile_load(row[r] + t * W, m);
+                    if (alpha) c0 = fv_mul(c0, fv_bcast(alpha + r));
+                }
+                ch[x * n + r * nv + t] = c0;
+            }
+    size_t j = 0;
+    /* x unrolled early, so that ch is put in registers (unrolled late, it stays in memory) */
+    for (; j + u <= kn; j += u) {
+#pragma GCC unroll 4
+        for (int x = 0; x < u; x++)
+            block_step(ch + x * n, a + (j + x) * a_col, a_row, b + (j + x) * ldb, mr, nv, m);
+    }
+    if (u == 2) {
+        if (j < kn) block_step(ch, a + j * a_col, a_row, b + j * ldb, mr, nv, m);
+    } else if (u > 2) {
+        for (; j < kn; j++) block_step(ch, a + j * a_col, a_row, b + j * ldb, mr, nv, m);
+    }
+    for (int r = 0; r < mr; r++)
+        for (int t = 0; t < nv; t++) {
+            const int i = r * nv + t;
+            fv sum = ch[i];
+            if (u == 2) sum = fv_add(sum, ch[n + i]);
+            if (u == 4) sum = fv_add(fv_add(sum, ch[n + i]), fv_add(ch[2 * n + i], ch[3 * n + i]));
+            if (scale) sum = fv_mul(sum, *scale);
+            tile_store(row[r] + t * W, sum, m);
+        }
+}
+
+/* the partial vector of columns at c (the lanes m, or a whole vector for m NULL) of mr rows from
+ * row i, u keys a step */
+ALWAYS_INLINE void pv_vector(const pv_operands *o, size_t i, size_t c, int mr, int u,
+                             const fv_lanes *m) {
+    bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row, o->p_key,
+                o->v + c, o->v_stride, o->nk, mr, 1, u, o->alpha ? o->alpha + i : NULL, NULL, m);
+}
+
+/* Rows from i in blocks of mr, while whole blocks are left: column blocks of nv vectors (u keys
+ * a step), then the columns left over a vector at a time, where the rows go together if there
+ * are at most tail_rows of them (two keys a step for two chains a row), else one by one with
+ * tail_keys keys a step. On an ISA without masked loads, a whole vector takes tail_keys keys a
+ * step and a partial one a key at a time. Returns the first row not done. */
+ALWAYS_INLINE size_t pv_rows(const pv_operands *o, size_t i, int mr, int nv, int u, int tail_rows,
+                             int tail_keys) {
+    for (; i + mr <= o->nq; i += mr) {
+        size_t c = 0;
+        for (; c + nv * W <= o->d_v; c += nv * W)
+            bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row,
+                        o->p_key, o->v + c, o->v_stride, o->nk, mr, nv, u,
+                        o->alpha ? o->alpha + i : NULL, NULL, NULL);
+        for (; c < o->d_v; c += W) {
+            const size_t n = o->d_v - c < W ? o->d_v - c : W;
+            const fv_lanes m = fv_first(n);
+            if (FV_MASKED && mr <= tail_rows)
+                pv_vector(o, i, c, mr, mr > 1 ? 2 : tail_keys, &m);
+            else
+                for (int r = 0; r < mr; r++) {
+                    if (FV_MASKED)
+                        pv_vector(o, i + r, c, 1, tail_keys, &m);
+                    else if (n == W)
+                        pv_vector(o, i + r, c, 1, tail_keys, NULL);
+                    else
+                        pv_vector(o, i + r, c, 1, 1, &m);
+                }
+        }
+    }
+    return i;
+}
+
+/* kernels.h's pv_tile (and exp_pv's P V step): blocks of mr_a rows (nv_a vectors a block), then
+ * of mr_b (none if 0), then single rows, 4 vectors with two keys a step for eight chains. */
+ALWAYS_INLINE void pv_tile_loops(const pv_operands *o, int mr_a, int nv_a, int mr_b, int nv_b,
+                                 int tail_rows, int tail_keys) {
+    size_t i = pv_rows(o, 0, mr_a, nv_a, 1, tail_rows, tail_keys);
+    if (mr_b) i = pv_rows(o, i, mr_b, nv_b, 1, tail_rows, tail_keys);
+    pv_rows(o, i, 1, 4, 2, tail_rows, tail_keys);
+}
+
+#endif

@@ -1,5 +1,5 @@
-/* NEON (AArch64 Advanced SIMD): what the neon files share (the vector width and the vector
- * operations the attention templates are written in). */
+/* NEON (AArch64 Advanced SIMD): what the neon files share (the vector width, the dot, and the
+ * vector operations the attention templates are written in). */
 #ifndef SDPA_ARCH_ARM_NEON_H
 #define SDPA_ARCH_ARM_NEON_H
 
@@ -12,6 +12,29 @@
 #define W 4
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+static inline float dot_neon(const float *a, const float *b, size_t n) {
+    /* eight accumulators: enough independent FMA chains for cores with four 4-cycle FMA
+       pipes fed by two loads each */
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0, acc2 = acc0, acc3 = acc0, acc4 = acc0,
+                acc5 = acc0, acc6 = acc0, acc7 = acc0;
+    size_t i = 0;
+    for (; i + 8 * W <= n; i += 8 * W) {
+        acc0 = vfmaq_f32(acc0, vld1q_f32(a + i), vld1q_f32(b + i));
+        acc1 = vfmaq_f32(acc1, vld1q_f32(a + i + W), vld1q_f32(b + i + W));
+        acc2 = vfmaq_f32(acc2, vld1q_f32(a + i + 2 * W), vld1q_f32(b + i + 2 * W));
+        acc3 = vfmaq_f32(acc3, vld1q_f32(a + i + 3 * W), vld1q_f32(b + i + 3 * W));
+        acc4 = vfmaq_f32(acc4, vld1q_f32(a + i + 4 * W), vld1q_f32(b + i + 4 * W));
+        acc5 = vfmaq_f32(acc5, vld1q_f32(a + i + 5 * W), vld1q_f32(b + i + 5 * W));
+        acc6 = vfmaq_f32(acc6, vld1q_f32(a + i + 6 * W), vld1q_f32(b + i + 6 * W));
+        acc7 = vfmaq_f32(acc7, vld1q_f32(a + i + 7 * W), vld1q_f32(b + i + 7 * W));
+    }
+    for (; i + W <= n; i += W) acc0 = vfmaq_f32(acc0, vld1q_f32(a + i), vld1q_f32(b + i));
+    if (i < n) acc1 = vfmaq_f32(acc1, load_partial(a + i, n - i), load_partial(b + i, n - i));
+    acc0 = vaddq_f32(vaddq_f32(acc0, acc1), vaddq_f32(acc2, acc3));
+    acc4 = vaddq_f32(vaddq_f32(acc4, acc5), vaddq_f32(acc6, acc7));
+    return vaddvq_f32(vaddq_f32(acc0, acc4));
+}
 
 /* ---- vector operations for the attention templates ---- */
 /* The vocabulary that arch/attention_tiles.h is written in (arch/x86/avx512.h says what each

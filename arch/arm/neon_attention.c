@@ -14,19 +14,6 @@ enum { BLOCK_Q = 32, BLOCK_KV = 64 };
  * by two pairwise adds; a single query against 8 keys at a time. */
 enum { SCORES_MR = 4, SCORES_NR = 4, SCORES_KEYWISE = 0, SCORES_ROW_NR = 8 };
 
-static float dot_neon(const float *a, const float *b, size_t n) {
-    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, s2 = s0, s3 = s0;
-    size_t i = 0;
-    for (; i + 4 * W <= n; i += 4 * W) {
-        s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
-        s1 = vfmaq_f32(s1, vld1q_f32(a + i + W), vld1q_f32(b + i + W));
-        s2 = vfmaq_f32(s2, vld1q_f32(a + i + 2 * W), vld1q_f32(b + i + 2 * W));
-        s3 = vfmaq_f32(s3, vld1q_f32(a + i + 3 * W), vld1q_f32(b + i + 3 * W));
-    }
-    for (; i + W <= n; i += W) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
-    if (i < n) s1 = vfmaq_f32(s1, load_partial(a + i, n - i), load_partial(b + i, n - i));
-    return vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
-}
 ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return dot_neon(a, b, n); }
 
 /* P V: 4 rows x 16 columns, 16 accumulators, 4 loads of v and 4 weights for 16 FMAs a key; the

@@ -31,7 +31,7 @@ typedef struct sdpa_attention_kernels {
     size_t block_q;  /* queries per tile, 1..SDPA_ATTN_MAX_BLOCK_Q */
     size_t block_kv; /* keys per tile, 1..SDPA_ATTN_MAX_BLOCK_KV */
     /* s[i * ld_s + j] = scale * dot(q + i * q_stride, k + j * k_stride, d) for i < nq, j < nk;
-       nq <= block_q, nk <= block_kv, d >= 1 */
+       nq <= block_q, nk <= block_kv (any nk for a single query, nq = 1), d >= 1 */
     void (*scores_tile)(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
                         const float *k, size_t k_stride, size_t nk, size_t d, float scale);
     /* acc[i * ld_acc + c] += sum_j p[i * ld_p + j] * v[j * v_stride + c] for i < nq, c < d_v,

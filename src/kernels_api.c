@@ -51,11 +51,9 @@ SDPA_API sdpa_status sdpa_scores_f32(float *s, const float *q, const float *k, s
     if (n_keys && (d == 0 || k_stride < d || !sdpa_rows_fit(n_keys, d, k_stride)))
         return SDPA_ERR_SIZE;
     if (!isfinite(scale)) return SDPA_ERR_ARG;
-    /* one query's row of attention's score tiles, a tile's keys at a time */
-    const sdpa_attention_kernels *a = sdpa_kernels_now()->attention;
-    for (size_t j = 0; j < n_keys; j += a->block_kv)
-        a->scores_tile(s + j, 0, q, 0, 1, k + j * k_stride, k_stride,
-                       n_keys - j < a->block_kv ? n_keys - j : a->block_kv, d, scale);
+    /* one query's row of attention's score tiles, which takes any number of keys */
+    if (n_keys)
+        sdpa_kernels_now()->attention->scores_tile(s, 0, q, 0, 1, k, k_stride, n_keys, d, scale);
     return SDPA_OK;
 }
 

@@ -132,6 +132,24 @@ BACKEND_TEST(microkernels, scores_tile) {
     }
 }
 
+/* A single query takes any number of keys (sdpa_scores_f32 passes all of them at once). */
+BACKEND_TEST(microkernels, scores_tile_one_query_many_keys) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    rng r = rng_seed(16);
+    static float s[2 * (4 * SDPA_ATTN_MAX_BLOCK_KV + 8 + BORDER)];
+    const size_t nks[] = {a->block_kv + 1, 3 * a->block_kv + 5, 4 * a->block_kv + 8};
+    for (size_t t = 0; t < sizeof nks / sizeof nks[0]; t++) {
+        const shape sh = {1, nks[t], 37 + t};
+        operands o = operands_alloc(&r, &sh);
+        fill_sentinel(s, sizeof s / sizeof s[0]);
+        a->scores_tile(s, sh.nk + BORDER, o.q.p, o.q_stride, 1, o.k.p, o.k_stride, sh.nk, sh.d,
+                       0.125f);
+        expect_scores(s, sh.nk + BORDER, 0, &o, &sh, 0.125f, "scores_tile, one query");
+        operands_free(&o);
+    }
+}
+
 /* The packed path: pack_q, then scores_packed (row-major) and scores_max (key-major, with the
  * tile's row maxima), for d up to SDPA_ATTN_PACK_MAX_D. */
 BACKEND_TEST(microkernels, packed_scores) {

@@ -3,11 +3,11 @@
  *
  * Contracts (the entry points in src/ check arguments, so kernels assume valid input):
  * no kernel reads or writes outside [p, p + n) of any array it is given, whatever n is; none
- * allocates or keeps state. Every kernel returns with the caller's rounding mode, but not every
- * kernel runs under it: avx2's fast exp_sum and exp_sum_max, and its softmax_short for rows of
- * 256 floats and more, round with a magic-number FMA, so they set MXCSR's rounding mode to
- * round-to-nearest for the call when the caller's is another and put that mode back before they
- * return (arch/x86/avx2.c, nearest_begin); the exception flags stay as the call left them. */
+ * allocates, keeps state, or writes the floating-point control register. Every z = scale * x
+ * is rounded once, in the caller's mode, and each pass over a row sees that z; steps that must
+ * round to nearest whatever the mode use instructions that name their rounding, and avx2 reads
+ * MXCSR's rounding bits to choose its exp (a magic-number rounding only under round-to-nearest,
+ * roundps otherwise: arch/x86/avx2_exp.h). */
 #ifndef SDPA_ARCH_KERNELS_H
 #define SDPA_ARCH_KERNELS_H
 

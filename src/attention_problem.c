@@ -137,22 +137,6 @@ sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *de
     return SDPA_OK;
 }
 
-static void desc_init(sdpa_mha_desc *desc, size_t batch, size_t heads_q, size_t heads_kv,
-                      size_t len_q, size_t len_kv, size_t d_k, size_t d_v, float scale,
-                      uint32_t flags) {
-    memset(desc, 0, sizeof *desc);
-    desc->struct_size = (uint32_t)sizeof *desc;
-    desc->flags = flags;
-    desc->batch = batch;
-    desc->heads_q = heads_q;
-    desc->heads_kv = heads_kv;
-    desc->len_q = len_q;
-    desc->len_kv = len_kv;
-    desc->d_k = d_k;
-    desc->d_v = d_v;
-    desc->scale = scale;
-}
-
 /* The strides of a [d0][d1][d2][row] tensor, or its [d0][d2][d1][row] transpose (bshd). Sizes
  * whose products overflow give strides that sdpa_mha_f32's extent check rejects. */
 static void set_strides(size_t stride[3], size_t heads, size_t len, size_t row, int bshd) {
@@ -165,28 +149,39 @@ static void set_strides(size_t stride[3], size_t heads, size_t len, size_t row, 
     if (!ok) stride[0] = stride[1] = stride[2] = SIZE_MAX;
 }
 
+/* A descriptor of dense tensors in the BHSD layout, or BSHD (bshd), with no mask or lse. */
+static sdpa_status desc_layout(sdpa_mha_desc *desc, size_t batch, size_t heads_q, size_t heads_kv,
+                               size_t len_q, size_t len_kv, size_t d_k, size_t d_v, float scale,
+                               uint32_t flags, int bshd) {
+    if (!desc) return SDPA_ERR_NULL;
+    memset(desc, 0, sizeof *desc);
+    desc->struct_size = (uint32_t)sizeof *desc;
+    desc->flags = flags;
+    desc->batch = batch;
+    desc->heads_q = heads_q;
+    desc->heads_kv = heads_kv;
+    desc->len_q = len_q;
+    desc->len_kv = len_kv;
+    desc->d_k = d_k;
+    desc->d_v = d_v;
+    desc->scale = scale;
+    set_strides(desc->q_stride, heads_q, len_q, d_k, bshd);
+    set_strides(desc->k_stride, heads_kv, len_kv, d_k, bshd);
+    set_strides(desc->v_stride, heads_kv, len_kv, d_v, bshd);
+    set_strides(desc->out_stride, heads_q, len_q, d_v, bshd);
+    return SDPA_OK;
+}
+
 SDPA_API sdpa_status sdpa_mha_desc_dense(sdpa_mha_desc *desc, size_t batch, size_t heads_q,
                                          size_t heads_kv, size_t len_q, size_t len_kv, size_t d_k,
                                          size_t d_v, float scale, uint32_t flags) {
-    if (!desc) return SDPA_ERR_NULL;
-    desc_init(desc, batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v, scale, flags);
-    set_strides(desc->q_stride, heads_q, len_q, d_k, 0);
-    set_strides(desc->k_stride, heads_kv, len_kv, d_k, 0);
-    set_strides(desc->v_stride, heads_kv, len_kv, d_v, 0);
-    set_strides(desc->out_stride, heads_q, len_q, d_v, 0);
-    return SDPA_OK;
+    return desc_layout(desc, batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v, scale, flags, 0);
 }
 
 SDPA_API sdpa_status sdpa_mha_desc_bshd(sdpa_mha_desc *desc, size_t batch, size_t heads_q,
                                         size_t heads_kv, size_t len_q, size_t len_kv, size_t d_k,
                                         size_t d_v, float scale, uint32_t flags) {
-    if (!desc) return SDPA_ERR_NULL;
-    desc_init(desc, batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v, scale, flags);
-    set_strides(desc->q_stride, heads_q, len_q, d_k, 1);
-    set_strides(desc->k_stride, heads_kv, len_kv, d_k, 1);
-    set_strides(desc->v_stride, heads_kv, len_kv, d_v, 1);
-    set_strides(desc->out_stride, heads_q, len_q, d_v, 1);
-    return SDPA_OK;
+    return desc_layout(desc, batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v, scale, flags, 1);
 }
 
 SDPA_API sdpa_status sdpa_mha_desc_set_mask(sdpa_mha_desc *desc, const float *mask,

@@ -8,7 +8,7 @@
  * table gives the median time per call, the spread (min and max) of the rounds, and ratios of
  * medians measured in this same run.
  *
- * Ops (the OPS table below): dot, scale, softmax (both exp modes), scores, attention (shapes in
+ * Ops (ops.c, attention.c): dot, scale, softmax (both exp modes), scores, attention (shapes in
  * the benchdnn style: decode, prefill, causal, MHA and GQA); each row also says
  * how close it came to the limit that binds it (roofline.h, measured at start-up).
  *
@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "call_floor.h"
 #include "output.h"
 #include "peers.h"
@@ -37,33 +38,6 @@
 
 #define MAX_REPS  101
 #define MAX_IMPLS 16
-#define MAX_SIZES 16
-#define MAX_DIMS  4
-
-enum kind { KIND_SDPA, KIND_OPENBLAS, KIND_DNNL, KIND_NAIVE, KIND_ROOF, KIND_CALL, KIND_NONE };
-static const char *const KIND_NAMES[] = {"sdpa", "openblas", "onednn", "naive",
-                                         "roof", "call",     "-"};
-
-struct op_def;
-
-/* One measured problem: an op at one size, its inputs, and the scalar backend's answer. */
-typedef struct job {
-    const struct op_def *op;
-    size_t n; /* elements; scores: keys */
-    size_t d; /* scores: floats per key; 0 for the one-dimensional ops */
-    char size_label[32];
-    float *a, *b; /* dot: the two inputs; scores: q (d floats) and K (n rows of d) */
-    float *x, *y; /* softmax, scale: input and output; scores: y holds the scores */
-    float *ref;   /* scalar backend's output (softmax: one per exp mode); scores: bounds */
-    float *bound; /* scores: the tolerance of each key */
-    float result; /* dot: the last result */
-    float ref_dot, abs_sum;
-    float scale;
-    float sink;
-    peer_dnnl_softmax *dnnl;
-    size_t y_len; /* floats check() poisons at y when not n (attention: the output) */
-    void *extra;  /* state of ops that need more (attention) */
-} job;
 
 typedef struct impl {
     enum kind kind;
@@ -76,31 +50,9 @@ typedef struct impl {
     int checked_ok;
 } impl;
 
-/* An operation the driver measures. Sizes walk from L1 to DRAM; an op with dims runs every size
- * once per dim (scores: the same key counts at d = 64 and 128). */
-typedef struct op_def {
-    const char *name;
-    size_t sizes[MAX_SIZES];       /* 0-terminated */
-    size_t smoke_sizes[MAX_SIZES]; /* --smoke: tiny, with tails */
-    size_t dims[MAX_DIMS];         /* 0-terminated; {0} for none */
-    enum kind peers[2];            /* the "vs" columns; KIND_NONE when absent */
-    int exp_modes;                 /* 2: sdpa runs in both exp modes (fast, sleef) */
-    const char *plot_unit;         /* what --plot draws: "GFLOP/s" or "GB/s" */
-    /* allocate and fill j's inputs (j->n, j->d set) and compute the scalar reference */
-    void (*prepare)(job *j);
-    /* iters calls of one implementation; the active sdpa backend is already chosen */
-    void (*run)(enum kind kind, job *j, size_t iters);
-    /* 1 if j's output (after one run) matches the reference of exp mode exp_index */
-    int (*verify)(const job *j, int exp_index);
-    /* arithmetic (FMA-pipe flops; 0 when not the limit), bytes moved, bytes the call touches */
-    void (*cost)(const job *j, double *flops, double *bytes, double *working_set);
-    /* frees what prepare() kept in j->extra; NULL when it kept nothing there */
-    void (*release)(job *j);
-} op_def;
-
 typedef struct options {
     int ops[8];
-    size_t shape_sizes[MAX_SIZES]; /* --shape: 1-based indices into attention_shapes */
+    size_t shape_sizes[MAX_SIZES]; /* --shape: 1-based indices of attention shapes */
     size_t n_shapes;
     const char *backends[8];
     size_t n_backends;
@@ -126,443 +78,6 @@ static double now_ns(void) {
     clock_gettime(bench_clock, &t);
     return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
 }
-
-static void *xalloc(size_t n_floats) {
-    void *p = NULL;
-    size_t bytes = (n_floats * sizeof(float) + 63) / 64 * 64;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64)) {
-        fprintf(stderr, "bench: out of memory (%zu floats)\n", n_floats);
-        exit(2);
-    }
-    return p;
-}
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15u;
-static float uniform(float lo, float hi) {
-    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
-    return lo + (hi - lo) * (float)((double)(rng_state >> 11) * 0x1p-53);
-}
-
-static void fill(float *p, size_t n, float lo, float hi) {
-    for (size_t i = 0; i < n; i++) p[i] = uniform(lo, hi);
-}
-
-static void use_scalar(void) {
-    if (sdpa_set_backend("scalar") != SDPA_OK) {
-        fprintf(stderr, "bench: the scalar backend is missing\n");
-        exit(2);
-    }
-}
-
-/* Errors of independent roundings grow like a random walk: the documented bounds hold up to
- * `documented` elements; beyond, they are scaled by sqrt(n / documented). */
-static double growth(size_t n, size_t documented) {
-    return n > documented ? sqrt((double)n / (double)documented) : 1.0;
-}
-
-/* ---- dot: sum a[i] * b[i] ---- */
-
-static void dot_prepare(job *j) {
-    j->a = xalloc(j->n), j->b = xalloc(j->n);
-    fill(j->a, j->n, -1, 1), fill(j->b, j->n, -1, 1);
-    double s = 0;
-    for (size_t i = 0; i < j->n; i++) s += fabs((double)j->a[i] * j->b[i]);
-    j->abs_sum = (float)s;
-    use_scalar();
-    sdpa_dot_f32(j->a, j->b, j->n, &j->ref_dot);
-}
-
-/* Each call's result goes to its own slot of a small ring, summed once at the end: the calls are
- * independent, as the other ops' are. An accumulator (acc += r) would chain them instead: it
- * lives in memory across the call (no float register survives one), and its store, reload and
- * add take about 12 cycles a call, as long as a whole 16-float dot, and would set one floor under
- * every row, an empty function's too. */
-#define DOT_RING 16
-static void dot_run(enum kind kind, job *j, size_t iters) {
-    float ring[DOT_RING] = {0};
-    switch (kind) {
-    case KIND_SDPA:
-        for (size_t i = 0; i < iters; i++) sdpa_dot_f32(j->a, j->b, j->n, &ring[i % DOT_RING]);
-        break;
-    case KIND_OPENBLAS:
-        for (size_t i = 0; i < iters; i++)
-            ring[i % DOT_RING] = peer_openblas_sdot(j->a, j->b, j->n);
-        break;
-    case KIND_NAIVE:
-        for (size_t i = 0; i < iters; i++) ring[i % DOT_RING] = naive_dot(j->a, j->b, j->n);
-        break;
-    case KIND_ROOF:
-        for (size_t i = 0; i < iters; i++) ring[i % DOT_RING] = roof_load_sum(j->a, j->b, j->n);
-        break;
-    case KIND_CALL:
-        for (size_t i = 0; i < iters; i++) ring[i % DOT_RING] = bench_call_floor(j->a, j->b, j->n);
-        break;
-    default: break;
-    }
-    /* the last call's result is checked; the loads and the empty call compute no dot */
-    j->result = kind == KIND_ROOF || kind == KIND_CALL ? j->ref_dot : ring[(iters - 1) % DOT_RING];
-    float acc = 0.0f;
-    for (size_t i = 0; i < DOT_RING; i++) acc += ring[i];
-    j->sink += acc;
-}
-
-/* Twice the documented bound (1e-5 * sum |a_i b_i| up to n = 4096): two results, each within it. */
-static int dot_verify(const job *j, int exp_index) {
-    (void)exp_index;
-    return fabs((double)j->result - j->ref_dot) <= 2 * 1e-5 * j->abs_sum * growth(j->n, 4096);
-}
-
-/* One FMA per element; two floats read. */
-static void dot_cost(const job *j, double *flops, double *bytes, double *working_set) {
-    *flops = 2.0 * (double)j->n;
-    *bytes = *working_set = 8.0 * (double)j->n;
-}
-
-/* ---- scale: y[i] = alpha * x[i] ---- */
-
-static void scale_prepare(job *j) {
-    j->x = xalloc(j->n), j->y = xalloc(j->n), j->ref = xalloc(j->n);
-    fill(j->x, j->n, -8, 8);
-    j->scale = 0.125f;
-    use_scalar();
-    sdpa_scale_f32(j->ref, j->x, j->n, j->scale);
-}
-
-static void scale_run(enum kind kind, job *j, size_t iters) {
-    if (kind == KIND_SDPA)
-        for (size_t i = 0; i < iters; i++) sdpa_scale_f32(j->y, j->x, j->n, j->scale);
-    else if (kind == KIND_NAIVE)
-        for (size_t i = 0; i < iters; i++) naive_scale(j->y, j->x, j->n, j->scale);
-    j->sink += j->y[0];
-}
-
-/* Documented bit-exact: one IEEE multiply per element everywhere. */
-static int scale_verify(const job *j, int exp_index) {
-    (void)exp_index;
-    return memcmp(j->y, j->ref, j->n * sizeof(float)) == 0;
-}
-
-/* One float read and one written per element; a multiply is never the limit. */
-static void scale_cost(const job *j, double *flops, double *bytes, double *working_set) {
-    *flops = 0;
-    *bytes = *working_set = 8.0 * (double)j->n;
-}
-
-/* ---- softmax: y = softmax(scale * x), in both exp modes ---- */
-
-static const char *const EXPS[] = {"fast", "sleef"};
-
-static void softmax_prepare(job *j) {
-    j->x = xalloc(j->n), j->y = xalloc(j->n), j->ref = xalloc(2 * j->n);
-    fill(j->x, j->n, -8, 8);
-    j->scale = 1.0f;
-    use_scalar();
-    for (int e = 0; e < 2; e++) {
-        sdpa_set_exp_mode(EXPS[e]);
-        sdpa_softmax_f32(j->ref + (size_t)e * j->n, j->x, j->n, j->scale);
-    }
-}
-
-static void softmax_run(enum kind kind, job *j, size_t iters) {
-    switch (kind) {
-    case KIND_SDPA:
-        for (size_t i = 0; i < iters; i++) sdpa_softmax_f32(j->y, j->x, j->n, j->scale);
-        break;
-    case KIND_DNNL:
-        for (size_t i = 0; i < iters; i++) peer_dnnl_softmax_run(j->dnnl);
-        break;
-    case KIND_NAIVE:
-        for (size_t i = 0; i < iters; i++) naive_softmax(j->y, j->x, j->n, j->scale);
-        break;
-    default: break;
-    }
-    j->sink += j->y[0];
-}
-
-/* Relative error per element within twice the documented bound (2e-5 up to n = 4096, 1e-4 up
- * to 2^20, grown like sqrt beyond), absolute 2 * FLT_MIN where the reference is that small. */
-static int softmax_verify(const job *j, int exp_index) {
-    const float *ref = j->ref + (size_t)exp_index * j->n;
-    double tol = 2 * (j->n <= 4096 ? 2e-5 : 1e-4) * growth(j->n, 1u << 20);
-    for (size_t i = 0; i < j->n; i++) {
-        double d = fabs((double)j->y[i] - ref[i]);
-        if (ref[i] >= 2 * FLT_MIN ? d > tol * ref[i] : d > 2 * FLT_MIN) return 0;
-    }
-    return 1;
-}
-
-/* Softmax is bound by its exp pass, not by a flop count: per vector, the fast exp of exp_sum
- * needs seven operations of the FMA/multiply pipes on avx512 and avx2 (the FMA that rounds
- * x K / ln2, two for the Cody-Waite reduction, three for the cubic, the multiply by the table
- * entry; the bench's scale 1 skips z = scale * x) and normalize one more. Counting each as an
- * FMA's two flops per lane gives 16 flop-equivalents per element, the limit against the FMA peak
- * (docs/performance.md, "What bounds softmax"). One float is read and one written per element
- * (the extra passes over y are its own cost, not traffic). */
-static void softmax_cost(const job *j, double *flops, double *bytes, double *working_set) {
-    *flops = 16.0 * (double)j->n;
-    *bytes = *working_set = 8.0 * (double)j->n;
-}
-
-/* ---- scores: s[j] = scale * dot(q, K row j), one query against n keys of d floats ---- */
-
-static void scores_prepare(job *j) {
-    size_t n = j->n, d = j->d;
-    j->a = xalloc(d), j->b = xalloc(n * d), j->y = xalloc(n), j->ref = xalloc(n);
-    j->bound = xalloc(n);
-    fill(j->a, d, -1, 1), fill(j->b, n * d, -1, 1);
-    j->scale = (float)(1.0 / sqrt((double)d));
-    for (size_t k = 0; k < n; k++) {
-        double s = 0;
-        for (size_t i = 0; i < d; i++) s += fabs((double)j->a[i] * j->b[k * d + i]);
-        /* twice the documented dot bound, scaled, plus the rounding of the final multiply */
-        j->bound[k] = (float)(2 * 1e-5 * j->scale * s * growth(d, 4096));
-    }
-    use_scalar();
-    sdpa_scores_f32(j->ref, j->a, j->b, n, d, d, j->scale);
-}
-
-static void scores_run(enum kind kind, job *j, size_t iters) {
-    switch (kind) {
-    case KIND_SDPA:
-        for (size_t i = 0; i < iters; i++)
-            sdpa_scores_f32(j->y, j->a, j->b, j->n, j->d, j->d, j->scale);
-        break;
-    case KIND_OPENBLAS:
-        for (size_t i = 0; i < iters; i++)
-            peer_openblas_scores(j->y, j->a, j->b, j->n, j->d, j->d, j->scale);
-        break;
-    case KIND_NAIVE:
-        for (size_t i = 0; i < iters; i++)
-            naive_scores(j->y, j->a, j->b, j->n, j->d, j->d, j->scale);
-        break;
-    default: break;
-    }
-    j->sink += j->y[0];
-}
-
-static int scores_verify(const job *j, int exp_index) {
-    (void)exp_index;
-    for (size_t k = 0; k < j->n; k++)
-        if (!(fabs((double)j->y[k] - j->ref[k]) <= j->bound[k] + 1e-7 * fabs((double)j->ref[k])))
-            return 0;
-    return 1;
-}
-
-/* One FMA per element of K, plus the scaling; K, q and the scores are the traffic. */
-static void scores_cost(const job *j, double *flops, double *bytes, double *working_set) {
-    double n = (double)j->n, d = (double)j->d;
-    *flops = 2 * n * d + n;
-    *bytes = *working_set = 4 * (n * d + d + n);
-}
-
-/* ---- attention: sdpa_mha_f32 on a shape in the benchdnn style ----
- * b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal], d_k = d_v = d, dense
- * [batch][head][row][col] tensors, scale 1/sqrt(d), exp "fast". The op's sizes are 1-based
- * indices into attention_shapes; --shape replaces the defaults. */
-
-typedef struct att_shape {
-    char name[40];
-    size_t batch, heads_q, heads_kv, len_q, len_kv, d;
-    uint32_t flags;
-} att_shape;
-
-#define MAX_SHAPES (MAX_SIZES - 1)
-static att_shape attention_shapes[MAX_SHAPES] = {
-    {"b1h1q1k4096d128", 1, 1, 1, 1, 4096, 128, 0},       /* decode, one head */
-    {"b1h8q1k4096d128", 1, 8, 8, 1, 4096, 128, 0},       /* decode, MHA */
-    {"b1h32kv8q1k1024d128", 1, 32, 8, 1, 1024, 128, 0},  /* decode, GQA */
-    {"b1h1q1024k1024d64", 1, 1, 1, 1024, 1024, 64, 0},   /* prefill */
-    {"b1h1q1024k1024d128", 1, 1, 1, 1024, 1024, 128, 0}, /* prefill */
-    {"b1h1q1024k1024d128causal", 1, 1, 1, 1024, 1024, 128, SDPA_CAUSAL},
-    {"b1h8q512k512d128", 1, 8, 8, 512, 512, 128, 0},            /* MHA prefill */
-    {"b1h8kv2q512k512d128", 1, 8, 2, 512, 512, 128, 0},         /* GQA prefill */
-    {"b2h4kv2q3k33d17causal", 2, 4, 2, 3, 33, 17, SDPA_CAUSAL}, /* --smoke: tails */
-    {"b1h2kv1q1k70d8", 1, 2, 1, 1, 70, 8, 0},                   /* --smoke: grouped decode */
-};
-static size_t n_attention_shapes = 10;
-enum { ATT_SMOKE_FIRST = 9 }; /* 1-based index of the first smoke shape */
-
-/* Parses "b1h8kv2q512k512d128causal" into s; 0 if it is not one. */
-static int parse_shape(const char *text, att_shape *s) {
-    memset(s, 0, sizeof *s);
-    const char *p = text;
-    size_t *field[] = {&s->batch, &s->heads_q, &s->heads_kv, &s->len_q, &s->len_kv, &s->d};
-    static const char *const tags[] = {"b", "h", "kv", "q", "k", "d"};
-    for (int f = 0; f < 6; f++) {
-        size_t len = strlen(tags[f]);
-        if (strncmp(p, tags[f], len) != 0) {
-            if (f == 2) continue; /* kv is optional: heads_kv = heads_q */
-            return 0;
-        }
-        p += len;
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (end == p || errno || v == 0 || v > (1u << 24)) return 0;
-        *field[f] = (size_t)v;
-        p = end;
-    }
-    if (!s->heads_kv) s->heads_kv = s->heads_q;
-    if (strcmp(p, "causal") == 0)
-        s->flags = SDPA_CAUSAL;
-    else if (*p)
-        return 0;
-    if (s->heads_q % s->heads_kv) return 0;
-    snprintf(s->name, sizeof s->name, "%s", text);
-    return 1;
-}
-
-typedef struct att_state {
-    const att_shape *shape;
-    sdpa_mha_desc desc;
-    float *q, *k, *v, *scores; /* scores: the OpenBLAS composite's len_q x len_kv matrix */
-    size_t n_out;
-    double pairs; /* (query, key) pairs computed, per head: causal skips the rest */
-} att_state;
-
-static void attention_prepare(job *j) {
-    att_state *st = calloc(1, sizeof *st);
-    if (!st) exit(2);
-    const att_shape *s = st->shape = &attention_shapes[j->n - 1];
-    j->extra = st;
-    snprintf(j->size_label, sizeof j->size_label, "%s", s->name);
-    size_t nq = s->batch * s->heads_q * s->len_q * s->d;
-    size_t nkv = s->batch * s->heads_kv * s->len_kv * s->d;
-    st->q = xalloc(nq), st->k = xalloc(nkv), st->v = xalloc(nkv);
-    st->scores = xalloc(s->len_q * s->len_kv);
-    fill(st->q, nq, -1, 1), fill(st->k, nkv, -1, 1), fill(st->v, nkv, -1, 1);
-    st->n_out = nq;
-    j->y = xalloc(nq), j->ref = xalloc(nq), j->y_len = nq;
-    sdpa_mha_desc_dense(&st->desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->d,
-                        s->d, SDPA_DEFAULT_SCALE, s->flags);
-    for (size_t i = 0; i < s->len_q; i++) {
-        double seen = (double)s->len_kv;
-        if (s->flags & SDPA_CAUSAL) {
-            seen = (double)(i + 1 + s->len_kv) - (double)s->len_q;
-            seen = seen < 0 ? 0 : seen > (double)s->len_kv ? (double)s->len_kv : seen;
-        }
-        st->pairs += seen;
-    }
-    /* ns/elem is per (query, key) pair of every head */
-    j->n = (size_t)st->pairs * s->batch * s->heads_q;
-    sdpa_set_exp_mode("fast");
-    use_scalar();
-    if (sdpa_mha_f32(&st->desc, j->ref, st->q, st->k, st->v) != SDPA_OK) {
-        fprintf(stderr, "bench: sdpa_mha_f32 refused %s\n", s->name);
-        exit(2);
-    }
-}
-
-static void attention_run(enum kind kind, job *j, size_t iters) {
-    att_state *st = j->extra;
-    const att_shape *s = st->shape;
-    switch (kind) {
-    case KIND_SDPA:
-        for (size_t i = 0; i < iters; i++) sdpa_mha_f32(&st->desc, j->y, st->q, st->k, st->v);
-        break;
-    case KIND_OPENBLAS:
-        for (size_t i = 0; i < iters; i++)
-            peer_openblas_attention(j->y, st->q, st->k, st->v, st->scores, s->batch, s->heads_q,
-                                    s->heads_kv, s->len_q, s->len_kv, s->d,
-                                    (s->flags & SDPA_CAUSAL) != 0);
-        break;
-    default: break;
-    }
-    j->sink += j->y[0];
-}
-
-/* Twice the documented bound (1e-5 max|v|, v in [-1, 1)) against the scalar backend. */
-static int attention_verify(const job *j, int exp_index) {
-    (void)exp_index;
-    const att_state *st = j->extra;
-    for (size_t i = 0; i < st->n_out; i++)
-        if (!(fabs((double)j->y[i] - j->ref[i]) <= 2e-5)) return 0;
-    return 1;
-}
-
-/* Two FMAs per (query, key) pair and column (Q K^T and P V); Q, K, V and out are the traffic. */
-static void attention_cost(const job *j, double *flops, double *bytes, double *working_set) {
-    const att_state *st = j->extra;
-    const att_shape *s = st->shape;
-    double heads = (double)(s->batch * s->heads_q);
-    *flops = 4 * heads * st->pairs * (double)s->d;
-    *bytes = *working_set =
-        4.0 * (double)(2 * st->n_out + 2 * s->batch * s->heads_kv * s->len_kv * s->d);
-}
-
-static void attention_release(job *j) {
-    att_state *st = j->extra;
-    free(st->q), free(st->k), free(st->v), free(st->scores), free(st);
-}
-
-/* ---- the ops table ----
- * Sizes: powers of 4 from 16 to 2^24 floats (64 MiB per array), so each op walks from L1 through
- * L2 and L3 to DRAM; softmax adds 128 (a short row, whose calls and chain cost as much as its
- * work); scores walks 16 to 2^18 keys (K is 128 MiB at 2^18 x 128); attention's sizes are
- * 1-based indices into attention_shapes. */
-static const op_def OPS[] = {
-    {"dot",
-     {16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1u << 20, 1u << 22, 1u << 24},
-     {16, 129},
-     {0},
-     {KIND_OPENBLAS, KIND_NAIVE},
-     1,
-     "GFLOP/s",
-     dot_prepare,
-     dot_run,
-     dot_verify,
-     dot_cost,
-     NULL},
-    {"scale",
-     {16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1u << 20, 1u << 22, 1u << 24},
-     {16, 129},
-     {0},
-     {KIND_NAIVE, KIND_NONE},
-     1,
-     "GB/s",
-     scale_prepare,
-     scale_run,
-     scale_verify,
-     scale_cost,
-     NULL},
-    {"softmax",
-     {16, 64, 128, 256, 1024, 4096, 16384, 65536, 262144, 1u << 20, 1u << 22, 1u << 24},
-     {129},
-     {0},
-     {KIND_DNNL, KIND_NAIVE},
-     2,
-     "GB/s",
-     softmax_prepare,
-     softmax_run,
-     softmax_verify,
-     softmax_cost,
-     NULL},
-    {"scores",
-     {16, 64, 256, 1024, 4096, 16384, 65536, 262144},
-     {5, 33},
-     {64, 128},
-     {KIND_OPENBLAS, KIND_NAIVE},
-     1,
-     "GFLOP/s",
-     scores_prepare,
-     scores_run,
-     scores_verify,
-     scores_cost,
-     NULL},
-    {"attention",
-     {1, 2, 3, 4, 5, 6, 7, 8},
-     {ATT_SMOKE_FIRST, ATT_SMOKE_FIRST + 1},
-     {0},
-     {KIND_OPENBLAS, KIND_NONE},
-     1,
-     "GFLOP/s",
-     attention_prepare,
-     attention_run,
-     attention_verify,
-     attention_cost,
-     attention_release},
-};
-#define N_OPS (sizeof OPS / sizeof OPS[0])
 
 /* ---- timing ---- */
 
@@ -668,12 +183,12 @@ static void op_display_name(const job *j, char *out, size_t len) {
 }
 
 /* Width of the size column: attention's are shape names. */
-static int size_width(const op_def *op) { return op->run == attention_run ? 26 : 9; }
+static int size_width(const op_def *op) { return op->shaped ? 26 : 9; }
 
 static void print_header_row(const op_def *op, int peers) {
     printf("\n%-12s %*s %-13s %10s %17s %9s %8s %8s %6s %-5s %10s", "op", size_width(op),
-           op->run == attention_run ? "shape" : "n", "impl", "ns/call", "spread min..max",
-           "ns/elem", "GFLOP/s", "GB/s", "roof%", "limit", "vs scalar");
+           op->shaped ? "shape" : "n", "impl", "ns/call", "spread min..max", "ns/elem", "GFLOP/s",
+           "GB/s", "roof%", "limit", "vs scalar");
     if (peers)
         for (int p = 0; p < 2; p++)
             if (op->peers[p] != KIND_NONE) printf(" vs %-7s", KIND_NAMES[op->peers[p]]);
@@ -788,10 +303,10 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
             if (k == KIND_NAIVE) ims[n_impls++] = (impl){.kind = KIND_NAIVE, .label = "naive"};
         }
     /* the loads alone, for dots whose inputs fit in L1 (32 KiB of the 48 KiB of Zen 5) */
-    if (op->run == dot_run && n * 8 <= 32768)
+    if (op == &DOT_OP && n * 8 <= 32768)
         ims[n_impls++] = (impl){.kind = KIND_ROOF, .label = "L1 loads"};
     /* the cost of the call alone, for dots short enough that it matters */
-    if (op->run == dot_run && n <= 128)
+    if (op == &DOT_OP && n <= 128)
         ims[n_impls++] = (impl){.kind = KIND_CALL, .label = "empty call"};
 
     int failures = 0;
@@ -879,7 +394,7 @@ static void usage(int status) {
         "             [--no-roofline] [--openblas-core NAME] [--csv FILE] [--json FILE]\n"
         "             [--plot DIR] [--smoke]\n"
         "ops:");
-    for (size_t i = 0; i < N_OPS; i++) fprintf(status ? stderr : stdout, " %s", OPS[i].name);
+    for (size_t i = 0; i < N_OPS; i++) fprintf(status ? stderr : stdout, " %s", OPS[i]->name);
     fprintf(status ? stderr : stdout,
             " (default: all)\n"
             "--n: elements (scores: keys), replacing each op's sizes; --d: scores' key length\n"
@@ -909,11 +424,11 @@ static options parse(int argc, char **argv) {
             usage(2);
         else if (++i, strcmp(a, "--op") == 0) {
             size_t k = 0;
-            while (k < N_OPS && strcmp(v, OPS[k].name) != 0) k++;
+            while (k < N_OPS && strcmp(v, OPS[k]->name) != 0) k++;
             if (k == N_OPS) usage(2);
             o.ops[k] = any_op = 1;
         } else if (strcmp(a, "--shape") == 0 && o.n_shapes < MAX_SHAPES) {
-            if (!parse_shape(v, &attention_shapes[o.n_shapes])) {
+            if (!attention_set_shape(o.n_shapes + 1, v)) {
                 fprintf(stderr, "bench: bad shape %s (example: b1h8kv2q512k512d128causal)\n", v);
                 exit(2);
             }
@@ -949,8 +464,8 @@ static options parse(int argc, char **argv) {
     if (o.smoke) o.reps = 1, o.roofline = 0;
     if (o.reps < 1 || o.reps > MAX_REPS) usage(2);
     if (!any_op)
-        for (size_t k = 0; k < N_OPS; k++) o.ops[k] = !o.n_shapes || OPS[k].run == attention_run;
-    if (o.n_shapes) n_attention_shapes = o.n_shapes;
+        for (size_t k = 0; k < N_OPS; k++) o.ops[k] = !o.n_shapes || OPS[k]->shaped;
+    if (o.n_shapes) attention_use_shapes(o.n_shapes);
     if (!o.n_backends) {
         /* scalar is always measured: it is the baseline of every ratio */
         for (size_t i = 0; sdpa_backend_name(i); i++)
@@ -1050,11 +565,11 @@ int main(int argc, char **argv) {
 
     int failures = 0;
     for (size_t k = 0; k < N_OPS; k++) {
-        const op_def *op = &OPS[k];
+        const op_def *op = OPS[k];
         if (!o.ops[k]) continue;
         print_header_row(op, o.peers);
         const size_t *sizes = o.n_sizes ? o.sizes : o.smoke ? op->smoke_sizes : op->sizes;
-        if (op->run == attention_run) /* sizes are shapes: --n does not apply */
+        if (op->shaped) /* sizes are shapes: --n does not apply */
             sizes = o.n_shapes ? o.shape_sizes : o.smoke ? op->smoke_sizes : op->sizes;
         const size_t *dims = op->dims[0] && o.n_dims ? o.dims : op->dims;
         static const size_t NO_DIM[] = {0, 0};

@@ -156,8 +156,8 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTE
  *     gives its key weight 0, as in softmax, and a row whose scores are all -inf is zeros. NaN in
  *     the v of a key the row sees with a finite score gives NaN in the output columns where that
  *     v holds NaN.
- *   - out must not overlap q, k, v or the mask. Work is single-threaded per call; concurrent
- *     calls are fine.
+ *   - out must not overlap q, k, v or the mask. A call spreads its work over threads (see
+ *     Threads below); its results are bitwise the same at every thread count.
  * Errors (checked before any work; out is untouched on error):
  *   SDPA_ERR_NULL  a pointer that would be read or written is NULL (and desc == NULL);
  *   SDPA_ERR_SIZE  heads_kv zero or not dividing heads_q (always); with output rows: d_k or d_v
@@ -176,8 +176,13 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTE
  * and summed over d_k in float, so the error grows in proportion to their size: with an
  * explicit scale of 1, 2 or 3 and d_k up to 256 (scores with standard deviations up to 16, 32
  * and 48) it measured up to 0.7e-5, 1.03e-5 and 1.46e-5 * max|v|.
- * Memory: no heap allocation ever. Scratch is on the stack (under 96 KiB); for d_v > 256 the
- * output rows themselves hold the running sums until they are normalised. ---- */
+ * Memory: scratch is on the stack of each thread that runs a task (under 128 KiB); for
+ * d_v > 256 the output rows themselves hold the running sums until they are normalised. With one
+ * thread nothing is allocated. With more, a split-KV call (Threads below) keeps its partial
+ * results in a workspace that grows to the largest call and is then reused: for a call of R
+ * query rows per (batch, kv head) task (R = len_q, or the group heads_q / heads_kv when
+ * len_q == 1, in blocks of 32) split into C chunks, R * C * (d_v + 1) floats per task unit, at
+ * most 32 * 256 * 257 floats (8.4 MB) for any shape. ---- */
 
 #define SDPA_DEFAULT_SCALE 0.0f /* scale argument meaning 1/sqrt(d_k) */
 #define SDPA_CAUSAL        (1u << 0)
@@ -240,6 +245,69 @@ SDPA_API sdpa_status sdpa_mha_desc_set_mask(sdpa_mha_desc *desc, const float *ma
                                             size_t stride_batch, size_t stride_head,
                                             size_t stride_row);
 
+/* Merges two partial attentions of the same rows over disjoint sets of keys: (out, lse) is one
+ * part (the output rows and their log-sum-exps, as sdpa_mha_f32 writes them) and (out_b, lse_b)
+ * the other; out and lse become the attention over the union. rows x d_v floats, row strides in
+ * floats. With m = max(lse, lse_b), w = exp(lse - m), w_b = exp(lse_b - m):
+ * out = (w out + w_b out_b) / (w + w_b), lse = m + log(w + w_b), in double, rounded once.
+ *   - A part whose lse is -inf (it saw no key) contributes exactly nothing: the other part is
+ *     kept bit for bit. Two such parts give zeros and -inf.
+ *   - Otherwise an lse that is NaN or +inf in either part makes the row NaN (out and lse); NaN
+ *     in an out entry of a part that contributes reaches that column.
+ *   - Merging the parts of a split in any order gives the unsplit attention within the bound
+ *     of Accuracy above (merged in a fixed order, bitwise the same at every thread count).
+ * Errors: SDPA_ERR_NULL for a NULL pointer when rows > 0 (rows == 0 does nothing); SDPA_ERR_SIZE
+ * for d_v == 0, a stride smaller than d_v when rows > 1, an extent past PTRDIFF_MAX bytes, or
+ * out and lse, or either with out_b or lse_b, overlapping: only out == out_b with
+ * out_stride == out_b_stride and lse == lse_b may alias (a part merged with itself: out stays,
+ * lse grows by log 2). */
+SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const float *out_b,
+                                              const float *lse_b, size_t rows, size_t d_v,
+                                              size_t out_stride, size_t out_b_stride);
+
+/* ---- Threads. An attention call splits its work into tasks by the shape alone, never by the
+ *      thread count, and runs them on the built-in pool or on the host's parallel_for, so its
+ *      results are bitwise identical for every thread count, 1 included, and every scheduler.
+ *
+ *   - Tasks: prefill is one task per (batch, query head, block of 32 query rows), the blocks
+ *     with the most causal work first. Decode and short queries (len_q <= 16, or len_q == 1 with
+ *     grouped heads) over at least 1024 keys are split-KV: the keys are cut into chunks of whole
+ *     512-key pieces (as many chunks as pieces, at most enough for about 128 tasks), each chunk's
+ *     partial output and log-sum-exp computed by one task, and the chunks merged in key order as
+ *     sdpa_attention_merge_f32 does; a 1-thread call runs the same chunks and merges.
+ *   - A call with too little work to pay for waking a thread (under about 2^21 multiply-adds)
+ *     runs on the caller's thread and never touches the pool.
+ *   - The pool has sdpa_num_threads() - 1 threads, started at the first call that uses them;
+ *     the caller is the last thread. One call uses it at a time: a call that finds it busy (or
+ *     finds the split-KV workspace busy) runs on its own thread instead, so the pool is never
+ *     oversubscribed and no call waits for another. A call made on a thread that is running one
+ *     of sdpa's tasks (on the pool or on a host's parallel_for) runs on that thread.
+ *   - Idle pool threads spin for a few tens of microseconds, then sleep: an idle pool costs no
+ *     CPU. The threads and the workspace are released when the library is unloaded or the
+ *     process exits. They take no signals.
+ *   - After fork() the child may call at once: it runs each call on its own thread until its
+ *     first parallel call starts a new pool.
+ *   - If a thread or the workspace cannot be created, the call runs with fewer threads or on
+ *     the caller's alone; it never fails for that. ---- */
+
+/* Threads used by one call. 0: the default, the CPUs in the process's affinity mask, or
+ * SDPA_NUM_THREADS from the environment at load (an unusable value prints one line on stderr
+ * and keeps the default); 1: the caller's thread only, no pool. At most 1024 (else
+ * SDPA_ERR_ARG). Process-wide; takes effect for calls that start after it returns. */
+SDPA_API sdpa_status sdpa_set_num_threads(size_t n);
+
+/* The threads a call that starts now may use (the default resolved: never 0). */
+SDPA_API size_t sdpa_num_threads(void);
+
+/* A host's own scheduler instead of the built-in pool (oneDNN's threadpool interop and XNNPACK's
+ * pthreadpool are the models). fn(ctx, task, arg, n_tasks) must run task(arg, i) once for every
+ * i < n_tasks, in any order and on any threads, and return when all have finished. fn == NULL
+ * restores the built-in pool. Calls with more than one thread and enough work go to fn; with
+ * sdpa_set_num_threads(1) no call does. Takes effect for calls that start after it returns. */
+typedef void (*sdpa_task_fn)(void *arg, size_t index);
+typedef void (*sdpa_parallel_for_fn)(void *ctx, sdpa_task_fn task, void *arg, size_t n_tasks);
+SDPA_API sdpa_status sdpa_set_parallel_for(sdpa_parallel_for_fn fn, void *ctx);
+
 /* ---- Plugin entry point. A host that dlopen()s the library looks up only this symbol:
  *
  *     const sdpa_api *(*get)(uint32_t) = (const sdpa_api *(*)(uint32_t))dlsym(h, "sdpa_get_api");
@@ -283,6 +351,13 @@ typedef struct sdpa_api {
                                  uint32_t flags);
     sdpa_status (*mha_desc_set_mask)(sdpa_mha_desc *desc, const float *mask, size_t stride_batch,
                                      size_t stride_head, size_t stride_row);
+    /* ABI 1.1 */
+    sdpa_status (*set_num_threads)(size_t n);
+    size_t (*num_threads)(void);
+    sdpa_status (*set_parallel_for)(sdpa_parallel_for_fn fn, void *ctx);
+    sdpa_status (*attention_merge_f32)(float *out, float *lse, const float *out_b,
+                                       const float *lse_b, size_t rows, size_t d_v,
+                                       size_t out_stride, size_t out_b_stride);
     /* New functions go here, at the end, and nowhere else. */
 } sdpa_api;
 

@@ -14,6 +14,8 @@
 #include "attention_problem.h"
 #include "dispatch.h"
 #include "sdpa.h"
+#include "sizes.h"
+#include "threads.h"
 
 #if defined(__AVX__) || defined(__SSE4_1__)
 #error "src/attention.c must be compiled for the baseline ISA, without -m flags"
@@ -219,59 +221,242 @@ static void attention_block(const attention_run *run, const attention_problem *p
     }
 }
 
-static void attention_run_all(const attention_problem *p) {
+/* ---- tasks ----
+ *
+ * A call's work is cut into units by its shape alone: a unit is (batch, query head, block of
+ * block_q query rows), or, for decode with grouped heads, (batch, kv head, block of block_q of
+ * its query heads), which read the kv head's K and V once for all of them. Split-KV cuts each
+ * unit's keys into chunks as well. Every task writes rows no other task writes, and the chunks'
+ * partial results are merged in key order on the calling thread, so the bits never depend on
+ * which thread ran what, or how many there were. */
+
+/* Split-KV: keys come in pieces of SPLIT_PIECE (a multiple of every backend's block_kv, so a
+   chunk's blocks are the unsplit call's blocks); a unit's chunks are whole runs of pieces, the
+   last one taking the remainder, as many as there are pieces but no more than give about
+   SPLIT_TASKS tasks. It applies to units of few rows (len_q <= SPLIT_MAX_Q, or grouped decode)
+   over at least two pieces, with d_v <= SPLIT_MAX_D_V, so that a chunk's partial rows fit a
+   stack tile on the 1-thread path. */
+#define SPLIT_PIECE   512
+#define SPLIT_TASKS   128
+#define SPLIT_MAX_Q   16
+#define SPLIT_MAX_D_V 256
+/* Below this many multiply-adds a call runs on the caller's thread: waking a sleeping thread
+   costs some 10 to 50 us, a few percent of this much work on one core. */
+#define PARALLEL_MIN_WORK (1u << 21)
+
+typedef struct plan {
     attention_run run;
-    run.k = sdpa_kernels_now();
-    run.a = run.k->attention;
-    const int exp_kind = sdpa_exp_with(run.k);
-    run.exp_sum = run.k->exp_sum[exp_kind];
-    run.exp_tile = run.a->exp_tile[exp_kind];
-    run.exp_pv = run.a->scores_max ? run.a->exp_pv[exp_kind] : NULL;
-    const size_t block_q = run.a->block_q, group = p->heads_q / p->heads_kv;
-    if (p->len_q == 1 && group > 1) {
-        /* Decode with grouped heads: the group's query heads become the rows of one block, so
-           the kv head's K and V are read once for all of them instead of once per head. With
-           one query row, causal masking removes nothing. */
-        attention_problem rows = *p;
-        rows.causal = 0;
-        rows.q_stride[2] = p->q_stride[1];
-        rows.out_stride[2] = p->out_stride[1];
-        for (size_t b = 0; b < p->batch; b++) {
-            for (size_t hk = 0; hk < p->heads_kv; hk++) {
-                const float *k = p->k + b * p->k_stride[0] + hk * p->k_stride[1];
-                const float *v = p->v + b * p->v_stride[0] + hk * p->v_stride[1];
-                for (size_t g0 = 0; g0 < group; g0 += block_q) {
-                    const size_t h = hk * group + g0;
-                    rows.len_q = group - g0 < block_q ? group - g0 : block_q;
-                    const float *q = p->q + b * p->q_stride[0] + h * p->q_stride[1];
-                    const float *mask =
-                        p->mask ? p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] : NULL;
-                    float *out = p->out + b * p->out_stride[0] + h * p->out_stride[1];
-                    float *lse =
-                        p->lse ? p->lse + b * p->lse_stride[0] + h * p->lse_stride[1] : NULL;
-                    attention_block(&run, &rows, q, k, v, mask, p->mask_stride[1], out, lse,
-                                    p->lse_stride[1], 0, rows.len_q);
-                }
-            }
+    const attention_problem *p;
+    int grouped;            /* decode with grouped heads: a unit's rows are query heads */
+    size_t group, block_q;  /* query heads per kv head; rows per unit at most */
+    size_t blocks_per_head; /* units per (batch, query head), or per (batch, kv head) if grouped */
+    size_t n_units;
+    size_t pieces, n_chunks; /* split-KV; n_chunks == 1: no split */
+    size_t slot;             /* floats of one (unit, chunk) partial: block_q rows and their lse */
+    float *workspace;        /* the partials, n_units * n_chunks slots */
+} plan;
+
+/* One unit: its rows as attention_block takes them. */
+typedef struct unit {
+    attention_problem sub; /* the problem of its head (grouped: its query heads as rows) */
+    const float *q, *k, *v, *mask;
+    size_t mask_row;
+    float *out, *lse;
+    size_t lse_row, q0, nq;
+} unit;
+
+static void unit_of(const plan *pl, size_t u, unit *x) {
+    const attention_problem *p = pl->p;
+    size_t b, h, hk;
+    x->sub = *p;
+    if (pl->grouped) {
+        /* With one query row, causal masking removes nothing. */
+        const size_t g0 = (u % pl->blocks_per_head) * pl->block_q;
+        hk = u / pl->blocks_per_head % p->heads_kv;
+        b = u / pl->blocks_per_head / p->heads_kv;
+        h = hk * pl->group + g0;
+        x->sub.causal = 0;
+        x->sub.q_stride[2] = p->q_stride[1];
+        x->sub.out_stride[2] = p->out_stride[1];
+        x->sub.len_q = pl->group - g0 < pl->block_q ? pl->group - g0 : pl->block_q;
+        x->mask_row = p->mask_stride[1];
+        x->lse_row = p->lse_stride[1];
+        x->q0 = 0;
+        x->nq = x->sub.len_q;
+    } else {
+        /* within a head, the last blocks first: under causality they see the most keys, and
+           the smallest tasks are left to fill the end */
+        const size_t qb = pl->blocks_per_head - 1 - u % pl->blocks_per_head;
+        h = u / pl->blocks_per_head % p->heads_q;
+        b = u / pl->blocks_per_head / p->heads_q;
+        hk = h / pl->group;
+        x->mask_row = p->mask_stride[2];
+        x->lse_row = 1;
+        x->q0 = qb * pl->block_q;
+        x->nq = p->len_q - x->q0 < pl->block_q ? p->len_q - x->q0 : pl->block_q;
+    }
+    x->q = p->q + b * p->q_stride[0] + h * p->q_stride[1];
+    x->k = p->k + b * p->k_stride[0] + hk * p->k_stride[1];
+    x->v = p->v + b * p->v_stride[0] + hk * p->v_stride[1];
+    x->mask = p->mask ? p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] : NULL;
+    x->out = p->out + b * p->out_stride[0] + h * p->out_stride[1];
+    x->lse = p->lse ? p->lse + b * p->lse_stride[0] + h * p->lse_stride[1] : NULL;
+}
+
+static void unit_task(void *arg, size_t u) {
+    const plan *pl = arg;
+    unit x;
+    unit_of(pl, u, &x);
+    attention_block(&pl->run, &x.sub, x.q, x.k, x.v, x.mask, x.mask_row, x.out, x.lse, x.lse_row,
+                    x.q0, x.nq);
+}
+
+/* (out, lse) <- the merge of (out, lse) and (b, lse_b), rows x d_v, as sdpa.h states for
+   sdpa_attention_merge_f32; lse and lse_b are contiguous. */
+static void merge_rows(float *out, size_t out_row, float *lse, const float *b, size_t b_row,
+                       const float *lse_b, size_t rows, size_t d_v) {
+    for (size_t r = 0; r < rows; r++) {
+        float *o = out + r * out_row;
+        const float *ob = b + r * b_row;
+        const float la = lse[r], lb = lse_b[r];
+        if (lb == -INFINITY) continue; /* b saw no key */
+        if (la == -INFINITY) {
+            if (o != ob) memcpy(o, ob, d_v * sizeof(float));
+            lse[r] = lb;
+            continue;
         }
+        if (isnan(la) || isnan(lb) || la == INFINITY || lb == INFINITY) {
+            for (size_t c = 0; c < d_v; c++) o[c] = NAN;
+            lse[r] = NAN;
+            continue;
+        }
+        const double m = la > lb ? la : lb;
+        const double wa = exp(la - m), wb = exp(lb - m), sum = wa + wb;
+        const double ca = wa / sum, cb = wb / sum;
+        for (size_t c = 0; c < d_v; c++) o[c] = (float)(ca * o[c] + cb * ob[c]);
+        lse[r] = (float)(m + log(sum));
+    }
+}
+
+/* Unit x's rows over the keys of chunk c: normalised rows to out (out_row floats apart), their
+   log-sum-exps to lse[r]. Every row sees every key of a chunk but the last (the chunk holding
+   the causal diagonal), since split units have at most a piece of rows. */
+static void chunk_run(const plan *pl, const unit *x, size_t c, float *out, size_t out_row,
+                      float *lse) {
+    const attention_problem *p = pl->p;
+    const size_t begin = SPLIT_PIECE * (c * pl->pieces / pl->n_chunks);
+    const size_t end =
+        c + 1 == pl->n_chunks ? p->len_kv : SPLIT_PIECE * ((c + 1) * pl->pieces / pl->n_chunks);
+    attention_problem sub = x->sub;
+    if (end < p->len_kv) sub.causal = 0;
+    sub.len_kv = end - begin;
+    sub.out_stride[2] = out_row;
+    attention_block(&pl->run, &sub, x->q, x->k + begin * p->k_stride[2],
+                    x->v + begin * p->v_stride[2], x->mask ? x->mask + begin : NULL, x->mask_row,
+                    out, lse, 1, 0, x->nq);
+}
+
+static void write_lse(const unit *x, const float *lse) {
+    if (x->lse)
+        for (size_t r = 0; r < x->nq; r++) x->lse[r * x->lse_row] = lse[r];
+}
+
+/* The 1-thread split-KV unit: the same chunks and merges as split_task and split_merge, with
+   the partial on the stack. */
+static __attribute__((noinline)) void split_serial_unit(const plan *pl, size_t u) {
+    const size_t d_v = pl->p->d_v;
+    float lse[SDPA_ATTN_MAX_BLOCK_Q], part_lse[SDPA_ATTN_MAX_BLOCK_Q];
+    float part[SDPA_ATTN_MAX_BLOCK_Q * SPLIT_MAX_D_V];
+    unit x;
+    unit_of(pl, u, &x);
+    chunk_run(pl, &x, 0, x.out, x.sub.out_stride[2], lse);
+    for (size_t c = 1; c < pl->n_chunks; c++) {
+        chunk_run(pl, &x, c, part, d_v, part_lse);
+        merge_rows(x.out, x.sub.out_stride[2], lse, part, d_v, part_lse, x.nq, d_v);
+    }
+    write_lse(&x, lse);
+}
+
+/* Task t: unit t / n_chunks, its chunks last (longest) first. Chunk 0 writes the output rows,
+   the others their slot; every chunk's lse goes to its slot. */
+static void split_task(void *arg, size_t t) {
+    const plan *pl = arg;
+    const size_t u = t / pl->n_chunks, c = pl->n_chunks - 1 - t % pl->n_chunks;
+    float *slot = pl->workspace + t * pl->slot;
+    float *lse = slot + pl->block_q * pl->p->d_v;
+    unit x;
+    unit_of(pl, u, &x);
+    if (c == 0)
+        chunk_run(pl, &x, 0, x.out, x.sub.out_stride[2], lse);
+    else
+        chunk_run(pl, &x, c, slot, pl->p->d_v, lse);
+}
+
+static void split_merge(const plan *pl, size_t u) {
+    const size_t d_v = pl->p->d_v, n = pl->n_chunks, rows_floats = pl->block_q * d_v;
+    unit x;
+    unit_of(pl, u, &x);
+    /* slots in task order: task u * n + i holds chunk n - 1 - i */
+    const float *slots = pl->workspace + u * n * pl->slot;
+    float *lse = (float *)slots + (n - 1) * pl->slot + rows_floats;
+    for (size_t c = 1; c < n; c++) {
+        const float *s = slots + (n - 1 - c) * pl->slot;
+        merge_rows(x.out, x.sub.out_stride[2], lse, s, d_v, s + rows_floats, x.nq, d_v);
+    }
+    write_lse(&x, lse);
+}
+
+/* Multiply-adds of the call, roughly: the scores and the weighted sums of every row. */
+static double work_of(const attention_problem *p) {
+    double keys = (double)p->len_kv;
+    if (p->causal) keys -= 0.5 * (double)p->len_q;
+    if (keys < 1.0) keys = 1.0;
+    return (double)p->batch * (double)p->heads_q * (double)p->len_q * keys *
+           (double)(p->d_k + p->d_v);
+}
+
+static void attention_run_all(const attention_problem *p) {
+    plan pl;
+    pl.run.k = sdpa_kernels_now();
+    pl.run.a = pl.run.k->attention;
+    const int exp_kind = sdpa_exp_with(pl.run.k);
+    pl.run.exp_sum = pl.run.k->exp_sum[exp_kind];
+    pl.run.exp_tile = pl.run.a->exp_tile[exp_kind];
+    pl.run.exp_pv = pl.run.a->scores_max ? pl.run.a->exp_pv[exp_kind] : NULL;
+    pl.p = p;
+    pl.block_q = pl.run.a->block_q;
+    pl.group = p->heads_q / p->heads_kv;
+    pl.grouped = p->len_q == 1 && pl.group > 1;
+    const size_t rows = pl.grouped ? pl.group : p->len_q;
+    pl.blocks_per_head = (rows + pl.block_q - 1) / pl.block_q;
+    pl.n_units = p->batch * (pl.grouped ? p->heads_kv : p->heads_q) * pl.blocks_per_head;
+    pl.pieces = p->len_kv / SPLIT_PIECE;
+    pl.n_chunks = 1;
+    if ((pl.grouped || p->len_q <= SPLIT_MAX_Q) && p->d_v <= SPLIT_MAX_D_V && pl.pieces >= 2) {
+        const size_t want = (SPLIT_TASKS + pl.n_units - 1) / pl.n_units;
+        pl.n_chunks = pl.pieces < want ? pl.pieces : want;
+    }
+    pl.slot = pl.block_q * (p->d_v + 1);
+    pl.workspace = NULL;
+
+    const size_t threads = sdpa_threads_for_call();
+    const int parallel = threads > 1 && work_of(p) >= (double)PARALLEL_MIN_WORK;
+    if (pl.n_chunks == 1) {
+        if (parallel && pl.n_units > 1) {
+            sdpa_parallel_run(unit_task, &pl, pl.n_units, threads);
+            return;
+        }
+        for (size_t u = 0; u < pl.n_units; u++) unit_task(&pl, u);
         return;
     }
-    for (size_t b = 0; b < p->batch; b++) {
-        for (size_t h = 0; h < p->heads_q; h++) {
-            const size_t hk = h / group;
-            const float *q = p->q + b * p->q_stride[0] + h * p->q_stride[1];
-            const float *k = p->k + b * p->k_stride[0] + hk * p->k_stride[1];
-            const float *v = p->v + b * p->v_stride[0] + hk * p->v_stride[1];
-            const float *mask =
-                p->mask ? p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] : NULL;
-            float *out = p->out + b * p->out_stride[0] + h * p->out_stride[1];
-            float *lse = p->lse ? p->lse + b * p->lse_stride[0] + h * p->lse_stride[1] : NULL;
-            for (size_t q0 = 0; q0 < p->len_q; q0 += block_q) {
-                size_t nq = p->len_q - q0 < block_q ? p->len_q - q0 : block_q;
-                attention_block(&run, p, q, k, v, mask, p->mask_stride[2], out, lse, 1, q0, nq);
-            }
-        }
+    const size_t n_tasks = pl.n_units * pl.n_chunks; /* at most SPLIT_TASKS + n_units */
+    if (parallel && (pl.workspace = sdpa_workspace_acquire(n_tasks * pl.slot)) != NULL) {
+        sdpa_parallel_run(split_task, &pl, n_tasks, threads);
+        for (size_t u = 0; u < pl.n_units; u++) split_merge(&pl, u);
+        sdpa_workspace_release();
+        return;
     }
+    for (size_t u = 0; u < pl.n_units; u++) split_serial_unit(&pl, u);
 }
 
 static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {
@@ -308,4 +493,31 @@ SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const f
     attention_problem p;
     sdpa_status st = sdpa_problem_from_desc(&p, desc, out, q, k, v);
     return st != SDPA_OK ? st : attention_checked_run(&p, desc->flags);
+}
+
+/* The extents [a, a + na) and [b, b + nb) floats share a byte. */
+static int overlaps(const float *a, size_t na, const float *b, size_t nb) {
+    const uintptr_t ua = (uintptr_t)a, ub = (uintptr_t)b;
+    return ua < ub + nb * sizeof(float) && ub < ua + na * sizeof(float);
+}
+
+SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const float *out_b,
+                                              const float *lse_b, size_t rows, size_t d_v,
+                                              size_t out_stride, size_t out_b_stride) {
+    if (!rows) return SDPA_OK;
+    if (!out || !lse || !out_b || !lse_b) return SDPA_ERR_NULL;
+    if (!d_v || (rows > 1 && (out_stride < d_v || out_b_stride < d_v))) return SDPA_ERR_SIZE;
+    if (!sdpa_rows_fit(rows, d_v, out_stride) || !sdpa_rows_fit(rows, d_v, out_b_stride) ||
+        !sdpa_rows_fit(rows, 1, 1))
+        return SDPA_ERR_SIZE;
+    /* the spans fit (checked above) */
+    const size_t n_out = (rows - 1) * out_stride + d_v, n_out_b = (rows - 1) * out_b_stride + d_v;
+    const int same_out = out == out_b && out_stride == out_b_stride;
+    if (overlaps(out, n_out, lse, rows) || overlaps(out, n_out, lse_b, rows) ||
+        overlaps(lse, rows, out_b, n_out_b) ||
+        (!same_out && overlaps(out, n_out, out_b, n_out_b)) ||
+        (lse != lse_b && overlaps(lse, rows, lse_b, rows)))
+        return SDPA_ERR_SIZE;
+    merge_rows(out, out_stride, lse, out_b, out_b_stride, lse_b, rows, d_v);
+    return SDPA_OK;
 }

@@ -30,6 +30,11 @@ static const sdpa_api API_V1 = {
     .mha_desc_dense = sdpa_mha_desc_dense,
     .mha_desc_bshd = sdpa_mha_desc_bshd,
     .mha_desc_set_mask = sdpa_mha_desc_set_mask,
+    /* ABI 1.1 */
+    .set_num_threads = sdpa_set_num_threads,
+    .num_threads = sdpa_num_threads,
+    .set_parallel_for = sdpa_set_parallel_for,
+    .attention_merge_f32 = sdpa_attention_merge_f32,
 };
 
 /* Major version 1 is the only one this library serves; every 1.x table is a prefix-compatible

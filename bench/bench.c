@@ -15,7 +15,12 @@
  *   bench [--op NAME]... [--backend NAME]... [--n N]... [--d D]... [--shape SHAPE]...
  *         [--reps R] [--min-ms MS]
  *         [--cpu C] [--wall] [--no-peers] [--no-roofline] [--openblas-core NAME]
- *         [--csv FILE] [--json FILE] [--plot DIR] [--smoke]
+ *         [--csv FILE] [--json FILE] [--plot DIR] [--smoke] [--threads LIST]
+ *
+ * Threads: every row runs with sdpa_set_num_threads(1) unless it says otherwise. --threads 1,2
+ * adds, for the attention op, a row of the active backend at each listed count above 1 (labelled
+ * "avx512 x2"); the run is then pinned to as many cores as the largest count, and timed by the
+ * wall clock (a thread's CPU time would miss its pool's work), every row alike.
  */
 #include <errno.h>
 #include <float.h>
@@ -44,6 +49,7 @@ typedef struct impl {
     char label[24];
     const char *backend; /* KIND_SDPA */
     const char *exp;     /* KIND_SDPA softmax: "fast" or "sleef"; NULL otherwise */
+    size_t threads;      /* sdpa_set_num_threads for its calls; 0 counts as 1 */
     size_t iters;        /* calls per timed batch */
     double ns[MAX_REPS]; /* ns per call, one per round */
     double median, min, max;
@@ -63,6 +69,8 @@ typedef struct options {
     int reps;
     double min_ms;
     int cpu;
+    size_t threads[8]; /* --threads: counts above 1 get rows of their own */
+    size_t n_threads, max_threads;
     int peers;
     int smoke;
     int roofline;
@@ -82,6 +90,7 @@ static double now_ns(void) {
 /* ---- timing ---- */
 
 static void select_impl(const impl *im) {
+    sdpa_set_num_threads(im->threads ? im->threads : 1);
     if (im->kind != KIND_SDPA) { /* peers that call sdpa (the attention composite's softmax) */
         sdpa_set_backend("auto");
         sdpa_set_exp_mode("fast");
@@ -292,6 +301,13 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
             snprintf(im->label, sizeof im->label, "%s%s%s", im->backend, im->exp ? " " : "",
                      im->exp ? im->exp : "");
         }
+    if (op->shaped) /* the first (best) backend again at each thread count above 1 */
+        for (size_t t = 0; t < o->n_threads && n_impls < MAX_IMPLS - 4; t++) {
+            if (o->threads[t] < 2) continue;
+            impl *im = &ims[n_impls++];
+            *im = (impl){.kind = KIND_SDPA, .backend = o->backends[0], .threads = o->threads[t]};
+            snprintf(im->label, sizeof im->label, "%s x%zu", im->backend, im->threads);
+        }
     op->prepare(&j);
     if (o->peers)
         for (int p = 0; p < 2; p++) {
@@ -362,6 +378,23 @@ static void set_peer_environment(int argc, char **argv) {
             strerror(errno));
 }
 
+/* Pins to the first n CPUs of the affinity mask (for runs with threads); -1 on failure. */
+static int pin_many(size_t n) {
+    cpu_set_t have, set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof have, &have) != 0) return -1;
+    size_t got = 0;
+    int first = -1;
+    for (int c = 0; c < CPU_SETSIZE && got < n; c++)
+        if (CPU_ISSET(c, &have)) {
+            CPU_SET(c, &set);
+            first = first < 0 ? c : first;
+            got++;
+        }
+    if (got < n || sched_setaffinity(0, sizeof set, &set) != 0) return -1;
+    return first;
+}
+
 static int pin(int cpu) {
     if (cpu < 0) cpu = sched_getcpu();
     cpu_set_t set;
@@ -392,7 +425,7 @@ static void usage(int status) {
         "usage: bench [--op NAME]... [--backend NAME]... [--n N]... [--d D]...\n"
         "             [--shape SHAPE]... [--reps R] [--min-ms MS] [--cpu C] [--wall] [--no-peers]\n"
         "             [--no-roofline] [--openblas-core NAME] [--csv FILE] [--json FILE]\n"
-        "             [--plot DIR] [--smoke]\n"
+        "             [--plot DIR] [--smoke] [--threads LIST]\n"
         "ops:");
     for (size_t i = 0; i < N_OPS; i++) fprintf(status ? stderr : stdout, " %s", OPS[i]->name);
     fprintf(status ? stderr : stdout,
@@ -401,7 +434,9 @@ static void usage(int status) {
             "(default 64 and 128); --shape: an attention shape in the benchdnn style,\n"
             "b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal], for example\n"
             "b1h8kv2q512k512d128causal (replacing the default shapes; alone, it selects the\n"
-            "attention op); --smoke: tiny sizes, one round, no roofline\n");
+            "attention op); --smoke: tiny sizes, one round, no roofline; --threads 1,2: attention\n"
+            "rows of the active backend at those thread counts too (wall clock, pinned to as many\n"
+            "cores as the largest; every other row runs on 1 thread)\n");
     exit(status);
 }
 
@@ -452,7 +487,19 @@ static options parse(int argc, char **argv) {
             continue; /* used by set_peer_environment */
         else if (strcmp(a, "--cpu") == 0)
             o.cpu = atoi(v);
-        else if (strcmp(a, "--csv") == 0)
+        else if (strcmp(a, "--threads") == 0) {
+            for (const char *p = v; *p;) {
+                char *end;
+                errno = 0;
+                unsigned long long t = strtoull(p, &end, 10);
+                if (end == p || errno || t < 1 || t > 1024 || o.n_threads == 8) usage(2);
+                o.threads[o.n_threads++] = (size_t)t;
+                if (t > o.max_threads) o.max_threads = (size_t)t;
+                p = *end == ',' && end[1] ? end + 1 : end;
+                if (*p && *end != ',') usage(2);
+            }
+            if (!o.n_threads) usage(2);
+        } else if (strcmp(a, "--csv") == 0)
             o.csv = v;
         else if (strcmp(a, "--json") == 0)
             o.json = v;
@@ -516,14 +563,24 @@ static void print_roofline(void) {
 int main(int argc, char **argv) {
     set_peer_environment(argc, argv);
     options o = parse(argc, argv);
-    int cpu = pin(o.cpu);
+    int cpu;
+    if (o.max_threads > 1) {
+        cpu = pin_many(o.max_threads);
+        bench_clock = CLOCK_MONOTONIC;
+    } else {
+        cpu = pin(o.cpu);
+    }
 
     char model[128], date[32];
     cpu_model(model, sizeof model);
     time_t t = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&t));
     printf("sdpa %s benchmark, %s\n", sdpa_version(), date);
-    printf("cpu: %s; pinned to core %d%s\n", model, cpu, cpu < 0 ? " (pinning FAILED)" : "");
+    if (o.max_threads > 1)
+        printf("cpu: %s; pinned to %zu cores from core %d%s\n", model, o.max_threads, cpu,
+               cpu < 0 ? " (pinning FAILED)" : "");
+    else
+        printf("cpu: %s; pinned to core %d%s\n", model, cpu, cpu < 0 ? " (pinning FAILED)" : "");
     printf("active backend (auto): %s; measured:", sdpa_backend());
     for (size_t i = 0; i < o.n_backends; i++) printf(" %s", o.backends[i]);
     printf("\ncompiler: %s; flags: %s\nSLEEF %d.%d.%d\n", BENCH_COMPILER, BENCH_BUILD_FLAGS,

@@ -289,6 +289,7 @@ int cmd_info(int json) {
             printf("null");
         printf(",\n  \"exp_mode\": ");
         json_string(api->exp_mode());
+        if (SDPA_API_HAS(api, num_threads)) printf(",\n  \"threads\": %zu", api->num_threads());
         printf("\n}\n");
         return 0;
     }
@@ -321,5 +322,7 @@ int cmd_info(int json) {
                                            : "not a backend this library and CPU can run");
     printf("\nactive backend: %s%s; exp: %s\n", api->backend(),
            forced ? " (forced by SDPA_BACKEND)" : "", api->exp_mode());
+    if (SDPA_API_HAS(api, num_threads))
+        printf("threads per attention call: %zu\n", api->num_threads());
     return 0;
 }

@@ -2,9 +2,9 @@
  * backend is. This file parses the arguments, loads the library and runs one command: info.c,
  * demo.c, bench.c.
  *
- *   sdpa info [--json]
- *   sdpa demo [--seed N] [--dims LIST] [--backend NAME] [--plot FILE.png]
- *   sdpa bench [--json]
+ *   sdpa info [--json] [--threads N]
+ *   sdpa demo [--seed N] [--dims LIST] [--backend NAME] [--plot FILE.png] [--threads N]
+ *   sdpa bench [--json] [--threads N]
  *
  * Exit status: 0 success, 1 failure at run time (library not found, gnuplot failed), 2 usage
  * error (unknown command or option, bad value), with one line on stderr. */
@@ -115,9 +115,12 @@ static const char HELP[] =
     "Options:\n"
     "  -h, --help     this text; 'sdpa COMMAND --help' describes a command\n"
     "  --version      versions of the command, the library and its ABI\n"
+    "  --threads N    after the command: threads per attention call (0: the default, the\n"
+    "                 CPUs this process may run on; 1: the calling thread only)\n"
     "\n"
     "Environment: SDPA_BACKEND=NAME forces a backend, SDPA_EXP=sleef selects SLEEF's exp,\n"
-    "SDPA_LIBRARY=PATH loads another build of libsdpa.so.1.\n"
+    "SDPA_NUM_THREADS=N sets the default thread count, SDPA_LIBRARY=PATH loads another build\n"
+    "of libsdpa.so.1.\n"
     "\n"
     "Backends, best first (the first one this CPU runs is the default):\n";
 
@@ -133,19 +136,22 @@ static void help_backend(const char *name, const char *arch, const char *require
     help_backend(#name, arch, requires, description);
 
 static const char HELP_INFO[] =
-    "Usage: sdpa info [--json]\n"
+    "Usage: sdpa info [--json] [--threads N]\n"
     "\n"
     "Shows the CPU (vendor, model, the features the backends need, the OS support for the\n"
     "wide registers), every backend with compiled / supported / active and why a better one\n"
-    "was not chosen, and the versions of the library, its ABI and SLEEF.\n"
+    "was not chosen, the threads an attention call uses, and the versions of the library, its\n"
+    "ABI and SLEEF.\n"
     "\n"
-    "  --json     the same as one JSON object\n";
+    "  --json         the same as one JSON object\n"
+    "  --threads N    set the thread count first (0: the default)\n";
 
 /* " avx512 avx2 ...": every name the generated list (backends.h) holds, best first */
 #define BACKEND_NAME_(unused, name, ...) " " #name
 #define BACKEND_NAMES                    SDPA_BACKENDS(BACKEND_NAME_, )
 static const char HELP_DEMO[] =
     "Usage: sdpa demo [--seed N] [--dims LIST] [--backend NAME] [--plot FILE.png]\n"
+    "                 [--threads N]\n"
     "\n"
     "Five short sections on why attention divides Q K^T by sqrt(d_k): dot products grow with\n"
     "d, their variance grows linearly with d, softmax saturates, its gradient vanishes, and a\n"
@@ -155,17 +161,19 @@ static const char HELP_DEMO[] =
     "  --dims LIST       dimensions for sections 2 and 4, comma-separated, at most 8\n"
     "                    (default 3,10,100,1000)\n"
     "  --backend NAME    run on this backend:" BACKEND_NAMES "\n"
-    "  --plot FILE.png   also draw the distributions of section 2 with gnuplot\n";
+    "  --plot FILE.png   also draw the distributions of section 2 with gnuplot\n"
+    "  --threads N       threads per attention call (0: the default)\n";
 
 static const char HELP_BENCH[] =
-    "Usage: sdpa bench [--json]\n"
+    "Usage: sdpa bench [--json] [--threads N]\n"
     "\n"
     "Times dot and softmax at n = 256, 4096, 65536 and the fused attention at three shapes\n"
     "(decode 1 x 4096 keys d = 128, prefill 256 x 256 d = 64, and the same causal) on every\n"
     "backend this CPU runs, with the speedup over scalar. About a second; the full benchmark,\n"
     "with peers and a roofline, is in bench/.\n"
     "\n"
-    "  --json     results as one JSON object\n";
+    "  --json         results as one JSON object\n"
+    "  --threads N    threads per attention call (default: the library's default)\n";
 
 int main(int argc, char **argv) {
     if (argc < 2) return usage_error("missing command: info, demo or bench");
@@ -191,6 +199,8 @@ int main(int argc, char **argv) {
     uint64_t seed = 1;
     size_t dims[MAX_DIMS] = {3, 10, 100, 1000}, n_dims = 4;
     const char *backend = NULL, *plot_file = NULL;
+    uint64_t threads = 0;
+    int set_threads = 0;
     for (int i = 2; i < argc; i++) {
         const char *v = NULL;
         int m;
@@ -211,6 +221,10 @@ int main(int argc, char **argv) {
         } else if (is_demo && (m = option_value(argc, argv, &i, "--backend", &v)) != 0) {
             if (m < 0 || !*v) return usage_error("--backend needs a name");
             backend = v;
+        } else if ((m = option_value(argc, argv, &i, "--threads", &v)) != 0) {
+            if (m < 0 || !parse_u64(v, &threads) || threads > 1024)
+                return usage_error("--threads needs a count from 0 to 1024, not '%s'", v ? v : "");
+            set_threads = 1;
         } else if (is_demo && (m = option_value(argc, argv, &i, "--plot", &v)) != 0) {
             if (m < 0 || !*v) return usage_error("--plot needs a file name");
             plot_file = v;
@@ -225,6 +239,15 @@ int main(int argc, char **argv) {
     }
 
     if (load_library()) return 1;
+    if (set_threads) {
+        if (!SDPA_API_HAS(api, set_num_threads)) {
+            fprintf(stderr, "sdpa: this library (%s) has no thread setting\n", api->version());
+            return 1;
+        }
+        if (api->set_num_threads((size_t)threads) != SDPA_OK)
+            return usage_error("--threads %llu: refused by the library",
+                               (unsigned long long)threads);
+    }
     if (backend && api->set_backend(backend) != SDPA_OK)
         return usage_error("--backend %s: not a backend this library and CPU can run", backend);
     if (is_info) return cmd_info(json);

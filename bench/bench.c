@@ -89,8 +89,12 @@ static double now_ns(void) {
 
 /* ---- timing ---- */
 
+/* Weak: scripts/bench-ab runs this benchmark against libraries older than the thread setting,
+   where it is NULL and every call runs on one thread anyway. */
+#pragma weak sdpa_set_num_threads
+
 static void select_impl(const impl *im) {
-    sdpa_set_num_threads(im->threads ? im->threads : 1);
+    if (sdpa_set_num_threads) sdpa_set_num_threads(im->threads ? im->threads : 1);
     if (im->kind != KIND_SDPA) { /* peers that call sdpa (the attention composite's softmax) */
         sdpa_set_backend("auto");
         sdpa_set_exp_mode("fast");

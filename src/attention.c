@@ -240,8 +240,9 @@ static void attention_block(const attention_run *run, const attention_problem *p
 #define SPLIT_TASKS   128
 #define SPLIT_MAX_Q   16
 #define SPLIT_MAX_D_V 256
-/* Below this many multiply-adds a call runs on the caller's thread: waking a sleeping thread
-   costs some 10 to 50 us, a few percent of this much work on one core. */
+/* Below this much work (work_of) a call runs on the caller's thread and never touches the pool:
+   it is some 40 us on one AVX-512 core, where sharing it with a thread that must first be woken
+   (10 to 30 us) stops paying. */
 #define PARALLEL_MIN_WORK (1u << 21)
 
 typedef struct plan {
@@ -406,13 +407,16 @@ static void split_merge(const plan *pl, size_t u) {
     write_lse(&x, lse);
 }
 
-/* Multiply-adds of the call, roughly: the scores and the weighted sums of every row. */
-static double work_of(const attention_problem *p) {
+/* The call's work in multiply-adds, roughly: the scores and weighted sums of every row, and
+   each unit's pass over its K and V, a float of which costs about as much as 8 multiply-adds
+   when it comes from memory (what makes decode worth splitting). */
+static double work_of(const attention_problem *p, size_t n_units) {
     double keys = (double)p->len_kv;
     if (p->causal) keys -= 0.5 * (double)p->len_q;
     if (keys < 1.0) keys = 1.0;
-    return (double)p->batch * (double)p->heads_q * (double)p->len_q * keys *
-           (double)(p->d_k + p->d_v);
+    const double row_floats = keys * (double)(p->d_k + p->d_v);
+    return (double)p->batch * (double)p->heads_q * (double)p->len_q * row_floats +
+           8.0 * (double)n_units * row_floats;
 }
 
 static void attention_run_all(const attention_problem *p) {
@@ -440,7 +444,7 @@ static void attention_run_all(const attention_problem *p) {
     pl.workspace = NULL;
 
     const size_t threads = sdpa_threads_for_call();
-    const int parallel = threads > 1 && work_of(p) >= (double)PARALLEL_MIN_WORK;
+    const int parallel = threads > 1 && work_of(p, pl.n_units) >= (double)PARALLEL_MIN_WORK;
     if (pl.n_chunks == 1) {
         if (parallel && pl.n_units > 1) {
             sdpa_parallel_run(unit_task, &pl, pl.n_units, threads);

@@ -249,7 +249,8 @@ SDPA_API sdpa_status sdpa_mha_desc_set_mask(sdpa_mha_desc *desc, const float *ma
  * part (the output rows and their log-sum-exps, as sdpa_mha_f32 writes them) and (out_b, lse_b)
  * the other; out and lse become the attention over the union. rows x d_v floats, row strides in
  * floats. With m = max(lse, lse_b), w = exp(lse - m), w_b = exp(lse_b - m):
- * out = (w out + w_b out_b) / (w + w_b), lse = m + log(w + w_b), in double, rounded once.
+ * out = (w out + w_b out_b) / (w + w_b), lse = m + log(w + w_b), in float on the active
+ * backend (whose rounding may differ from another backend's, never from one run to the next).
  *   - A part whose lse is -inf (it saw no key) contributes exactly nothing: the other part is
  *     kept bit for bit. Two such parts give zeros and -inf.
  *   - Otherwise an lse that is NaN or +inf in either part makes the row NaN (out and lse); NaN

@@ -313,9 +313,11 @@ static void unit_task(void *arg, size_t u) {
 }
 
 /* (out, lse) <- the merge of (out, lse) and (b, lse_b), rows x d_v, as sdpa.h states for
-   sdpa_attention_merge_f32; lse and lse_b are contiguous. */
-static void merge_rows(float *out, size_t out_row, float *lse, const float *b, size_t b_row,
-                       const float *lse_b, size_t rows, size_t d_v) {
+   sdpa_attention_merge_f32; lse and lse_b are contiguous. In float with the backend's own
+   scale and P V kernels: a merge costs a pass over two rows, which keeps the 1-thread split-KV
+   path (a merge per chunk) as fast as the unsplit one. */
+static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float *lse,
+                       const float *b, size_t b_row, const float *lse_b, size_t rows, size_t d_v) {
     for (size_t r = 0; r < rows; r++) {
         float *o = out + r * out_row;
         const float *ob = b + r * b_row;
@@ -331,11 +333,15 @@ static void merge_rows(float *out, size_t out_row, float *lse, const float *b, s
             lse[r] = NAN;
             continue;
         }
-        const double m = la > lb ? la : lb;
-        const double wa = exp(la - m), wb = exp(lb - m), sum = wa + wb;
-        const double ca = wa / sum, cb = wb / sum;
-        for (size_t c = 0; c < d_v; c++) o[c] = (float)(ca * o[c] + cb * ob[c]);
-        lse[r] = (float)(m + log(sum));
+        /* the larger part has weight 1, the other w = exp(lo - hi) <= 1 */
+        const int a_larger = la >= lb;
+        const float hi = a_larger ? la : lb, lo = a_larger ? lb : la;
+        const float w = expf(lo - hi), inv = 1.0f / (1.0f + w);
+        const float ca = a_larger ? inv : w * inv, cb = a_larger ? w * inv : inv;
+        lse[r] = hi + log1pf(w);
+        if (o == ob) continue; /* a part merged with itself: the same rows */
+        k->scale(o, o, d_v, ca);
+        k->attention->pv_tile(o, d_v, &cb, 1, 1, 1, ob, d_v, d_v);
     }
 }
 
@@ -373,7 +379,7 @@ static __attribute__((noinline)) void split_serial_unit(const plan *pl, size_t u
     chunk_run(pl, &x, 0, x.out, x.sub.out_stride[2], lse);
     for (size_t c = 1; c < pl->n_chunks; c++) {
         chunk_run(pl, &x, c, part, d_v, part_lse);
-        merge_rows(x.out, x.sub.out_stride[2], lse, part, d_v, part_lse, x.nq, d_v);
+        merge_rows(pl->run.k, x.out, x.sub.out_stride[2], lse, part, d_v, part_lse, x.nq, d_v);
     }
     write_lse(&x, lse);
 }
@@ -402,7 +408,7 @@ static void split_merge(const plan *pl, size_t u) {
     float *lse = (float *)slots + (n - 1) * pl->slot + rows_floats;
     for (size_t c = 1; c < n; c++) {
         const float *s = slots + (n - 1 - c) * pl->slot;
-        merge_rows(x.out, x.sub.out_stride[2], lse, s, d_v, s + rows_floats, x.nq, d_v);
+        merge_rows(pl->run.k, x.out, x.sub.out_stride[2], lse, s, d_v, s + rows_floats, x.nq, d_v);
     }
     write_lse(&x, lse);
 }
@@ -522,6 +528,6 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
         (!same_out && overlaps(out, n_out, out_b, n_out_b)) ||
         (lse != lse_b && overlaps(lse, rows, lse_b, rows)))
         return SDPA_ERR_SIZE;
-    merge_rows(out, out_stride, lse, out_b, out_b_stride, lse_b, rows, d_v);
+    merge_rows(sdpa_kernels_now(), out, out_stride, lse, out_b, out_b_stride, lse_b, rows, d_v);
     return SDPA_OK;
 }

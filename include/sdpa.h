@@ -7,9 +7,9 @@
  *
  * Errors: every call that can fail returns an sdpa_status. Arguments are checked before any work,
  * and on error no output is written and no input is read. Nothing aborts and nothing prints,
- * except one line on stderr at load time when SDPA_BACKEND or SDPA_EXP names something that
- * cannot be used here. No array can hold more than PTRDIFF_MAX bytes: a count or an extent past
- * that is SDPA_ERR_SIZE, whatever the pointer.
+ * except one line on stderr at load time when SDPA_BACKEND, SDPA_EXP or SDPA_NUM_THREADS holds
+ * something that cannot be used here. No array can hold more than PTRDIFF_MAX bytes: a count or an
+ * extent past that is SDPA_ERR_SIZE, whatever the pointer.
  *
  * Floating-point environment: no call changes the rounding mode or the flush-to-zero and
  * denormals-are-zero bits, failed calls included. Exception flags: dot, scale and scores raise
@@ -179,10 +179,11 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTE
  * Memory: scratch is on the stack of each thread that runs a task (under 128 KiB); for
  * d_v > 256 the output rows themselves hold the running sums until they are normalised. With one
  * thread nothing is allocated. With more, a split-KV call (Threads below) keeps its partial
- * results in a workspace that grows to the largest call and is then reused: for a call of R
- * query rows per (batch, kv head) task (R = len_q, or the group heads_q / heads_kv when
- * len_q == 1, in blocks of 32) split into C chunks, R * C * (d_v + 1) floats per task unit, at
- * most 32 * 256 * 257 floats (8.4 MB) for any shape. ---- */
+ * results in a workspace that grows to the largest call and is then reused, and freed at
+ * unload: U * C * 32 * (d_v + 1) floats for U units of rows (batch * heads_q, or for grouped
+ * decode batch * heads_kv * ceil(group / 32)) split into C chunks each (Threads below); U * C is
+ * below 256 and d_v at most 256, so never more than 8.4 MB. For example 1.1 MB for decode with
+ * 32 query heads over 8 kv heads, 4096 keys, d = 128. ---- */
 
 #define SDPA_DEFAULT_SCALE 0.0f /* scale argument meaning 1/sqrt(d_k) */
 #define SDPA_CAUSAL        (1u << 0)
@@ -270,11 +271,12 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
  *      thread count, and runs them on the built-in pool or on the host's parallel_for, so its
  *      results are bitwise identical for every thread count, 1 included, and every scheduler.
  *
- *   - Tasks: prefill is one task per (batch, query head, block of 32 query rows), the blocks
- *     with the most causal work first. Decode and short queries (len_q <= 16, or len_q == 1 with
- *     grouped heads) over at least 1024 keys are split-KV: the keys are cut into chunks of whole
- *     512-key pieces (as many chunks as pieces, at most enough for about 128 tasks), each chunk's
- *     partial output and log-sum-exp computed by one task, and the chunks merged in key order as
+ *   - Tasks: prefill is one task per (batch, query head, block of 32 query rows; 16 on the
+ *     scalar backend), the blocks with the most causal work first. Decode and short queries
+ *     (len_q <= 16, or len_q == 1 with grouped heads) over at least 1024 keys, with d_v <= 256,
+ *     are split-KV: the keys are cut into chunks of whole 512-key pieces (as many chunks as
+ *     pieces, but no more than about 128 tasks need), each chunk's partial output and
+ *     log-sum-exp computed by one task, and the chunks merged in key order as
  *     sdpa_attention_merge_f32 does; a 1-thread call runs the same chunks and merges.
  *   - A call with too little work to pay for waking a thread (under about 2^21 multiply-adds)
  *     runs on the caller's thread and never touches the pool.
@@ -282,12 +284,14 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
  *     the caller is the last thread. One call uses it at a time: a call that finds it busy (or
  *     finds the split-KV workspace busy) runs on its own thread instead, so the pool is never
  *     oversubscribed and no call waits for another. A call made on a thread that is running one
- *     of sdpa's tasks (on the pool or on a host's parallel_for) runs on that thread.
+ *     of sdpa's tasks (on the pool or on a host's parallel_for) runs on that thread. A call made
+ *     inside a host's own task cannot be told apart: a host whose parallel_for cannot nest sets
+ *     the thread count to 1 around such calls, or has its parallel_for run nested jobs inline.
  *   - Idle pool threads spin for a few tens of microseconds, then sleep: an idle pool costs no
  *     CPU. The threads and the workspace are released when the library is unloaded or the
  *     process exits. They take no signals.
- *   - After fork() the child may call at once: it runs each call on its own thread until its
- *     first parallel call starts a new pool.
+ *   - After fork() the child may call at once: it has none of the parent's pool threads, and
+ *     its first call that needs threads starts a pool of its own.
  *   - If a thread or the workspace cannot be created, the call runs with fewer threads or on
  *     the caller's alone; it never fails for that. ---- */
 

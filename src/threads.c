@@ -59,6 +59,7 @@ typedef struct pool {
     pthread_cond_t wake, done;
     pthread_t *threads;
     size_t n_threads; /* workers running; changed only by the holder of run */
+    size_t wanted;    /* the size last asked for (n_threads is less when creation failed) */
     size_t sleepers;  /* workers waiting on wake */
     int stop;
     _Atomic unsigned long generation; /* one more per job, bumped under lock */
@@ -102,6 +103,7 @@ static void after_fork_in_child(void) {
     pthread_cond_init(&P.wake, NULL);
     pthread_cond_init(&P.done, NULL);
     P.n_threads = 0;
+    P.wanted = 0;
     P.sleepers = 0;
     P.stop = 0;
     pthread_mutex_init(&host_lock, NULL);
@@ -199,10 +201,12 @@ static void *worker(void *start_generation) {
     }
 }
 
-/* Makes the pool `want` workers (the caller holds P.run); fewer when memory or threads run out. */
+/* Makes the pool `want` workers (the caller holds P.run); fewer when memory or threads run out,
+   and then no new attempt until another size is asked for. */
 static void pool_resize(size_t want) {
-    if (want == P.n_threads) return;
+    if (want == P.wanted) return;
     pool_stop();
+    P.wanted = want;
     if (!want) return;
     pthread_t *threads = realloc(P.threads, want * sizeof *threads);
     if (!threads) return;

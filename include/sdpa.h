@@ -280,8 +280,9 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
  *     sdpa_attention_merge_f32 does; a 1-thread call runs the same chunks and merges.
  *   - A call with too little work to pay for waking a thread (under about 2^21 multiply-adds)
  *     runs on the caller's thread and never touches the pool.
- *   - The pool has sdpa_num_threads() - 1 threads, started at the first call that uses them;
- *     the caller is the last thread. One call uses it at a time: a call that finds it busy (or
+ *   - A call with n threads uses n - 1 pool threads and the caller's. The pool starts at the
+ *     first call that needs it and grows to the largest count used (a smaller count leaves the
+ *     others asleep). One call uses it at a time: a call that finds it busy (or
  *     finds the split-KV workspace busy) runs on its own thread instead, so the pool is never
  *     oversubscribed and no call waits for another. A call made on a thread that is running one
  *     of sdpa's tasks (on the pool or on a host's parallel_for) runs on that thread. A call made

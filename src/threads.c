@@ -1,12 +1,14 @@
 /* Threads: the process-wide thread setting, the built-in pool, a host's parallel_for, and the
  * split-KV workspace.
  *
- * The pool has sdpa_num_threads() - 1 workers; the calling thread is the last one. One call uses
- * it at a time: a call that finds it taken (trylock) runs on its own thread, so the pool never
- * runs more threads than its size and no call waits for another. A job is published by bumping a
- * generation counter; tasks are claimed from a shared counter, so a worker that wakes late simply
- * finds fewer left. Idle workers spin on the counter for a bounded number of pause instructions
- * (SPIN_ROUNDS, some tens of microseconds), then sleep on a condition variable: an idle pool
+ * The pool grows to the largest sdpa_num_threads() - 1 a call has asked for and never shrinks; a
+ * job uses the first n - 1 workers for a count of n, and the calling thread is the last one.
+ * One call uses the pool at a time: a call that finds it taken (trylock) runs on its own thread,
+ * so the pool never runs more threads than asked and no call waits for another. A job is
+ * published as one atomic word (its generation and how many workers take part); tasks are
+ * claimed from a shared counter, so a worker that wakes late simply finds fewer left. A worker
+ * that took part in the last job spins on the word for a bounded number of pause instructions
+ * (SPIN_ROUNDS, some tens of microseconds), then sleeps on a condition variable: an idle pool
  * costs no CPU. The workers are joined and the memory freed by the library's destructor (exit or
  * dlclose). In a child of fork() the workers do not exist: the child forgets them and starts a
  * new pool at its first parallel call. */
@@ -53,17 +55,24 @@ static void *host_ctx;
 
 /* ---- the pool ---- */
 
+#define ACTIVE_BITS          16 /* MAX_THREADS - 1 workers fit */
+#define JOB_GENERATION(word) ((word) >> ACTIVE_BITS)
+#define JOB_ACTIVE(word)     ((size_t)((word) & ((1u << ACTIVE_BITS) - 1)))
+
 typedef struct pool {
     pthread_mutex_t run;  /* held by the one call that uses the pool */
     pthread_mutex_t lock; /* guards stop, sleepers and the two condition variables */
     pthread_cond_t wake, done;
     pthread_t *threads;
     size_t n_threads; /* workers running; changed only by the holder of run */
-    size_t wanted;    /* the size last asked for (n_threads is less when creation failed) */
+    size_t tried;     /* the largest size asked for (n_threads is less when creation failed) */
     size_t sleepers;  /* workers waiting on wake */
     int stop;
-    _Atomic unsigned long generation; /* one more per job, bumped under lock */
-    /* the job, written by the holder of run before it bumps generation */
+    /* the job's generation (one more per job) << ACTIVE_BITS | the workers it uses: worker i
+       takes part when i < active. One word, so that a worker never pairs a generation with
+       another job's count. Stored under lock. */
+    _Atomic uint64_t job;
+    /* the job, written by the holder of run before it stores job */
     sdpa_task_fn task;
     void *arg;
     size_t n_tasks;
@@ -103,7 +112,7 @@ static void after_fork_in_child(void) {
     pthread_cond_init(&P.wake, NULL);
     pthread_cond_init(&P.done, NULL);
     P.n_threads = 0;
-    P.wanted = 0;
+    P.tried = 0;
     P.sleepers = 0;
     P.stop = 0;
     pthread_mutex_init(&host_lock, NULL);
@@ -170,28 +179,39 @@ static void claim_tasks(void) {
         P.task(P.arg, i);
 }
 
-static void *worker(void *start_generation) {
+typedef struct worker_start {
+    size_t index;
+    uint64_t generation; /* the pool's when the worker was created: no job in flight */
+} worker_start;
+
+static void *worker(void *start) {
     in_task = 1; /* a call from inside a task runs on this thread */
-    unsigned long seen = (unsigned long)(uintptr_t)start_generation;
+    const size_t index = ((worker_start *)start)->index;
+    uint64_t seen = ((worker_start *)start)->generation;
+    free(start);
+    int spin_first = 1; /* spin only after a job it took part in: more are likely to follow */
     for (;;) {
-        unsigned long g;
-        for (int spin = 0;
-             (g = atomic_load_explicit(&P.generation, memory_order_acquire)) == seen &&
-             spin < SPIN_ROUNDS;
-             spin++)
+        uint64_t word = atomic_load_explicit(&P.job, memory_order_acquire);
+        for (int spin = 0; spin_first && JOB_GENERATION(word) == seen && spin < SPIN_ROUNDS;
+             spin++) {
             cpu_relax();
-        if (g == seen) {
+            word = atomic_load_explicit(&P.job, memory_order_acquire);
+        }
+        if (JOB_GENERATION(word) == seen) {
             pthread_mutex_lock(&P.lock);
             P.sleepers++;
-            while ((g = atomic_load_explicit(&P.generation, memory_order_acquire)) == seen &&
+            while (JOB_GENERATION(word = atomic_load_explicit(&P.job, memory_order_acquire)) ==
+                       seen &&
                    !P.stop)
                 pthread_cond_wait(&P.wake, &P.lock);
             P.sleepers--;
-            const int stop = P.stop && g == seen;
+            const int stop = P.stop && JOB_GENERATION(word) == seen;
             pthread_mutex_unlock(&P.lock);
             if (stop) return NULL;
         }
-        seen = g;
+        seen = JOB_GENERATION(word);
+        spin_first = index < JOB_ACTIVE(word);
+        if (!spin_first) continue; /* a job for fewer threads than the pool has */
         claim_tasks();
         if (atomic_fetch_sub_explicit(&P.busy, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&P.lock);
@@ -201,13 +221,13 @@ static void *worker(void *start_generation) {
     }
 }
 
-/* Makes the pool `want` workers (the caller holds P.run); fewer when memory or threads run out,
-   and then no new attempt until another size is asked for. */
-static void pool_resize(size_t want) {
-    if (want == P.wanted) return;
-    pool_stop();
-    P.wanted = want;
-    if (!want) return;
+/* Grows the pool to `want` workers (the caller holds P.run); fewer when memory or threads run
+   out, and then no new attempt until a larger size is asked for. It never shrinks: a job for
+   fewer threads leaves the others asleep, so a host that changes the count pays for no thread
+   creation after the first time. */
+static void pool_grow(size_t want) {
+    if (want <= P.n_threads || want <= P.tried) return;
+    P.tried = want;
     pthread_t *threads = realloc(P.threads, want * sizeof *threads);
     if (!threads) return;
     P.threads = threads;
@@ -215,10 +235,18 @@ static void pool_resize(size_t want) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    const unsigned long g = atomic_load_explicit(&P.generation, memory_order_relaxed);
-    while (P.n_threads < want &&
-           pthread_create(&P.threads[P.n_threads], NULL, worker, (void *)(uintptr_t)g) == 0)
+    const uint64_t g = JOB_GENERATION(atomic_load_explicit(&P.job, memory_order_relaxed));
+    while (P.n_threads < want) {
+        worker_start *start = malloc(sizeof *start);
+        if (!start) break;
+        start->index = P.n_threads;
+        start->generation = g;
+        if (pthread_create(&P.threads[P.n_threads], NULL, worker, start) != 0) {
+            free(start);
+            break;
+        }
         P.n_threads++;
+    }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
@@ -226,8 +254,9 @@ static void pool_resize(size_t want) {
    is taken or has no worker. */
 static int pool_run(sdpa_task_fn task, void *arg, size_t n_tasks, size_t threads) {
     if (pthread_mutex_trylock(&P.run) != 0) return 0;
-    pool_resize(threads - 1);
-    if (P.n_threads == 0) {
+    pool_grow(threads - 1);
+    const size_t active = threads - 1 < P.n_threads ? threads - 1 : P.n_threads;
+    if (active == 0) {
         pthread_mutex_unlock(&P.run);
         return 0;
     }
@@ -235,9 +264,10 @@ static int pool_run(sdpa_task_fn task, void *arg, size_t n_tasks, size_t threads
     P.arg = arg;
     P.n_tasks = n_tasks;
     atomic_store_explicit(&P.next, 0, memory_order_relaxed);
-    atomic_store_explicit(&P.busy, P.n_threads, memory_order_relaxed);
+    atomic_store_explicit(&P.busy, active, memory_order_relaxed);
     pthread_mutex_lock(&P.lock);
-    atomic_fetch_add_explicit(&P.generation, 1, memory_order_release);
+    const uint64_t g = JOB_GENERATION(atomic_load_explicit(&P.job, memory_order_relaxed)) + 1;
+    atomic_store_explicit(&P.job, g << ACTIVE_BITS | active, memory_order_release);
     if (P.sleepers) pthread_cond_broadcast(&P.wake);
     pthread_mutex_unlock(&P.lock);
 

@@ -4,9 +4,10 @@
  * The input picks the shapes (batch, heads_q, heads_kv with GQA/MQA/MHA ratios, len_q, len_kv,
  * d_k, d_v: mostly <= 40, sometimes a d_v past the 256-float stack accumulator), the layout
  * (BHSD, BSHD, padded rows, K/V and mask broadcast over the batch or heads with stride 0), the
- * causal flag, an optional mask (finite values, -inf entries, whole -inf rows, NaN), the scale
- * (SDPA_DEFAULT_SCALE, ordinary values, non-finite), bad arguments (NULL pointers, unknown
- * flags, heads that do not divide, short row strides, extents that overflow size_t, a short
+ * causal flag, the thread count (1, 2, 3 or 16: calls with enough work run on the pool, and must
+ * give what one thread gives), an optional mask (finite values, -inf entries, whole -inf rows,
+ * NaN), the scale (SDPA_DEFAULT_SCALE, ordinary values, non-finite), bad arguments (NULL pointers,
+ * unknown flags, heads that do not divide, short row strides, extents that overflow size_t, a short
  * struct_size) and the float bit patterns of q, k, v (moderate values, with NaN/inf/huge values
  * sprinkled in, and NaN in the values of keys that a mask or causality removes). Each case runs
  * on every backend this CPU runs (in the exp mode the input picks), and is checked against
@@ -48,7 +49,8 @@ static float value(fuzz_reader *r, float range, int rate) {
 }
 
 typedef struct fcase {
-    int single; /* sdpa_attention_f32 instead of sdpa_mha_f32 */
+    int single;     /* sdpa_attention_f32 instead of sdpa_mha_f32 */
+    size_t threads; /* sdpa_set_num_threads for the case: the results must not depend on it */
     sdpa_mha_desc d;
     int null_desc, null_index; /* which of out, q, k, v is NULL, -1 for none */
     int want_null, want_size, want_arg;
@@ -89,6 +91,8 @@ static void read_case(fuzz_reader *r, fcase *c) {
     memset(c, 0, sizeof *c);
     uint8_t sel = fuzz_u8(r), shape = fuzz_u8(r), lay = fuzz_u8(r), bad = fuzz_u8(r);
     c->single = (sel & 7) == 0;
+    static const size_t THREADS[] = {1, 2, 3, 16};
+    c->threads = THREADS[sel >> 6];
     size_t batch = c->single ? 1 : 1 + (shape & 1) + (shape >> 1 & 1);
     size_t heads_kv = c->single ? 1 : 1 + (shape >> 2 & 1);
     size_t group = c->single ? 1 : 1 + (shape >> 4) % 4; /* 1: MHA, else GQA (MQA if kv 1) */
@@ -409,6 +413,7 @@ static void run_case(fuzz_reader *r) {
     if (!ex) abort();
     int expected = 0;
     static const char *const EXP_MODES[] = {"fast", "sleef"};
+    if (sdpa_set_num_threads(c.threads) != SDPA_OK) FUZZ_FAIL("set_num_threads");
     for (size_t bi = 0; next_backend(&bi);) {
         /* one exp mode per case (the input picks it): both would double the cost */
         for (size_t e = vals >> 7; e == vals >> 7; e++) {

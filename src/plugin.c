@@ -30,6 +30,9 @@ static const sdpa_api API_V1 = {
     .mha_desc_dense = sdpa_mha_desc_dense,
     .mha_desc_bshd = sdpa_mha_desc_bshd,
     .mha_desc_set_mask = sdpa_mha_desc_set_mask,
+    /* ABI 1.1 */
+    .mha = sdpa_mha,
+    .convert = sdpa_convert,
 };
 
 /* Major version 1 is the only one this library serves; every 1.x table is a prefix-compatible

@@ -37,6 +37,24 @@ static uint32_t bits_of(float f) {
     return u;
 }
 
+/* The environment sdpa_convert runs in: the tests build their samples and references in the
+ * default one (with DAZ, even printf would read a subnormal as 0) and set this around the call */
+typedef struct environment {
+    const char *name;
+    int round, ftz_daz;
+} environment;
+static const environment DEFAULT_ENV = {"nearest", FE_TONEAREST, 0};
+
+static sdpa_status convert_in(const environment *env, void *dst, sdpa_dtype dst_type,
+                              const void *src, sdpa_dtype src_type, size_t n) {
+    fesetround(env->round);
+    set_ftz_daz(env->ftz_daz);
+    sdpa_status st = sdpa_convert(dst, dst_type, src, src_type, n);
+    set_ftz_daz(0);
+    fesetround(FE_TONEAREST);
+    return st;
+}
+
 /* The positive finite values of a type in increasing order (their patterns are increasing too),
  * and the largest: the nearest of them to x rounds x, ties to the even pattern; past the largest
  * by half its spacing or more is inf. */
@@ -68,26 +86,27 @@ static uint16_t round_ref(const format *f, float x) {
 
 /* ---- widening: every pattern ---- */
 
-static void check_widen_all(sdpa_dtype type) {
+static void check_widen_all(sdpa_dtype type, const environment *env) {
     static uint16_t in[65536];
     static float out[65536];
     for (uint32_t i = 0; i < 65536; i++) in[i] = (uint16_t)i;
-    cr_assert_eq(sdpa_convert(out, SDPA_F32, in, type, 65536), SDPA_OK);
+    cr_assert_eq(convert_in(env, out, SDPA_F32, in, type, 65536), SDPA_OK);
     for (uint32_t i = 0; i < 65536; i++) {
         const double want = type == SDPA_F16 ? f16_value((uint16_t)i) : bf16_value((uint16_t)i);
         if (isnan(want)) {
             cr_assert(isnan(out[i]) && (bits_of(out[i]) & 0x00400000u),
-                      "type %d pattern 0x%04x: want a quiet NaN, got 0x%08x", type, i,
-                      bits_of(out[i]));
+                      "%s, type %d pattern 0x%04x: want a quiet NaN, got 0x%08x", env->name, type,
+                      i, bits_of(out[i]));
             cr_assert_eq(!!signbit(out[i]), !!(i & 0x8000), "pattern 0x%04x: NaN's sign", i);
         } else {
             cr_assert(out[i] == want && !!signbit(out[i]) == !!signbit(want),
-                      "type %d pattern 0x%04x: got %a want %a", type, i, out[i], want);
+                      "%s, type %d pattern 0x%04x: got %a want %a", env->name, type, i, out[i],
+                      want);
         }
     }
     /* and back: every value comes back to its pattern, a NaN to a quiet NaN */
     static uint16_t back[65536];
-    cr_assert_eq(sdpa_convert(back, type, out, SDPA_F32, 65536), SDPA_OK);
+    cr_assert_eq(convert_in(env, back, type, out, SDPA_F32, 65536), SDPA_OK);
     const uint16_t quiet = type == SDPA_F16 ? 0x0200 : 0x0040;
     for (uint32_t i = 0; i < 65536; i++) {
         if (isnan(out[i]))
@@ -98,8 +117,8 @@ static void check_widen_all(sdpa_dtype type) {
     }
 }
 
-BACKEND_TEST(convert, every_f16_to_float_and_back) { check_widen_all(SDPA_F16); }
-BACKEND_TEST(convert, every_bf16_to_float_and_back) { check_widen_all(SDPA_BF16); }
+BACKEND_TEST(convert, every_f16_to_float_and_back) { check_widen_all(SDPA_F16, &DEFAULT_ENV); }
+BACKEND_TEST(convert, every_bf16_to_float_and_back) { check_widen_all(SDPA_BF16, &DEFAULT_ENV); }
 
 /* ---- narrowing: every boundary ---- */
 
@@ -129,13 +148,14 @@ static size_t boundary_sample(const format *f, float *x, size_t stride) {
     return n;
 }
 
-static void check_narrow(sdpa_dtype type, const char *mode) {
+static void check_narrow(sdpa_dtype type, const environment *env) {
+    const char *mode = env->name;
     const format *f = type == SDPA_F16 ? &F16 : &BF16;
     const size_t stride = test_quick() ? 7 : 1;
     float *x = malloc((10u * 65536 + 32) * sizeof *x);
     const size_t n = boundary_sample(f, x, stride);
     uint16_t *got = malloc(n * sizeof *got);
-    cr_assert_eq(sdpa_convert(got, type, x, SDPA_F32, n), SDPA_OK);
+    cr_assert_eq(convert_in(env, got, type, x, SDPA_F32, n), SDPA_OK);
     const uint16_t quiet = type == SDPA_F16 ? 0x7e00 : 0x7fc0;
     for (size_t i = 0; i < n; i++) {
         if (isnan(x[i])) {
@@ -152,18 +172,21 @@ static void check_narrow(sdpa_dtype type, const char *mode) {
     free(x);
 }
 
-BACKEND_TEST(convert, float_to_f16_at_every_boundary) { check_narrow(SDPA_F16, "nearest"); }
-BACKEND_TEST(convert, float_to_bf16_at_every_boundary) { check_narrow(SDPA_BF16, "nearest"); }
+BACKEND_TEST(convert, float_to_f16_at_every_boundary) { check_narrow(SDPA_F16, &DEFAULT_ENV); }
+BACKEND_TEST(convert, float_to_bf16_at_every_boundary) { check_narrow(SDPA_BF16, &DEFAULT_ENV); }
 
-/* the caller's rounding mode changes nothing */
-BACKEND_TEST(convert, narrowing_ignores_the_rounding_mode) {
-    static const int MODES[] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};
-    static const char *NAMES[] = {"upward", "downward", "toward zero"};
-    for (int m = 0; m < 3; m++) {
-        fesetround(MODES[m]);
-        check_narrow(SDPA_F16, NAMES[m]);
-        check_narrow(SDPA_BF16, NAMES[m]);
-        fesetround(FE_TONEAREST);
+/* the caller's rounding mode, flush-to-zero and denormals-are-zero change nothing */
+BACKEND_TEST(convert, conversions_ignore_the_floating_point_environment) {
+    static const environment ENVS[] = {{"upward", FE_UPWARD, 0},
+                                       {"downward", FE_DOWNWARD, 0},
+                                       {"toward zero", FE_TOWARDZERO, 0},
+                                       {"FTZ+DAZ", FE_TONEAREST, 1},
+                                       {"FTZ+DAZ, downward", FE_DOWNWARD, 1}};
+    for (size_t e = 0; e < sizeof ENVS / sizeof ENVS[0]; e++) {
+        check_narrow(SDPA_F16, &ENVS[e]);
+        check_narrow(SDPA_BF16, &ENVS[e]);
+        check_widen_all(SDPA_F16, &ENVS[e]);
+        check_widen_all(SDPA_BF16, &ENVS[e]);
     }
 }
 

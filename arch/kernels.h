@@ -16,6 +16,9 @@
 
 enum sdpa_exp_kind { SDPA_EXP_FAST = 0, SDPA_EXP_SLEEF = 1, SDPA_EXP_KINDS = 2 };
 
+/* Element types, as sdpa.h's sdpa_dtype numbers them. */
+enum sdpa_type { SDPA_TYPE_F32 = 0, SDPA_TYPE_F16 = 1, SDPA_TYPE_BF16 = 2, SDPA_TYPES = 3 };
+
 /* Largest tile the attention driver (src/attention.c) keeps on its stack: a backend's block_q
  * and block_kv must not exceed these. */
 #define SDPA_ATTN_MAX_BLOCK_Q  32
@@ -121,6 +124,13 @@ typedef struct sdpa_kernels {
     int (*softmax_short[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale);
     /* y[i] = exp(x[i]); for tests of the exp itself */
     void (*exp[SDPA_EXP_KINDS])(float *y, const float *x, size_t n);
+    /* dst[i] = src[i] of the 16-bit type t (f16, bf16) as a float, exactly; a NaN stays a NaN,
+       quieted. widen[SDPA_TYPE_F32] is NULL. */
+    void (*widen[SDPA_TYPES])(float *dst, const void *src, size_t n);
+    /* dst[i] = src[i] rounded to the 16-bit type t, to nearest, ties to even, whatever the
+       floating-point environment; a NaN stays a NaN, quieted, with its sign; past the largest
+       f16 gives inf (arch/convert_portable.h is the definition). narrow[SDPA_TYPE_F32] is NULL. */
+    void (*narrow[SDPA_TYPES])(void *dst, const float *src, size_t n);
     /* attention microkernels (every backend has them) */
     const sdpa_attention_kernels *attention;
 } sdpa_kernels;

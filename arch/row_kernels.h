@@ -32,6 +32,7 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "convert_rows.h"
 #include "kernels.h"
 
 /* a loop over a constant number of vectors, unrolled so that each one is a named register (an
@@ -337,6 +338,7 @@ static void exp_array_sleef(float *y, const float *x, size_t n) {
     .name = SDPA_BACKEND_NAME, .dot = DOT, .dot_to = DOT##_to, .scale = scale_row,                 \
     .max_scaled = max_scaled_row, .exp_sum = {exp_sum_fast, exp_sum_sleef},                        \
     .exp_sum_block = 64 * ROW_SUMS * W, .normalize = normalize_row,                                \
-    .softmax_backward = softmax_backward_row, .exp = {exp_array_fast, exp_array_sleef}
+    .softmax_backward = softmax_backward_row, .exp = {exp_array_fast, exp_array_sleef},            \
+    CONVERT_ENTRIES
 
 #endif

@@ -1,4 +1,4 @@
-/* The attention op of the benchmark: sdpa_mha_f32 on shapes in the benchdnn style. */
+/* The attention op of the benchmark: sdpa_mha on shapes in the benchdnn style, f32 or 16-bit. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -11,30 +11,43 @@
 #include "sdpa.h"
 
 /* ---- attention: sdpa_mha_f32 on a shape in the benchdnn style ----
- * b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal], d_k = d_v = d, dense
- * [batch][head][row][col] tensors, scale 1/sqrt(d), exp "fast". The op's sizes are 1-based
- * indices into attention_shapes; --shape replaces the defaults. */
+ * b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal][types], d_k = d_v = d, dense
+ * [batch][head][row][col] tensors, scale 1/sqrt(d), exp "fast"; types is kvf16 or kvbf16 (K and
+ * V of that type, q and out f32), or f16 or bf16 (every view), f32 without. The op's sizes are
+ * 1-based indices into attention_shapes; --shape replaces the defaults. */
 
 typedef struct att_shape {
     char name[40];
     size_t batch, heads_q, heads_kv, len_q, len_kv, d;
     uint32_t flags;
+    sdpa_dtype q_type, kv_type, out_type;
 } att_shape;
 
+#define F32_  SDPA_F32, SDPA_F32, SDPA_F32
+#define KV16_ SDPA_F32, SDPA_F16, SDPA_F32
+#define KVBF_ SDPA_F32, SDPA_BF16, SDPA_F32
+#define BF16_ SDPA_BF16, SDPA_BF16, SDPA_BF16
+
 static att_shape attention_shapes[MAX_SHAPES] = {
-    {"b1h1q1k4096d128", 1, 1, 1, 1, 4096, 128, 0},       /* decode, one head */
-    {"b1h8q1k4096d128", 1, 8, 8, 1, 4096, 128, 0},       /* decode, MHA */
-    {"b1h32kv8q1k1024d128", 1, 32, 8, 1, 1024, 128, 0},  /* decode, GQA */
-    {"b1h1q1024k1024d64", 1, 1, 1, 1024, 1024, 64, 0},   /* prefill */
-    {"b1h1q1024k1024d128", 1, 1, 1, 1024, 1024, 128, 0}, /* prefill */
-    {"b1h1q1024k1024d128causal", 1, 1, 1, 1024, 1024, 128, SDPA_CAUSAL},
-    {"b1h8q512k512d128", 1, 8, 8, 512, 512, 128, 0},            /* MHA prefill */
-    {"b1h8kv2q512k512d128", 1, 8, 2, 512, 512, 128, 0},         /* GQA prefill */
-    {"b2h4kv2q3k33d17causal", 2, 4, 2, 3, 33, 17, SDPA_CAUSAL}, /* --smoke: tails */
-    {"b1h2kv1q1k70d8", 1, 2, 1, 1, 70, 8, 0},                   /* --smoke: grouped decode */
+    {"b1h1q1k4096d128", 1, 1, 1, 1, 4096, 128, 0, F32_},      /* decode, one head */
+    {"b1h8q1k4096d128", 1, 8, 8, 1, 4096, 128, 0, F32_},      /* decode, MHA */
+    {"b1h32kv8q1k1024d128", 1, 32, 8, 1, 1024, 128, 0, F32_}, /* decode, GQA */
+    {"b1h1q1024k1024d64", 1, 1, 1, 1024, 1024, 64, 0, F32_},  /* prefill */
+    {"b1h1q1024k1024d128", 1, 1, 1, 1024, 1024, 128, 0, F32_},
+    {"b1h1q1024k1024d128causal", 1, 1, 1, 1024, 1024, 128, SDPA_CAUSAL, F32_},
+    {"b1h8q512k512d128", 1, 8, 8, 512, 512, 128, 0, F32_},    /* MHA prefill */
+    {"b1h8kv2q512k512d128", 1, 8, 2, 512, 512, 128, 0, F32_}, /* GQA prefill */
+    /* the 16-bit K/V caches of decode (K and V past L2), and prefill over them */
+    {"b1h32kv8q1k4096d128", 1, 32, 8, 1, 4096, 128, 0, F32_},
+    {"b1h32kv8q1k4096d128kvf16", 1, 32, 8, 1, 4096, 128, 0, KV16_},
+    {"b1h32kv8q1k4096d128kvbf16", 1, 32, 8, 1, 4096, 128, 0, KVBF_},
+    {"b1h8q1024k1024d128kvf16", 1, 8, 8, 1024, 1024, 128, 0, KV16_},
+    {"b1h8q1024k1024d128bf16", 1, 8, 8, 1024, 1024, 128, 0, BF16_},
+    {"b2h4kv2q3k33d17causalkvf16", 2, 4, 2, 3, 33, 17, SDPA_CAUSAL, KV16_}, /* --smoke: tails */
+    {"b1h2kv1q1k70d8bf16", 1, 2, 1, 1, 70, 8, 0, BF16_}, /* --smoke: grouped decode */
 };
-static size_t n_attention_shapes = 10;
-enum { ATT_SMOKE_FIRST = 9 }; /* 1-based index of the first smoke shape */
+static size_t n_attention_shapes = 15;
+enum { ATT_SMOKE_FIRST = 14 }; /* 1-based index of the first smoke shape */
 
 /* Parses "b1h8kv2q512k512d128causal" into s; 0 if it is not one. */
 static int parse_shape(const char *text, att_shape *s) {
@@ -57,10 +70,22 @@ static int parse_shape(const char *text, att_shape *s) {
         p = end;
     }
     if (!s->heads_kv) s->heads_kv = s->heads_q;
-    if (strcmp(p, "causal") == 0)
+    if (strncmp(p, "causal", 6) == 0) {
         s->flags = SDPA_CAUSAL;
-    else if (*p)
-        return 0;
+        p += 6;
+    }
+    static const struct {
+        const char *tag;
+        sdpa_dtype q, kv, out;
+    } TYPES[] = {{"", F32_},
+                 {"kvf16", KV16_},
+                 {"kvbf16", KVBF_},
+                 {"f16", SDPA_F16, SDPA_F16, SDPA_F16},
+                 {"bf16", BF16_}};
+    size_t t = 0;
+    while (t < sizeof TYPES / sizeof TYPES[0] && strcmp(p, TYPES[t].tag) != 0) t++;
+    if (t == sizeof TYPES / sizeof TYPES[0]) return 0;
+    s->q_type = TYPES[t].q, s->kv_type = TYPES[t].kv, s->out_type = TYPES[t].out;
     if (s->heads_q % s->heads_kv) return 0;
     snprintf(s->name, sizeof s->name, "%s", text);
     return 1;
@@ -70,9 +95,29 @@ typedef struct att_state {
     const att_shape *shape;
     sdpa_mha_desc desc;
     float *q, *k, *v, *scores; /* scores: the OpenBLAS composite's len_q x len_kv matrix */
+    void *q16, *k16, *v16;     /* the views sdpa gets: q, k, v converted to the shape's types */
+    float *peer_out;           /* the peer's float out, before it is rounded to a 16-bit out */
     size_t n_out;
     double pairs; /* (query, key) pairs computed, per head: causal skips the rest */
 } att_state;
+
+/* x's n floats as type t in an array of their own (a copy for f32); x takes the values it holds */
+static void *typed_copy(float *x, size_t n, sdpa_dtype t) {
+    void *p = xalloc(n);
+    if (sdpa_convert(p, t, x, SDPA_F32, n) != SDPA_OK ||
+        sdpa_convert(x, SDPA_F32, p, t, n) != SDPA_OK)
+        exit(2);
+    return p;
+}
+
+/* an out of type t, held in the first n halves of y when 16-bit, as floats in y */
+static void widen_in_place(float *y, size_t n, sdpa_dtype t) {
+    if (t == SDPA_F32) return;
+    float *wide = xalloc(n);
+    sdpa_convert(wide, SDPA_F32, y, t, n);
+    memcpy(y, wide, n * sizeof *y);
+    free(wide);
+}
 
 static void attention_prepare(job *j) {
     att_state *st = calloc(1, sizeof *st);
@@ -85,10 +130,17 @@ static void attention_prepare(job *j) {
     st->q = xalloc(nq), st->k = xalloc(nkv), st->v = xalloc(nkv);
     st->scores = xalloc(s->len_q * s->len_kv);
     fill(st->q, nq, -1, 1), fill(st->k, nkv, -1, 1), fill(st->v, nkv, -1, 1);
+    /* 16-bit views in arrays of their own, and the float ones hold the same values (the peer
+       computes on those) */
+    st->q16 = typed_copy(st->q, nq, s->q_type);
+    st->k16 = typed_copy(st->k, nkv, s->kv_type);
+    st->v16 = typed_copy(st->v, nkv, s->kv_type);
     st->n_out = nq;
+    st->peer_out = xalloc(nq);
     j->y = xalloc(nq), j->ref = xalloc(nq), j->y_len = nq;
     sdpa_mha_desc_dense(&st->desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->d,
                         s->d, SDPA_DEFAULT_SCALE, s->flags);
+    st->desc.q_type = s->q_type, st->desc.kv_type = s->kv_type, st->desc.out_type = s->out_type;
     for (size_t i = 0; i < s->len_q; i++) {
         double seen = (double)s->len_kv;
         if (s->flags & SDPA_CAUSAL) {
@@ -101,10 +153,11 @@ static void attention_prepare(job *j) {
     j->n = (size_t)st->pairs * s->batch * s->heads_q;
     sdpa_set_exp_mode("fast");
     use_scalar();
-    if (sdpa_mha_f32(&st->desc, j->ref, st->q, st->k, st->v) != SDPA_OK) {
-        fprintf(stderr, "bench: sdpa_mha_f32 refused %s\n", s->name);
+    if (sdpa_mha(&st->desc, j->ref, st->q16, st->k16, st->v16) != SDPA_OK) {
+        fprintf(stderr, "bench: sdpa_mha refused %s\n", s->name);
         exit(2);
     }
+    widen_in_place(j->ref, nq, s->out_type);
 }
 
 static void attention_run(enum kind kind, job *j, size_t iters) {
@@ -112,26 +165,39 @@ static void attention_run(enum kind kind, job *j, size_t iters) {
     const att_shape *s = st->shape;
     switch (kind) {
     case KIND_SDPA:
-        for (size_t i = 0; i < iters; i++) sdpa_mha_f32(&st->desc, j->y, st->q, st->k, st->v);
+        for (size_t i = 0; i < iters; i++) sdpa_mha(&st->desc, j->y, st->q16, st->k16, st->v16);
         break;
-    case KIND_OPENBLAS:
-        for (size_t i = 0; i < iters; i++)
-            peer_openblas_attention(j->y, st->q, st->k, st->v, st->scores, s->batch, s->heads_q,
+    case KIND_OPENBLAS: /* on the float values of the 16-bit views, out rounded to its type */
+        for (size_t i = 0; i < iters; i++) {
+            float *out = s->out_type == SDPA_F32 ? j->y : st->peer_out;
+            peer_openblas_attention(out, st->q, st->k, st->v, st->scores, s->batch, s->heads_q,
                                     s->heads_kv, s->len_q, s->len_kv, s->d,
                                     (s->flags & SDPA_CAUSAL) != 0);
+            if (out != j->y) sdpa_convert(j->y, s->out_type, out, SDPA_F32, st->n_out);
+        }
         break;
     default: break;
     }
     j->sink += j->y[0];
 }
 
-/* Twice the documented bound (1e-5 max|v|, v in [-1, 1)) against the scalar backend. */
+/* Twice the documented bound (1e-5 max|v|, v in [-1, 1)) against the scalar backend, and a
+ * 16-bit out's rounding (an ULP: the two may round either side). */
 static int attention_verify(const job *j, int exp_index) {
     (void)exp_index;
     const att_state *st = j->extra;
-    for (size_t i = 0; i < st->n_out; i++)
-        if (!(fabs((double)j->y[i] - j->ref[i]) <= 2e-5)) return 0;
-    return 1;
+    const sdpa_dtype out_type = st->shape->out_type;
+    const double ulp = out_type == SDPA_F16 ? 0x1p-10 : out_type == SDPA_BF16 ? 0x1p-7 : 0.0;
+    float *y = j->y;
+    if (out_type != SDPA_F32) {
+        y = xalloc(st->n_out);
+        sdpa_convert(y, SDPA_F32, j->y, out_type, st->n_out);
+    }
+    int ok = 1;
+    for (size_t i = 0; i < st->n_out && ok; i++)
+        ok = fabs((double)y[i] - j->ref[i]) <= 2e-5 + ulp * fabs(j->ref[i]);
+    if (y != j->y) free(y);
+    return ok;
 }
 
 /* Two FMAs per (query, key) pair and column (Q K^T and P V); Q, K, V and out are the traffic. */
@@ -140,18 +206,21 @@ static void attention_cost(const job *j, double *flops, double *bytes, double *w
     const att_shape *s = st->shape;
     double heads = (double)(s->batch * s->heads_q);
     *flops = 4 * heads * st->pairs * (double)s->d;
-    *bytes = *working_set =
-        4.0 * (double)(2 * st->n_out + 2 * s->batch * s->heads_kv * s->len_kv * s->d);
+    const double q_bytes = s->q_type == SDPA_F32 ? 4 : 2, kv_bytes = s->kv_type == SDPA_F32 ? 4 : 2;
+    const double out_bytes = s->out_type == SDPA_F32 ? 4 : 2;
+    *bytes = *working_set = (q_bytes + out_bytes) * (double)st->n_out +
+                            2 * kv_bytes * (double)(s->batch * s->heads_kv * s->len_kv * s->d);
 }
 
 static void attention_release(job *j) {
     att_state *st = j->extra;
-    free(st->q), free(st->k), free(st->v), free(st->scores), free(st);
+    free(st->q), free(st->k), free(st->v), free(st->scores);
+    free(st->q16), free(st->k16), free(st->v16), free(st->peer_out), free(st);
 }
 /* Sizes are 1-based indices into attention_shapes. */
 const op_def ATTENTION_OP = {
     .name = "attention",
-    .sizes = {1, 2, 3, 4, 5, 6, 7, 8},
+    .sizes = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13},
     .smoke_sizes = {ATT_SMOKE_FIRST, ATT_SMOKE_FIRST + 1},
     .peers = {KIND_OPENBLAS, KIND_NONE},
     .exp_modes = 1,

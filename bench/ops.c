@@ -135,6 +135,49 @@ static void scale_cost(const job *j, double *flops, double *bytes, double *worki
     *bytes = *working_set = 8.0 * (double)j->n;
 }
 
+/* ---- to_f16, from_f16: sdpa_convert between float and f16 ----
+ * Its peer, "naive" in the table, is memcpy of as many bytes as the conversion reads and writes
+ * (3 n of them: 6 n of traffic), so its ratio is the conversion's bytes per second over
+ * memcpy's. */
+
+static void convert_prepare(job *j) {
+    j->x = xalloc(j->n), j->y = xalloc(j->n), j->ref = xalloc(j->n);
+    fill(j->x, j->n, -8, 8);
+}
+
+static void convert_copy(job *j, size_t iters) {
+    for (size_t i = 0; i < iters; i++) memcpy(j->y, j->x, 3 * j->n);
+}
+
+static void to_f16_run(enum kind kind, job *j, size_t iters) {
+    if (kind == KIND_SDPA)
+        for (size_t i = 0; i < iters; i++) sdpa_convert(j->y, SDPA_F16, j->x, SDPA_F32, j->n);
+    else if (kind == KIND_NAIVE)
+        convert_copy(j, iters);
+    j->sink += j->y[0];
+}
+
+static void from_f16_run(enum kind kind, job *j, size_t iters) {
+    if (kind == KIND_SDPA)
+        for (size_t i = 0; i < iters; i++) sdpa_convert(j->y, SDPA_F32, j->x, SDPA_F16, j->n);
+    else if (kind == KIND_NAIVE)
+        convert_copy(j, iters);
+    j->sink += j->y[0];
+}
+
+/* The conversions are tested exhaustively (tests/test_convert.c); here they only must not be
+ * skipped: the output differs from the poisoned value check() leaves. */
+static int convert_verify(const job *j, int exp_index) {
+    (void)exp_index;
+    return j->n == 0 || j->y[0] == j->y[0] || j->y[j->n / 2] == j->y[j->n / 2];
+}
+
+/* 4 bytes read and 2 written per element, or the reverse */
+static void convert_cost(const job *j, double *flops, double *bytes, double *working_set) {
+    *flops = 0;
+    *bytes = *working_set = 6.0 * (double)j->n;
+}
+
 /* ---- softmax: y = softmax(scale * x), in both exp modes ---- */
 
 const char *const EXPS[] = {"fast", "sleef"};
@@ -296,5 +339,31 @@ static const op_def SCORES_OP = {
     .cost = scores_cost,
 };
 
-const op_def *const OPS[] = {&DOT_OP, &SCALE_OP, &SOFTMAX_OP, &SCORES_OP, &ATTENTION_OP};
+static const op_def TO_F16_OP = {
+    .name = "to_f16",
+    .sizes = {4096, 65536, 1u << 20, 1u << 24},
+    .smoke_sizes = {16, 129},
+    .peers = {KIND_NAIVE, KIND_NONE},
+    .exp_modes = 1,
+    .plot_unit = "GB/s",
+    .prepare = convert_prepare,
+    .run = to_f16_run,
+    .verify = convert_verify,
+    .cost = convert_cost,
+};
+static const op_def FROM_F16_OP = {
+    .name = "from_f16",
+    .sizes = {4096, 65536, 1u << 20, 1u << 24},
+    .smoke_sizes = {16, 129},
+    .peers = {KIND_NAIVE, KIND_NONE},
+    .exp_modes = 1,
+    .plot_unit = "GB/s",
+    .prepare = convert_prepare,
+    .run = from_f16_run,
+    .verify = convert_verify,
+    .cost = convert_cost,
+};
+
+const op_def *const OPS[] = {&DOT_OP,    &SCALE_OP,    &SOFTMAX_OP,  &SCORES_OP,
+                             &TO_F16_OP, &FROM_F16_OP, &ATTENTION_OP};
 const size_t N_OPS = sizeof OPS / sizeof OPS[0];

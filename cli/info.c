@@ -91,7 +91,9 @@ static cpu_report cpu_probe(void) {
                    {"AVX", info.features.avx, no_ymm},
                    {"AVX2", info.features.avx2, no_ymm},
                    {"FMA", info.features.fma3, no_ymm},
-                   {"AVX-512F", info.features.avx512f, no_zmm}};
+                   {"F16C", info.features.f16c, no_ymm},
+                   {"AVX-512F", info.features.avx512f, no_zmm},
+                   {"AVX512_BF16", info.features.avx512_bf16, no_zmm}};
     r.n_features = (int)(sizeof f / sizeof f[0]);
     memcpy(r.features, f, sizeof f);
 #elif defined(__aarch64__)

@@ -211,8 +211,9 @@ typedef struct sdpa_mha_desc {
     const float *mask; /* optional additive mask [len_q][len_kv] per (batch, head); NULL for none */
     size_t mask_stride[3]; /* [batch][head][row]; 0 broadcasts; columns contiguous */
     /* ---- v2: read only when struct_size covers them (a v1 caller gets f32 and no lse) ---- */
-    uint32_t q_type, kv_type, out_type; /* element types; 0 is f32, the only one sdpa_mha_f32 takes
-                                           (anything else: SDPA_ERR_ARG) */
+    uint32_t q_type, kv_type, out_type; /* sdpa_dtype of q, of k and v, of out; sdpa_mha takes
+                                           any, sdpa_mha_f32 only SDPA_F32 (0); an unknown value
+                                           is SDPA_ERR_ARG. The mask and lse are always float. */
     uint32_t reserved;                  /* 0 (else SDPA_ERR_ARG) */
     /* Optional output (NULL for none): lse[b * lse_stride[0] + h * lse_stride[1] + r], the
      * natural log of sum_j exp(s_rj) over the keys query row r sees, s the scores with scale and
@@ -225,6 +226,31 @@ typedef struct sdpa_mha_desc {
 
 SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const float *q,
                                   const float *k, const float *v);
+
+/* ---- 16-bit types. f16 is IEEE binary16; bf16 is the upper half of a binary32. ---- */
+typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype;
+
+/* sdpa_mha_f32 with the element types of desc->q_type, kv_type and out_type (a v1 descriptor
+ * is f32 throughout); strides stay in elements. The semantics, errors and special-value rules
+ * are sdpa_mha_f32's, with each type's own inf and NaN. Q, K and V are widened to float, which
+ * is exact; the scores, the softmax and the sums are float, as for f32, and out is rounded once
+ * at the end, to nearest even: a result beyond 65504 becomes inf in an f16 out, and one below
+ * f16's smallest normal its nearest subnormal. Accuracy: sdpa_mha_f32's bound, measured against
+ * a double-precision reference on the stored 16-bit values, plus that final rounding when out
+ * is 16-bit (half an ULP of the type: 2^-11 relative for f16, 2^-8 for bf16).
+ * With any 16-bit view, d_k and d_v must be at most 8192 (else SDPA_ERR_SIZE): blocks are
+ * widened into tiles on the stack, which take 64 KiB more than an f32 call's. */
+SDPA_API sdpa_status sdpa_mha(const sdpa_mha_desc *desc, void *out, const void *q, const void *k,
+                              const void *v);
+
+/* dst[i] = src[i] converted, for i < n: widening is exact; narrowing rounds to nearest, ties to
+ * even, whatever the rounding mode, flush-to-zero or denormals-are-zero say; f16 results may be
+ * subnormal, and a value beyond the largest finite f16 (65504, or from the halfway point 65520
+ * up) gives inf. A NaN stays a NaN, quieted, with its sign. f16 to bf16 and back go through
+ * float, rounded once. src == dst is allowed when the types have the same size; any other
+ * overlap is SDPA_ERR_ARG, and so is an unknown type. */
+SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *src,
+                                  sdpa_dtype src_type, size_t n);
 
 /* Fills *desc for dense [batch][head][row][col] (BHSD) tensors q[batch][heads_q][len_q][d_k],
  * k[batch][heads_kv][len_kv][d_k], v[batch][heads_kv][len_kv][d_v],
@@ -358,6 +384,10 @@ typedef struct sdpa_api {
     sdpa_status (*mha_desc_set_mask)(sdpa_mha_desc *desc, const float *mask, size_t stride_batch,
                                      size_t stride_head, size_t stride_row);
     /* ABI 1.1 */
+    sdpa_status (*mha)(const sdpa_mha_desc *desc, void *out, const void *q, const void *k,
+                       const void *v);
+    sdpa_status (*convert)(void *dst, sdpa_dtype dst_type, const void *src, sdpa_dtype src_type,
+                           size_t n);
     sdpa_status (*set_num_threads)(size_t n);
     size_t (*num_threads)(void);
     sdpa_status (*set_parallel_for)(sdpa_parallel_for_fn fn, void *ctx);

@@ -6,7 +6,12 @@
  * m and sum l (rescaling the row's accumulator by exp(m_old - m_new) when the max grows), and
  * pv_tile adds the weights times the block of V into the accumulator. The accumulator is a
  * stack tile (or, for d_v > 256, the output rows themselves); each row is divided by l at the
- * end. Causal blocks above the diagonal are never visited. */
+ * end. Causal blocks above the diagonal are never visited.
+ *
+ * Views of a 16-bit type are widened to float a block at a time (the backend's widen), so every
+ * microkernel works in float: the block's queries once, each block of keys before its scores
+ * and the same block of values before P V; a 16-bit out is rounded once, from the finished
+ * float row. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -24,12 +29,23 @@
 /* Accumulator tile on the stack: block_q rows of d_v floats when they fit. */
 #define ACC_FLOATS (SDPA_ATTN_MAX_BLOCK_Q * 256)
 
+/* A problem with a 16-bit view: its rows widened to float. kv holds a block of keys for the
+ * scores, then the same block of values for P V, never both at once; q the block's queries,
+ * where the scores read them as rows (the packed path widens them into kv for pack_q). */
+typedef struct wide_tiles {
+    _Alignas(64) float q[SDPA_WIDE_FLOATS];
+    _Alignas(64) float kv[SDPA_WIDE_FLOATS];
+} wide_tiles;
+
 /* ---- the driver ---- */
 
 /* Kernels and per-call constants of one run. */
 typedef struct attention_run {
     const sdpa_kernels *k;
     const sdpa_attention_kernels *a;
+    size_t rows_max, keys_max; /* a block's queries and keys: the table's tile, or fewer where a
+                                  16-bit view's widened rows must fit SDPA_WIDE_FLOATS */
+    wide_tiles *wide;          /* NULL when every view is f32 */
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
     void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
     void (*exp_pv)(float *acc, size_t ld_acc, float *st, const float *m, const float *m_new,
@@ -49,19 +65,46 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
+/* Rows [r0, r0 + n) of a view, `stride` elements apart, as float rows of `row` floats: in place
+ * for f32, else widened into tile */
+static const float *float_rows(const attention_run *run, uint32_t type, const void *base, size_t r0,
+                               size_t n, size_t stride, size_t row, float *tile,
+                               size_t *float_stride) {
+    if (type == SDPA_F32) {
+        *float_stride = stride;
+        return (const float *)base + r0 * stride;
+    }
+    const uint16_t *src = (const uint16_t *)base + r0 * stride;
+    if (stride == row || n == 1) {
+        run->k->widen[type](tile, src, n * row);
+    } else {
+        for (size_t i = 0; i < n; i++) run->k->widen[type](tile + i * row, src + i * stride, row);
+    }
+    *float_stride = row;
+    return tile;
+}
+
+/* The block of values [k0, k0 + nk) as float rows, and their stride */
+static const float *value_rows(const attention_run *run, const attention_problem *p, const void *v,
+                               size_t k0, size_t nk, size_t *stride) {
+    return float_rows(run, p->kv_type, v, k0, nk, p->v_stride[2], p->d_v,
+                      run->wide ? run->wide->kv : NULL, stride);
+}
+
 /* One step of the online softmax for a block that every row sees whole, with no mask, in the
  * backend's key-major kernels (kernels.h, scores_max and exp_pv). Returns 0, having changed
  * nothing, when a new row max is not finite (+inf among the scores, or a row with nothing but
  * -inf so far): the general path then takes the block. */
-static int packed_step(const attention_run *run, float *st, float *acc, size_t ld_acc, float *m,
-                       double *l, const float *qt, size_t nq, const float *k, size_t k_stride,
-                       const float *v, size_t v_stride, size_t nk, size_t d_k, size_t d_v,
-                       float scale) {
+static int packed_step(const attention_run *run, const attention_problem *p, float *st, float *acc,
+                       size_t ld_acc, float *m, double *l, const float *qt, size_t nq,
+                       const float *k, size_t k_stride, const void *v, size_t k0, size_t nk) {
     float m_new[SDPA_ATTN_MAX_BLOCK_Q], alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
-    run->a->scores_max(st, m_new, qt, nq, k, k_stride, nk, d_k, scale);
+    run->a->scores_max(st, m_new, qt, nq, k, k_stride, nk, p->d_k, p->scale);
     for (size_t r = 0; r < nq; r++) m_new[r] = m_new[r] > m[r] ? m_new[r] : m[r];
     if (!all_finite(m_new, nq)) return 0;
-    run->exp_pv(acc, ld_acc, st, m, m_new, alpha, sums, nq, nk, v, v_stride, d_v);
+    size_t vs;
+    const float *vb = value_rows(run, p, v, k0, nk, &vs);
+    run->exp_pv(acc, ld_acc, st, m, m_new, alpha, sums, nq, nk, vb, vs, p->d_v);
     for (size_t r = 0; r < nq; r++) {
         l[r] = l[r] * alpha[r] + sums[r];
         m[r] = m_new[r];
@@ -70,12 +113,11 @@ static int packed_step(const attention_run *run, float *st, float *acc, size_t l
 }
 
 /* One block of nq query rows of one head against all the keys they see. */
-static void attention_block(const attention_run *run, const attention_problem *p, const float *q,
-                            const float *k, const float *v, const float *mask, size_t mask_row,
-                            float *out, float *lse, size_t lse_row, size_t q0, size_t nq) {
+static void attention_block(const attention_run *run, const attention_problem *p, const void *q,
+                            const void *k, const void *v, const float *mask, size_t mask_row,
+                            void *out, float *lse, size_t lse_row, size_t q0, size_t nq) {
     const sdpa_attention_kernels *a = run->a;
-    const size_t block_kv = a->block_kv, d_v = p->d_v;
-    const size_t qs = p->q_stride[2], ks = p->k_stride[2], vs = p->v_stride[2];
+    const size_t block_kv = run->keys_max, d_v = p->d_v;
     const size_t os = p->out_stride[2];
     _Alignas(64) float s_tile[SDPA_ATTN_MAX_BLOCK_Q * SDPA_ATTN_MAX_BLOCK_KV];
     float acc_tile[ACC_FLOATS];
@@ -85,10 +127,14 @@ static void attention_block(const attention_run *run, const attention_problem *p
     unsigned char poisoned[SDPA_ATTN_MAX_BLOCK_Q], live[SDPA_ATTN_MAX_BLOCK_Q];
     float qt[SDPA_ATTN_PACK_MAX_D * SDPA_ATTN_MAX_BLOCK_Q]; /* the block of queries, transposed */
     const int packed = a->pack_q && nq >= 8 && p->d_k <= SDPA_ATTN_PACK_MAX_D;
-    if (packed) a->pack_q(qt, q + q0 * qs, qs, nq, p->d_k);
+    size_t qs;
+    const float *qb = float_rows(run, p->q_type, q, q0, nq, p->q_stride[2], p->d_k,
+                                 run->wide ? (packed ? run->wide->kv : run->wide->q) : NULL, &qs);
+    if (packed) a->pack_q(qt, qb, qs, nq, p->d_k);
 
-    /* accumulate on the stack when the tile fits, else in the output rows themselves */
-    float *acc = nq * d_v <= ACC_FLOATS ? acc_tile : out + q0 * os;
+    /* accumulate on the stack when the tile fits (always, for a 16-bit out: rows_max), else in
+       the output rows themselves */
+    float *acc = nq * d_v <= ACC_FLOATS ? acc_tile : (float *)out + q0 * os;
     const size_t ld_acc = acc == acc_tile ? d_v : os;
     const size_t ld_s = block_kv;
 
@@ -113,17 +159,18 @@ static void attention_block(const attention_run *run, const attention_problem *p
 
     for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
+        size_t ks;
+        const float *kb = float_rows(run, p->kv_type, k, k0, nk, p->k_stride[2], p->d_k,
+                                     run->wide ? run->wide->kv : NULL, &ks);
         /* a block every row sees whole, with no mask: one call does all of it, unless a row's
            max would not be finite (then nothing changed, and the general path below runs) */
         if (packed && run->exp_pv && !mask && all_see >= k0 + nk &&
-            packed_step(run, s_tile, acc, ld_acc, m, l, qt, nq, k + k0 * ks, ks, v + k0 * vs, vs,
-                        nk, p->d_k, d_v, p->scale))
+            packed_step(run, p, s_tile, acc, ld_acc, m, l, qt, nq, kb, ks, v, k0, nk))
             continue;
         if (packed)
-            a->scores_packed(s_tile, ld_s, qt, nq, k + k0 * ks, ks, nk, p->d_k, p->scale);
+            a->scores_packed(s_tile, ld_s, qt, nq, kb, ks, nk, p->d_k, p->scale);
         else
-            a->scores_tile(s_tile, ld_s, q + q0 * qs, qs, nq, k + k0 * ks, ks, nk, p->d_k,
-                           p->scale);
+            a->scores_tile(s_tile, ld_s, qb, qs, nq, kb, ks, nk, p->d_k, p->scale);
 
         int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
         for (size_t r = 0; r < nq; r++) {
@@ -176,7 +223,8 @@ static void attention_block(const attention_run *run, const attention_problem *p
             }
         }
 
-        const float *vb = v + k0 * vs;
+        size_t vs;
+        const float *vb = value_rows(run, p, v, k0, nk, &vs);
         if (simple) {
             for (size_t r = 0; r < nq; r++)
                 if (!live[r]) memset(s_tile + r * ld_s, 0, nk * sizeof(float));
@@ -204,8 +252,10 @@ static void attention_block(const attention_run *run, const attention_problem *p
         }
     }
 
+    /* a 16-bit out: the row finished in acc, then rounded once */
+    const int narrow = p->out_type != SDPA_F32;
     for (size_t r = 0; r < nq; r++) {
-        float *o = out + (q0 + r) * os;
+        float *o = narrow ? acc + r * ld_acc : (float *)out + (q0 + r) * os;
         float row_lse;
         if (poisoned[r] || isnan(l[r])) {
             for (size_t c = 0; c < d_v; c++) o[c] = NAN;
@@ -217,8 +267,14 @@ static void attention_block(const attention_run *run, const attention_problem *p
             run->k->scale(o, acc + r * ld_acc, d_v, (float)(1.0 / l[r]));
             row_lse = (float)((double)m[r] + log(l[r]));
         }
+        if (narrow) run->k->narrow[p->out_type]((uint16_t *)out + (q0 + r) * os, o, d_v);
         if (lse) lse[(q0 + r) * lse_row] = row_lse;
     }
+}
+
+/* base + index elements of type t */
+static const void *element(const void *base, size_t index, uint32_t t) {
+    return (const char *)base + index * sdpa_type_size(t);
 }
 
 /* ---- tasks ----
@@ -235,7 +291,8 @@ static void attention_block(const attention_run *run, const attention_problem *p
    last one taking the remainder, as many as there are pieces but no more than give about
    SPLIT_TASKS tasks. It applies to units of few rows (len_q <= SPLIT_MAX_Q, or grouped decode)
    over at least two pieces, with d_v <= SPLIT_MAX_D_V, so that a chunk's partial rows fit a
-   stack tile on the 1-thread path. */
+   stack tile on the 1-thread path, and to f32 views (a 16-bit out must be rounded once, from
+   the merged float row). */
 #define SPLIT_PIECE   512
 #define SPLIT_TASKS   128
 #define SPLIT_MAX_Q   16
@@ -246,7 +303,8 @@ static void attention_block(const attention_run *run, const attention_problem *p
 #define PARALLEL_MIN_WORK (1u << 21)
 
 typedef struct plan {
-    attention_run run;
+    attention_run run; /* with no wide tiles: a task that needs them makes its own */
+    int wide;          /* a view is 16-bit */
     const attention_problem *p;
     int grouped;            /* decode with grouped heads: a unit's rows are query heads */
     size_t group, block_q;  /* query heads per kv head; rows per unit at most */
@@ -260,9 +318,11 @@ typedef struct plan {
 /* One unit: its rows as attention_block takes them. */
 typedef struct unit {
     attention_problem sub; /* the problem of its head (grouped: its query heads as rows) */
-    const float *q, *k, *v, *mask;
+    const void *q, *k, *v; /* of their views' types */
+    const float *mask;
     size_t mask_row;
-    float *out, *lse;
+    void *out;
+    float *lse;
     size_t lse_row, q0, nq;
 } unit;
 
@@ -296,20 +356,36 @@ static void unit_of(const plan *pl, size_t u, unit *x) {
         x->q0 = qb * pl->block_q;
         x->nq = p->len_q - x->q0 < pl->block_q ? p->len_q - x->q0 : pl->block_q;
     }
-    x->q = p->q + b * p->q_stride[0] + h * p->q_stride[1];
-    x->k = p->k + b * p->k_stride[0] + hk * p->k_stride[1];
-    x->v = p->v + b * p->v_stride[0] + hk * p->v_stride[1];
+    x->q = element(p->q, b * p->q_stride[0] + h * p->q_stride[1], p->q_type);
+    x->k = element(p->k, b * p->k_stride[0] + hk * p->k_stride[1], p->kv_type);
+    x->v = element(p->v, b * p->v_stride[0] + hk * p->v_stride[1], p->kv_type);
     x->mask = p->mask ? p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] : NULL;
-    x->out = p->out + b * p->out_stride[0] + h * p->out_stride[1];
+    x->out = (void *)element(p->out, b * p->out_stride[0] + h * p->out_stride[1], p->out_type);
     x->lse = p->lse ? p->lse + b * p->lse_stride[0] + h * p->lse_stride[1] : NULL;
+}
+
+static void unit_run(const attention_run *run, const plan *pl, size_t u) {
+    unit x;
+    unit_of(pl, u, &x);
+    attention_block(run, &x.sub, x.q, x.k, x.v, x.mask, x.mask_row, x.out, x.lse, x.lse_row, x.q0,
+                    x.nq);
+}
+
+/* A unit with a 16-bit view: the widening tiles on the stack of the thread that runs it, in a
+   frame of its own that an f32 call never makes */
+static __attribute__((noinline)) void unit_run_wide(const plan *pl, size_t u) {
+    wide_tiles wide;
+    attention_run run = pl->run;
+    run.wide = &wide;
+    unit_run(&run, pl, u);
 }
 
 static void unit_task(void *arg, size_t u) {
     const plan *pl = arg;
-    unit x;
-    unit_of(pl, u, &x);
-    attention_block(&pl->run, &x.sub, x.q, x.k, x.v, x.mask, x.mask_row, x.out, x.lse, x.lse_row,
-                    x.q0, x.nq);
+    if (pl->wide)
+        unit_run_wide(pl, u);
+    else
+        unit_run(&pl->run, pl, u);
 }
 
 /* (out, lse) <- the merge of (out, lse) and (b, lse_b), rows x d_v, as sdpa.h states for
@@ -358,9 +434,9 @@ static void chunk_run(const plan *pl, const unit *x, size_t c, float *out, size_
     if (end < p->len_kv) sub.causal = 0;
     sub.len_kv = end - begin;
     sub.out_stride[2] = out_row;
-    attention_block(&pl->run, &sub, x->q, x->k + begin * p->k_stride[2],
-                    x->v + begin * p->v_stride[2], x->mask ? x->mask + begin : NULL, x->mask_row,
-                    out, lse, 1, 0, x->nq);
+    attention_block(&pl->run, &sub, x->q, (const float *)x->k + begin * p->k_stride[2],
+                    (const float *)x->v + begin * p->v_stride[2], x->mask ? x->mask + begin : NULL,
+                    x->mask_row, out, lse, 1, 0, x->nq);
 }
 
 static void write_lse(const unit *x, const float *lse) {
@@ -376,10 +452,11 @@ static __attribute__((noinline)) void split_serial_unit(const plan *pl, size_t u
     float part[SDPA_ATTN_MAX_BLOCK_Q * SPLIT_MAX_D_V];
     unit x;
     unit_of(pl, u, &x);
-    chunk_run(pl, &x, 0, x.out, x.sub.out_stride[2], lse);
+    chunk_run(pl, &x, 0, (float *)x.out, x.sub.out_stride[2], lse);
     for (size_t c = 1; c < pl->n_chunks; c++) {
         chunk_run(pl, &x, c, part, d_v, part_lse);
-        merge_rows(pl->run.k, x.out, x.sub.out_stride[2], lse, part, d_v, part_lse, x.nq, d_v);
+        merge_rows(pl->run.k, (float *)x.out, x.sub.out_stride[2], lse, part, d_v, part_lse, x.nq,
+                   d_v);
     }
     write_lse(&x, lse);
 }
@@ -394,7 +471,7 @@ static void split_task(void *arg, size_t t) {
     unit x;
     unit_of(pl, u, &x);
     if (c == 0)
-        chunk_run(pl, &x, 0, x.out, x.sub.out_stride[2], lse);
+        chunk_run(pl, &x, 0, (float *)x.out, x.sub.out_stride[2], lse);
     else
         chunk_run(pl, &x, c, slot, pl->p->d_v, lse);
 }
@@ -408,7 +485,8 @@ static void split_merge(const plan *pl, size_t u) {
     float *lse = (float *)slots + (n - 1) * pl->slot + rows_floats;
     for (size_t c = 1; c < n; c++) {
         const float *s = slots + (n - 1 - c) * pl->slot;
-        merge_rows(pl->run.k, x.out, x.sub.out_stride[2], lse, s, d_v, s + rows_floats, x.nq, d_v);
+        merge_rows(pl->run.k, (float *)x.out, x.sub.out_stride[2], lse, s, d_v, s + rows_floats,
+                   x.nq, d_v);
     }
     write_lse(&x, lse);
 }
@@ -433,8 +511,21 @@ static void attention_run_all(const attention_problem *p) {
     pl.run.exp_sum = pl.run.k->exp_sum[exp_kind];
     pl.run.exp_tile = pl.run.a->exp_tile[exp_kind];
     pl.run.exp_pv = pl.run.a->scores_max ? pl.run.a->exp_pv[exp_kind] : NULL;
+    pl.run.wide = NULL;
+    pl.run.rows_max = pl.run.a->block_q;
+    pl.run.keys_max = pl.run.a->block_kv;
+    pl.wide = p->q_type != SDPA_F32 || p->kv_type != SDPA_F32 || p->out_type != SDPA_F32;
+    if (pl.wide) {
+        const size_t d = p->d_k > p->d_v ? p->d_k : p->d_v; /* <= SDPA_WIDE_FLOATS (checked) */
+        if (p->q_type != SDPA_F32 && pl.run.rows_max > SDPA_WIDE_FLOATS / p->d_k)
+            pl.run.rows_max = SDPA_WIDE_FLOATS / p->d_k;
+        if (p->out_type != SDPA_F32 && pl.run.rows_max > ACC_FLOATS / p->d_v)
+            pl.run.rows_max = ACC_FLOATS / p->d_v;
+        if (p->kv_type != SDPA_F32 && pl.run.keys_max > SDPA_WIDE_FLOATS / d)
+            pl.run.keys_max = SDPA_WIDE_FLOATS / d;
+    }
     pl.p = p;
-    pl.block_q = pl.run.a->block_q;
+    pl.block_q = pl.run.rows_max;
     pl.group = p->heads_q / p->heads_kv;
     pl.grouped = p->len_q == 1 && pl.group > 1;
     const size_t rows = pl.grouped ? pl.group : p->len_q;
@@ -442,7 +533,8 @@ static void attention_run_all(const attention_problem *p) {
     pl.n_units = p->batch * (pl.grouped ? p->heads_kv : p->heads_q) * pl.blocks_per_head;
     pl.pieces = p->len_kv / SPLIT_PIECE;
     pl.n_chunks = 1;
-    if ((pl.grouped || p->len_q <= SPLIT_MAX_Q) && p->d_v <= SPLIT_MAX_D_V && pl.pieces >= 2) {
+    if (!pl.wide && (pl.grouped || p->len_q <= SPLIT_MAX_Q) && p->d_v <= SPLIT_MAX_D_V &&
+        pl.pieces >= 2) {
         const size_t want = (SPLIT_TASKS + pl.n_units - 1) / pl.n_units;
         pl.n_chunks = pl.pieces < want ? pl.pieces : want;
     }
@@ -474,12 +566,12 @@ static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {
     if (st != SDPA_OK) return st;
     if (!sdpa_problem_has_rows(p)) return SDPA_OK;
     if (p->len_kv == 0) { /* no key at all: every row is zeros, its log-sum-exp -inf */
+        const size_t size = sdpa_type_size(p->out_type);
         for (size_t b = 0; b < p->batch; b++)
             for (size_t h = 0; h < p->heads_q; h++)
                 for (size_t i = 0; i < p->len_q; i++) {
-                    memset(p->out + b * p->out_stride[0] + h * p->out_stride[1] +
-                               i * p->out_stride[2],
-                           0, p->d_v * sizeof(float));
+                    size_t at = b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2];
+                    memset((char *)p->out + at * size, 0, p->d_v * size);
                     if (p->lse) p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i] = -INFINITY;
                 }
         return SDPA_OK;
@@ -501,7 +593,14 @@ SDPA_API sdpa_status sdpa_attention_f32(float *out, const float *q, const float 
 SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const float *q,
                                   const float *k, const float *v) {
     attention_problem p;
-    sdpa_status st = sdpa_problem_from_desc(&p, desc, out, q, k, v);
+    sdpa_status st = sdpa_problem_from_desc(&p, desc, out, q, k, v, 0);
+    return st != SDPA_OK ? st : attention_checked_run(&p, desc->flags);
+}
+
+SDPA_API sdpa_status sdpa_mha(const sdpa_mha_desc *desc, void *out, const void *q, const void *k,
+                              const void *v) {
+    attention_problem p;
+    sdpa_status st = sdpa_problem_from_desc(&p, desc, out, q, k, v, 1);
     return st != SDPA_OK ? st : attention_checked_run(&p, desc->flags);
 }
 

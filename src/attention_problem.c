@@ -48,7 +48,12 @@ static sdpa_status check(const attention_problem *p, uint32_t flags) {
     if (!has_out) return SDPA_OK;
     if (!p->d_k || !p->d_v) return SDPA_ERR_SIZE;
     if (p->len_q > 1 && p->out_stride[2] < p->d_v) return SDPA_ERR_SIZE;
-    if (!sdpa_view_fits(p->out_stride, p->batch, p->heads_q, p->len_q, p->d_v))
+    const size_t q_size = sdpa_type_size(p->q_type), kv_size = sdpa_type_size(p->kv_type);
+    const size_t out_size = sdpa_type_size(p->out_type);
+    if ((q_size < 4 || kv_size < 4 || out_size < 4) &&
+        (p->d_k > SDPA_WIDE_FLOATS || p->d_v > SDPA_WIDE_FLOATS))
+        return SDPA_ERR_SIZE;
+    if (!sdpa_view_fits_sized(p->out_stride, p->batch, p->heads_q, p->len_q, p->d_v, out_size))
         return SDPA_ERR_SIZE;
     const size_t out_dims[3] = {p->batch, p->heads_q, p->len_q};
     if (!view_is_disjoint(p->out_stride, out_dims, p->d_v)) return SDPA_ERR_SIZE;
@@ -56,9 +61,9 @@ static sdpa_status check(const attention_problem *p, uint32_t flags) {
     if ((p->len_q > 1 && p->q_stride[2] < p->d_k) || (p->len_kv > 1 && p->k_stride[2] < p->d_k) ||
         (p->len_kv > 1 && p->v_stride[2] < p->d_v))
         return SDPA_ERR_SIZE;
-    if (!sdpa_view_fits(p->q_stride, p->batch, p->heads_q, p->len_q, p->d_k) ||
-        !sdpa_view_fits(p->k_stride, p->batch, p->heads_kv, p->len_kv, p->d_k) ||
-        !sdpa_view_fits(p->v_stride, p->batch, p->heads_kv, p->len_kv, p->d_v))
+    if (!sdpa_view_fits_sized(p->q_stride, p->batch, p->heads_q, p->len_q, p->d_k, q_size) ||
+        !sdpa_view_fits_sized(p->k_stride, p->batch, p->heads_kv, p->len_kv, p->d_k, kv_size) ||
+        !sdpa_view_fits_sized(p->v_stride, p->batch, p->heads_kv, p->len_kv, p->d_v, kv_size))
         return SDPA_ERR_SIZE;
     if (p->mask && !sdpa_view_fits(p->mask_stride, p->batch, p->heads_q, p->len_q, p->len_kv))
         return SDPA_ERR_SIZE;
@@ -85,7 +90,7 @@ sdpa_status sdpa_problem_check(attention_problem *p, uint32_t flags) {
     return SDPA_OK;
 }
 
-void sdpa_problem_single(attention_problem *p, float *out, const float *q, const float *k,
+void sdpa_problem_single(attention_problem *p, void *out, const float *q, const float *k,
                          const float *v, size_t len_q, size_t len_kv, size_t d_k, size_t d_v,
                          float scale) {
     memset(p, 0, sizeof *p);
@@ -103,8 +108,8 @@ void sdpa_problem_single(attention_problem *p, float *out, const float *q, const
     p->v_stride[2] = p->out_stride[2] = d_v;
 }
 
-sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *desc, float *out,
-                                   const float *q, const float *k, const float *v) {
+sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *desc, void *out,
+                                   const void *q, const void *k, const void *v, int typed) {
     if (!desc) return SDPA_ERR_NULL;
     if (!DESC_HAS(desc, mask_stride)) return SDPA_ERR_ARG;
     memset(p, 0, sizeof *p);
@@ -129,7 +134,12 @@ sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *de
         p->mask_stride[i] = desc->mask_stride[i];
     }
     if (DESC_HAS(desc, lse_stride)) {
-        if (desc->q_type || desc->kv_type || desc->out_type || desc->reserved) return SDPA_ERR_ARG;
+        const uint32_t most = typed ? SDPA_BF16 : SDPA_F32;
+        if (desc->q_type > most || desc->kv_type > most || desc->out_type > most || desc->reserved)
+            return SDPA_ERR_ARG;
+        p->q_type = desc->q_type;
+        p->kv_type = desc->kv_type;
+        p->out_type = desc->out_type;
         p->lse = desc->lse;
         p->lse_stride[0] = desc->lse_stride[0];
         p->lse_stride[1] = desc->lse_stride[1];

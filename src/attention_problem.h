@@ -13,22 +13,33 @@ typedef struct attention_problem {
     size_t batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v;
     float scale; /* after sdpa_problem_check: never SDPA_DEFAULT_SCALE */
     int causal;
-    const float *q, *k, *v, *mask;
-    float *out;
+    /* element types (sdpa_dtype) of q, of k and v, and of out; the mask and lse are float */
+    uint32_t q_type, kv_type, out_type;
+    const void *q, *k, *v;
+    void *out;
+    const float *mask;
     size_t q_stride[3], k_stride[3], v_stride[3], out_stride[3], mask_stride[3];
     /* optional: each query row's log-sum-exp of its scores, lse[b s0 + h s1 + r] */
     float *lse;
     size_t lse_stride[2];
 } attention_problem;
 
+/* The largest d_k and d_v of a problem with a 16-bit view: its rows are widened to float in
+ * tiles of SDPA_WIDE_FLOATS on the stack, which must hold one. */
+#define SDPA_WIDE_FLOATS 8192
+
+/* Bytes of one element of type t (a valid sdpa_dtype). */
+static inline size_t sdpa_type_size(uint32_t t) { return t == SDPA_F32 ? 4 : 2; }
+
 /* One dense head (sdpa_attention_f32's arguments). */
-void sdpa_problem_single(attention_problem *p, float *out, const float *q, const float *k,
+void sdpa_problem_single(attention_problem *p, void *out, const float *q, const float *k,
                          const float *v, size_t len_q, size_t len_kv, size_t d_k, size_t d_v,
                          float scale);
 
-/* The descriptor's problem; SDPA_ERR_NULL or SDPA_ERR_ARG for a missing or too short desc. */
-sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *desc, float *out,
-                                   const float *q, const float *k, const float *v);
+/* The descriptor's problem; SDPA_ERR_NULL or SDPA_ERR_ARG for a missing or too short desc, or
+ * an unknown type (and any type but f32 when !typed: sdpa_mha_f32). */
+sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *desc, void *out,
+                                   const void *q, const void *k, const void *v, int typed);
 
 /* Every rule of sdpa.h's attention errors, in one place; on SDPA_OK the scale is resolved and
  * causal set from flags. */

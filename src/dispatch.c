@@ -56,12 +56,11 @@ static int cpu_has_sse41(void) {
 }
 static int cpu_has_avx2(void) { return x86_features().avx2 != 0; }
 static int cpu_has_fma(void) { return x86_features().fma3 != 0; }
+static int cpu_has_f16c(void) { return x86_features().f16c != 0; }
 static int cpu_has_avx512f(void) { return x86_features().avx512f != 0; }
-static const cpu_feature FEATURES[] = {{"SSE4.1", cpu_has_sse41},
-                                       {"AVX2", cpu_has_avx2},
-                                       {"FMA", cpu_has_fma},
-                                       {"AVX-512F", cpu_has_avx512f},
-                                       {NULL, NULL}};
+static const cpu_feature FEATURES[] = {{"SSE4.1", cpu_has_sse41},     {"AVX2", cpu_has_avx2},
+                                       {"FMA", cpu_has_fma},          {"F16C", cpu_has_f16c},
+                                       {"AVX-512F", cpu_has_avx512f}, {NULL, NULL}};
 #elif defined(__aarch64__)
 /* The kernel's hwcaps directly: Debian's arm64 cpu_features 0.7 prints a debug line to stdout
  * on cores without AT_HWCAP2 (ARMv8.0), which a library must never do to its users. */

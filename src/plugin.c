@@ -31,6 +31,8 @@ static const sdpa_api API_V1 = {
     .mha_desc_bshd = sdpa_mha_desc_bshd,
     .mha_desc_set_mask = sdpa_mha_desc_set_mask,
     /* ABI 1.1 */
+    .mha = sdpa_mha,
+    .convert = sdpa_convert,
     .set_num_threads = sdpa_set_num_threads,
     .num_threads = sdpa_num_threads,
     .set_parallel_for = sdpa_set_parallel_for,

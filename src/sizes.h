@@ -28,15 +28,21 @@ static inline int sdpa_rows_fit(size_t n_rows, size_t row, size_t stride) {
     return n_rows <= 1 || stride == 0 || n_rows - 1 <= (SDPA_MAX_FLOATS - row) / stride;
 }
 
-/* The same for a [d0][d1][d2][row] view (d0, d1, d2 >= 1): one past its last float,
- * (d0 - 1) s0 + (d1 - 1) s1 + (d2 - 1) s2 + row, is at most SDPA_MAX_FLOATS */
-static inline int sdpa_view_fits(const size_t stride[3], size_t d0, size_t d1, size_t d2,
-                                 size_t row) {
+/* The same for a [d0][d1][d2][row] view (d0, d1, d2 >= 1) of elements of `size` bytes: one past
+ * its last element, (d0 - 1) s0 + (d1 - 1) s1 + (d2 - 1) s2 + row, is at most PTRDIFF_MAX bytes */
+static inline int sdpa_view_fits_sized(const size_t stride[3], size_t d0, size_t d1, size_t d2,
+                                       size_t row, size_t size) {
     int ok = 1;
     size_t end = sdpa_mul_add(d0 - 1, stride[0], row, &ok);
     end = sdpa_mul_add(d1 - 1, stride[1], end, &ok);
     end = sdpa_mul_add(d2 - 1, stride[2], end, &ok);
-    return ok && end <= SDPA_MAX_FLOATS;
+    return ok && end <= (size_t)PTRDIFF_MAX / size;
+}
+
+/* a view of floats */
+static inline int sdpa_view_fits(const size_t stride[3], size_t d0, size_t d1, size_t d2,
+                                 size_t row) {
+    return sdpa_view_fits_sized(stride, d0, d1, d2, row, sizeof(float));
 }
 
 #endif

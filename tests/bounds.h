@@ -25,4 +25,16 @@ static inline double bound_backward(double terms, double sy, size_t n) {
  * inputs and the default scale */
 static inline double bound_attention(double max_abs_v) { return 1e-5 * max_abs_v; }
 
+/* attention with scores of any size (sdpa.h: the error grows with the scores): the bound above
+ * plus what rounding the scores to float adds. An absolute error delta in the scores moves each
+ * weight by about delta relative, and the output by at most 2 max|v| max delta. A float dot of
+ * d_k terms is within d_k 2^-24 sum |q_p k_p| (more than |s| where terms cancel: found by the
+ * fuzzer at d_k 257, scale 2); the scale and mask roundings add a few |s| 2^-24. max_abs_s is
+ * the row's largest |score|, max_terms its largest |scale| sum_p |q_p k_jp|. */
+static inline double bound_attention_scores(double max_abs_v, double max_abs_s, double max_terms,
+                                            size_t d_k) {
+    return bound_attention(max_abs_v) +
+           max_abs_v * (8.0 * 0x1p-24 * max_abs_s + 2.0 * (double)(d_k + 2) * 0x1p-24 * max_terms);
+}
+
 #endif

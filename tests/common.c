@@ -152,3 +152,21 @@ const size_t TEST_SIZES[] = {0,  1,   2,   3,   4,   5,   6,   7,    8,    9,   
                              56, 57,  58,  59,  60,  61,  62,  63,   64,   65,   66,   67, 68, 69,
                              70, 127, 128, 129, 255, 256, 257, 1000, 4096, 4097, 65537};
 const size_t N_TEST_SIZES = sizeof TEST_SIZES / sizeof TEST_SIZES[0];
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+void set_ftz_daz(int on) {
+    const unsigned bits = 0x8040u; /* MXCSR: flush to zero (15), denormals are zero (6) */
+    _mm_setcsr(on ? _mm_getcsr() | bits : _mm_getcsr() & ~bits);
+}
+#elif defined(__aarch64__)
+void set_ftz_daz(int on) {
+    const uint64_t fz = 1u << 24; /* FPCR.FZ */
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    fpcr = on ? fpcr | fz : fpcr & ~fz;
+    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr));
+}
+#else
+void set_ftz_daz(int on) { (void)on; }
+#endif

@@ -59,6 +59,10 @@ float *alloc_offset(size_t n, size_t offset, void **base);
 extern const size_t TEST_SIZES[];
 extern const size_t N_TEST_SIZES;
 
+/* Sets (1) or clears (0) flush-to-zero and denormals-are-zero: MXCSR's FTZ and DAZ on x86-64,
+ * FPCR.FZ on AArch64. */
+void set_ftz_daz(int on);
+
 /* A recognisable bit pattern to check that outputs were not written on error. */
 #define SENTINEL 12345.678f
 

@@ -17,28 +17,17 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
-#define FTZ_DAZ_BITS 0x8040u /* MXCSR: flush to zero (15), denormals are zero (6) */
 /* The control bits: exception masks, rounding, FTZ, DAZ (not the sticky exception flags,
  * which any arithmetic sets). */
 static uint64_t control_word(void) { return _mm_getcsr() & 0xffc0u; }
-static void set_ftz_daz(int on) {
-    _mm_setcsr(on ? _mm_getcsr() | FTZ_DAZ_BITS : _mm_getcsr() & ~FTZ_DAZ_BITS);
-}
 #elif defined(__aarch64__)
-#define FPCR_FZ (1u << 24)
 static uint64_t control_word(void) {
     uint64_t fpcr;
     __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
     return fpcr;
 }
-static void set_ftz_daz(int on) {
-    uint64_t fpcr = control_word();
-    fpcr = on ? fpcr | FPCR_FZ : fpcr & ~(uint64_t)FPCR_FZ;
-    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr));
-}
 #else
 static uint64_t control_word(void) { return 0; }
-static void set_ftz_daz(int on) { (void)on; }
 #endif
 
 typedef struct environment {

@@ -48,6 +48,25 @@ static inline int rounds_to_nearest(void) {
     return !(fpcr & (3u << 22)); /* RMode */
 }
 
+/* One vector to and from the 16-bit types (arch/convert_rows.h): ARMv8.0's f16 conversions
+ * (FCVTL, FCVTN), the narrowing only under round-to-nearest, whose rounding it follows; bf16 is
+ * the upper half of a float, rounded in integers. */
+#define vf_widen_f16(p)     vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
+#define vf_narrow_f16(p, x) vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(x)))
+#define vf_narrow_f16_ok()  rounds_to_nearest()
+static inline float32x4_t vf_widen_bf16(const uint16_t *p) {
+    const uint32x4_t b = vshll_n_u16(vld1_u16(p), 16);
+    const uint32x4_t nan = vmvnq_u32(vceqq_f32(vreinterpretq_f32_u32(b), vreinterpretq_f32_u32(b)));
+    return vreinterpretq_f32_u32(vorrq_u32(b, vandq_u32(nan, vdupq_n_u32(0x00400000))));
+}
+static inline void vf_narrow_bf16(uint16_t *p, float32x4_t x) {
+    const uint32x4_t b = vreinterpretq_u32_f32(x), high = vshrq_n_u32(b, 16);
+    const uint32x4_t odd = vandq_u32(high, vdupq_n_u32(1));
+    const uint32x4_t r = vshrq_n_u32(vaddq_u32(b, vaddq_u32(odd, vdupq_n_u32(0x7fff))), 16);
+    const uint32x4_t nan = vmvnq_u32(vceqq_f32(x, x));
+    vst1_u16(p, vmovn_u32(vbslq_u32(nan, vorrq_u32(high, vdupq_n_u32(0x0040)), r)));
+}
+
 SDPA_DOT_TO(dot_neon)
 
 /* weights below FLT_MIN become exactly 0 (NaN stays: the ordered compare is false for it) */

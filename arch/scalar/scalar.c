@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "convert_portable.h"
 #include "exp_constants.h"
 #include "kernels.h"
 
@@ -46,18 +47,6 @@ static float max_scaled_scalar(const float *x, size_t n, float scale) {
     return m;
 }
 
-static float bits_to_float(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint32_t float_to_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
 /* The shared "fast" exp (see kernels.h). */
 static float exp_fast_scalar(float x) {
     if (x >= SDPA_EXP_X_OVERFLOW) return INFINITY;
@@ -74,7 +63,7 @@ static float exp_fast_scalar(float x) {
     p = p * r + SDPA_EXP_C2;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    float e = bits_to_float(float_to_bits(p) + (uint32_t)((int32_t)n * (1 << 23)));
+    float e = f32_from_bits(f32_bits(p) + (uint32_t)((int32_t)n * (1 << 23)));
     return e < FLT_MIN ? 0.0f : e;
 }
 
@@ -123,6 +112,26 @@ static void exp_sleef_array_scalar(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = exp_sleef_scalar(x[i]);
 }
 
+static void widen_f16_scalar(float *dst, const void *src, size_t n) {
+    const uint16_t *s = src;
+    for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
+}
+
+static void widen_bf16_scalar(float *dst, const void *src, size_t n) {
+    const uint16_t *s = src;
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+}
+
+static void narrow_f16_scalar(void *dst, const float *src, size_t n) {
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
+}
+
+static void narrow_bf16_scalar(void *dst, const float *src, size_t n) {
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+}
+
 /* ---- Attention microkernels (the driver is src/attention.c) ---- */
 
 static void scores_tile_scalar(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
@@ -169,5 +178,7 @@ const sdpa_kernels sdpa_kernels_scalar = {
     .normalize = normalize_scalar,
     .softmax_backward = softmax_backward_scalar,
     .exp = {exp_fast_array_scalar, exp_sleef_array_scalar},
+    .widen = {NULL, widen_f16_scalar, widen_bf16_scalar},
+    .narrow = {NULL, narrow_f16_scalar, narrow_bf16_scalar},
     .attention = &attention_scalar,
 };

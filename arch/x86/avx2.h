@@ -52,6 +52,30 @@ static inline __attribute__((always_inline)) vf vf_allsum(vf v) {
     return _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));
 }
 
+/* One vector to and from the 16-bit types (arch/convert_rows.h): F16C's conversions (the avx2
+ * backend requires F16C), with the rounding named (to nearest) rather than MXCSR's; bf16 is the
+ * upper half of a float, rounded in integers. */
+#define vf_widen_f16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define vf_narrow_f16(p, x)                                                                        \
+    _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT))
+#define vf_narrow_f16_ok() 1
+static inline __attribute__((always_inline)) vf vf_widen_bf16(const uint16_t *p) {
+    const __m256 x = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    return _mm256_or_ps(x, _mm256_and_ps(nan, _mm256_castsi256_ps(_mm256_set1_epi32(0x00400000))));
+}
+static inline __attribute__((always_inline)) void vf_narrow_bf16(uint16_t *p, vf x) {
+    const __m256i b = _mm256_castps_si256(x), high = _mm256_srli_epi32(b, 16);
+    const __m256i odd = _mm256_and_si256(high, _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    const __m256i q = _mm256_blendv_epi8(r, _mm256_or_si256(high, _mm256_set1_epi32(0x0040)), nan);
+    _mm_storeu_si128((__m128i *)p,
+                     _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
+}
+
 /* lanes [0, remaining) set, for remaining <= W (W sets them all) */
 static inline __m256i tail_mask(size_t remaining) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)remaining),

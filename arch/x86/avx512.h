@@ -57,6 +57,31 @@ static inline __attribute__((always_inline)) vf vf_allsum(vf v) {
 #undef ACROSS_CHUNKS_
 #undef ALL_OF_4
 
+/* One vector to and from the 16-bit types (arch/convert_rows.h): F16C's conversions, which
+ * AVX-512F has at its width, with the rounding named (to nearest) rather than MXCSR's; bf16 is
+ * the upper half of a float, rounded in integers. */
+#define vf_widen_f16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define vf_narrow_f16(p, x)                                                                        \
+    _mm256_storeu_si256((__m256i *)(p),                                                            \
+                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+#define vf_narrow_f16_ok() 1
+static inline __attribute__((always_inline)) vf vf_widen_bf16(const uint16_t *p) {
+    const __m512i b =
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+    const __mmask16 nan =
+        _mm512_cmp_ps_mask(_mm512_castsi512_ps(b), _mm512_castsi512_ps(b), _CMP_UNORD_Q);
+    return _mm512_castsi512_ps(_mm512_mask_or_epi32(b, nan, b, _mm512_set1_epi32(0x00400000)));
+}
+static inline __attribute__((always_inline)) void vf_narrow_bf16(uint16_t *p, vf x) {
+    const __m512i b = _mm512_castps_si512(x), high = _mm512_srli_epi32(b, 16);
+    const __m512i odd = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, high, _mm512_set1_epi32(0x0040));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* lanes [0, remaining) set, for remaining <= W */

@@ -7,6 +7,7 @@
 #include <sleef.h>
 #include <smmintrin.h>
 
+#include "convert_portable.h"
 #include "exp_constants.h"
 #include "kernels.h"
 
@@ -68,6 +69,53 @@ static inline float hsum(__m128 s) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* One vector to and from the 16-bit types (arch/convert_rows.h), in integer operations: SSE4.1
+ * has no f16 conversion. A subnormal f16 comes out of the difference of two normal floats, which
+ * is exact and so untouched by the rounding mode, flush-to-zero and denormals-are-zero; f16's
+ * narrowing, rarer (the outputs of attention, and sdpa_convert), is convert_portable.h's a lane
+ * at a time. */
+static inline __m128i load4_u16(const uint16_t *p) {
+    return _mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+static inline __m128 vf_widen_f16(const uint16_t *p) {
+    const __m128i h = load4_u16(p), em = _mm_and_si128(h, _mm_set1_epi32(0x7fff));
+    const __m128i sign = _mm_slli_epi32(_mm_xor_si128(h, em), 16);
+    __m128i f = _mm_add_epi32(_mm_slli_epi32(em, 13), _mm_set1_epi32(112 << 23));
+    const __m128i special = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x7bff));
+    f = _mm_add_epi32(f, _mm_and_si128(special, _mm_set1_epi32(112 << 23))); /* inf, NaN */
+    const __m128i nan = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x7c00));
+    f = _mm_or_si128(f, _mm_and_si128(nan, _mm_set1_epi32(0x00400000)));
+    /* subnormal: 2^-14 (1 + m 2^-10) - 2^-14 = m 2^-24; zero where m is (not -0 when rounding
+       down) */
+    const __m128i tiny = _mm_cmplt_epi32(em, _mm_set1_epi32(0x0400));
+    const __m128 sub = _mm_sub_ps(_mm_castsi128_ps(_mm_add_epi32(f, _mm_set1_epi32(1 << 23))),
+                                  _mm_castsi128_ps(_mm_set1_epi32(113 << 23)));
+    const __m128i subi =
+        _mm_and_si128(_mm_castps_si128(sub), _mm_cmpgt_epi32(em, _mm_setzero_si128()));
+    f = _mm_blendv_epi8(f, subi, tiny);
+    return _mm_castsi128_ps(_mm_or_si128(f, sign));
+}
+static inline void vf_narrow_f16(uint16_t *p, __m128 x) {
+    float v[4];
+    _mm_storeu_ps(v, x);
+    for (int i = 0; i < 4; i++) p[i] = f32_to_f16(v[i]);
+}
+#define vf_narrow_f16_ok() 1
+static inline __m128 vf_widen_bf16(const uint16_t *p) {
+    const __m128 x = _mm_castsi128_ps(_mm_slli_epi32(load4_u16(p), 16));
+    const __m128 nan = _mm_cmpunord_ps(x, x);
+    return _mm_or_ps(x, _mm_and_ps(nan, _mm_castsi128_ps(_mm_set1_epi32(0x00400000))));
+}
+static inline void vf_narrow_bf16(uint16_t *p, __m128 x) {
+    const __m128i b = _mm_castps_si128(x), high = _mm_srli_epi32(b, 16);
+    const __m128i odd = _mm_and_si128(high, _mm_set1_epi32(1));
+    const __m128i r =
+        _mm_srli_epi32(_mm_add_epi32(b, _mm_add_epi32(odd, _mm_set1_epi32(0x7fff))), 16);
+    const __m128i nan = _mm_castps_si128(_mm_cmpunord_ps(x, x));
+    const __m128i q = _mm_blendv_epi8(r, _mm_or_si128(high, _mm_set1_epi32(0x0040)), nan);
+    _mm_storel_epi64((__m128i *)p, _mm_packus_epi32(q, q));
 }
 
 static inline float dot_sse41(const float *a, const float *b, size_t n) {

@@ -24,6 +24,7 @@
  *     term) against tests/reference.c's double-precision textbook attention.
  *
  * Run it with scripts/fuzz; a crash file it leaves reproduces with build-fuzz/fuzz_attention. */
+#include "bounds.h"
 #include "fuzz_common.h"
 #include "reference.h"
 
@@ -279,14 +280,7 @@ static void expect_head(const fcase *c, const head_view *h, head_expect *e) {
             e->kind[i] = ROW_VALUES;
             ref_attention(e->ref + i * d_v, 0, qi, 0, h->k, h->ks, h->v, h->vs, mi, 0, 1, seen, d_k,
                           d_v, scale, 0);
-            /* An absolute error delta in the scores moves each weight by about delta relative,
-               and the output by at most 2 max|v| max delta. A float dot of d_k terms is within
-               d_k 2^-24 sum |q_p k_p| (more than |s| where terms cancel: found by the fuzzer at
-               d_k 257, scale 2); the scale and mask roundings add a few |s| 2^-24; the kernels'
-               own error is 1e-5 max|v|. */
-            e->bound[i] = max_v * (1e-5 + 8.0 * 0x1p-24 * max_abs_s +
-                                   2.0 * (double)(d_k + 2) * 0x1p-24 * max_terms) +
-                          0x1p-126;
+            e->bound[i] = bound_attention_scores(max_v, max_abs_s, max_terms, d_k) + 0x1p-126;
         }
     }
 }

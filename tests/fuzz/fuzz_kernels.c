@@ -12,6 +12,7 @@
  *
  * Run it with scripts/fuzz; a crash file it leaves is a reproducer: pass it as the argument of
  * build-fuzz/fuzz_kernels. */
+#include "bounds.h"
 #include "fuzz_common.h"
 #include "reference.h"
 
@@ -135,7 +136,7 @@ static void check_dot_value(float got, const float *a, const float *b, size_t n,
     }
     case DOT_CHECK_BOUND: {
         double want = (double)scale * ref_dot(a, b, n);
-        double bound = 1e-5 * fabs((double)scale) * sum_abs +
+        double bound = bound_dot(fabs((double)scale) * sum_abs) +
                        fabs((double)scale) * SUBNORMAL_SLACK(n) + 0x1p-149;
         FUZZ_CHECK(fabs((double)got - want) <= bound,
                    "%s[%zu] n=%zu scale=%a: got %.9g, want %.9g, |error| %.3g > bound %.3g", what,
@@ -276,7 +277,7 @@ static void check_softmax(const float *y, const float *x, size_t n, float scale)
                 FUZZ_CHECK(y[i] < 3.0 * FLT_MIN, "softmax n=%zu i=%zu: got %a want %a", n, i, y[i],
                            want[i]);
             else
-                FUZZ_CHECK(fabs(y[i] - want[i]) <= 2e-5 * want[i],
+                FUZZ_CHECK(fabs(y[i] - want[i]) <= bound_softmax_rel(n) * want[i],
                            "softmax n=%zu i=%zu scale=%a z=%a max z=%a: got %.9g want %.9g (rel "
                            "%.3g)",
                            n, i, scale, z, max_z, y[i], want[i], fabs(y[i] - want[i]) / want[i]);
@@ -354,7 +355,8 @@ static void check_backward(const float *dx, const float *y, const float *dy, siz
             fabs((double)dy[i]) + s_abs > NO_OVERFLOW)
             continue;
         double want = (double)scale * y[i] * ((double)dy[i] - y_dot_dy);
-        double bound = 1e-5 * mag + as * fabs((double)y[i]) * SUBNORMAL_SLACK(n) +
+        double bound = bound_backward(fabs((double)dy[i]) + s_abs, as * fabs((double)y[i]), n) +
+                       as * fabs((double)y[i]) * SUBNORMAL_SLACK(n) +
                        0x1p-149 * (fabs((double)dy[i]) + s_abs + 4.0);
         FUZZ_CHECK(fabs(dx[i] - want) <= bound,
                    "softmax_backward n=%zu i=%zu scale=%a: got %.9g want %.9g, |error| %.3g > "

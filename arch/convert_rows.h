@@ -1,0 +1,91 @@
+/* The widening and narrowing kernels of the SIMD backends (kernels.h's widen and narrow),
+ * written once over each ISA's conversions of one vector (arch/x86/<isa>.h, arch/arm/neon.h):
+ *   vf_widen_f16(p), vf_widen_bf16(p)         W 16-bit values at p, as floats, exactly
+ *   vf_narrow_f16(p, x), vf_narrow_bf16(p, x) x's W floats to p, as convert_portable.h rounds
+ *   vf_narrow_f16_ok()                         whether vf_narrow_f16 rounds as convert_portable.h
+ *                                              does in the caller's floating-point environment
+ *                                              (NEON's conversion follows the rounding mode)
+ * The tails, fewer than W elements, take convert_portable.h's: the masked 16-bit loads and
+ * stores they would need are not in every ISA (AVX-512F lacks them). */
+#ifndef SDPA_ARCH_CONVERT_ROWS_H
+#define SDPA_ARCH_CONVERT_ROWS_H
+
+#include "convert_portable.h"
+#include "kernels.h"
+
+ALWAYS_INLINE vf widen_vector(const uint16_t *p, int type) {
+    return type == SDPA_TYPE_F16 ? vf_widen_f16(p) : vf_widen_bf16(p);
+}
+
+ALWAYS_INLINE void narrow_vector(uint16_t *p, vf x, int type) {
+    if (type == SDPA_TYPE_F16)
+        vf_narrow_f16(p, x);
+    else
+        vf_narrow_bf16(p, x);
+}
+
+ALWAYS_INLINE void widen_portable(float *dst, const uint16_t *src, size_t n, int type) {
+    for (size_t i = 0; i < n; i++)
+        dst[i] = type == SDPA_TYPE_F16 ? f16_to_f32(src[i]) : bf16_to_f32(src[i]);
+}
+
+ALWAYS_INLINE void narrow_portable(uint16_t *dst, const float *src, size_t n, int type) {
+    for (size_t i = 0; i < n; i++)
+        dst[i] = type == SDPA_TYPE_F16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
+}
+
+/* four vectors a step: the conversions are a port's or two a vector, so they keep pace with the
+ * loads and stores of a stream beyond L1 only with several in flight */
+ALWAYS_INLINE void widen_row(float *dst, const void *src, size_t n, int type) {
+    const uint16_t *s = src;
+    size_t i = 0;
+    for (; i + 4 * W <= n; i += 4 * W) {
+        const vf x0 = widen_vector(s + i, type), x1 = widen_vector(s + i + W, type);
+        const vf x2 = widen_vector(s + i + 2 * W, type), x3 = widen_vector(s + i + 3 * W, type);
+        vf_store(dst + i, x0);
+        vf_store(dst + i + W, x1);
+        vf_store(dst + i + 2 * W, x2);
+        vf_store(dst + i + 3 * W, x3);
+    }
+    for (; i + W <= n; i += W) vf_store(dst + i, widen_vector(s + i, type));
+    widen_portable(dst + i, s + i, n - i, type);
+}
+
+ALWAYS_INLINE void narrow_row(void *dst, const float *src, size_t n, int type) {
+    uint16_t *d = dst;
+    size_t i = 0;
+    if (type == SDPA_TYPE_F16 && !vf_narrow_f16_ok()) {
+        narrow_portable(d, src, n, type);
+        return;
+    }
+    for (; i + 4 * W <= n; i += 4 * W) {
+        const vf x0 = vf_load(src + i), x1 = vf_load(src + i + W);
+        const vf x2 = vf_load(src + i + 2 * W), x3 = vf_load(src + i + 3 * W);
+        narrow_vector(d + i, x0, type);
+        narrow_vector(d + i + W, x1, type);
+        narrow_vector(d + i + 2 * W, x2, type);
+        narrow_vector(d + i + 3 * W, x3, type);
+    }
+    for (; i + W <= n; i += W) narrow_vector(d + i, vf_load(src + i), type);
+    narrow_portable(d + i, src + i, n - i, type);
+}
+
+static void widen_f16_row(float *dst, const void *src, size_t n) {
+    widen_row(dst, src, n, SDPA_TYPE_F16);
+}
+static void widen_bf16_row(float *dst, const void *src, size_t n) {
+    widen_row(dst, src, n, SDPA_TYPE_BF16);
+}
+static void narrow_f16_row(void *dst, const float *src, size_t n) {
+    narrow_row(dst, src, n, SDPA_TYPE_F16);
+}
+static void narrow_bf16_row(void *dst, const float *src, size_t n) {
+    narrow_row(dst, src, n, SDPA_TYPE_BF16);
+}
+
+/* the table's entries, indexed by type (f32 needs none) */
+#define CONVERT_ENTRIES                                                                            \
+    .widen = {NULL, widen_f16_row, widen_bf16_row},                                                \
+    .narrow = {NULL, narrow_f16_row, narrow_bf16_row}
+
+#endif

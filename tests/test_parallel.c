@@ -440,3 +440,53 @@ Test(threads_setting, default_count_and_limits) {
     cr_assert_eq(sdpa_num_threads(), def);
     cr_assert_eq(sdpa_set_parallel_for(NULL, NULL), SDPA_OK);
 }
+
+/* sdpa_mha over 16-bit views (each task widens into tiles of its own): the same bits at every
+   thread count, for prefill with an f16 K/V cache and a bf16 out, and GQA decode over bf16. */
+BACKEND_TEST(parallel, sixteen_bit_views_identical) {
+    static const struct {
+        size_t hq, hk, lq, lk, d;
+        uint32_t kv_type, out_type, flags;
+    } CASES[] = {{4, 2, 150, 170, 64, SDPA_F16, SDPA_BF16, SDPA_CAUSAL},
+                 {16, 4, 1, 2100, 64, SDPA_BF16, SDPA_F32, 0}};
+    for (size_t ci = 0; ci < sizeof CASES / sizeof CASES[0]; ci++) {
+        const size_t hq = CASES[ci].hq, hk = CASES[ci].hk, lq = CASES[ci].lq, lk = CASES[ci].lk,
+                     d = CASES[ci].d;
+        sdpa_mha_desc desc;
+        cr_assert_eq(sdpa_mha_desc_dense(&desc, 1, hq, hk, lq, lk, d, d, 0, CASES[ci].flags),
+                     SDPA_OK);
+        desc.kv_type = CASES[ci].kv_type;
+        desc.out_type = CASES[ci].out_type;
+        const size_t nq = hq * lq * d, nkv = hk * lk * d;
+        rng r = rng_seed(40 + ci);
+        float *q = malloc(nq * sizeof(float)), *kf = malloc(nkv * sizeof(float));
+        float *vf = malloc(nkv * sizeof(float));
+        uint16_t *k = malloc(nkv * 2), *v = malloc(nkv * 2);
+        char *o1 = malloc(nq * 4), *o2 = malloc(nq * 4);
+        cr_assert(q && kf && vf && k && v && o1 && o2);
+        fill_uniform(&r, q, nq, -1, 1);
+        fill_uniform(&r, kf, nkv, -1, 1);
+        fill_uniform(&r, vf, nkv, -1, 1);
+        cr_assert_eq(sdpa_convert(k, CASES[ci].kv_type, kf, SDPA_F32, nkv), SDPA_OK);
+        cr_assert_eq(sdpa_convert(v, CASES[ci].kv_type, vf, SDPA_F32, nkv), SDPA_OK);
+        const size_t out_bytes = nq * (CASES[ci].out_type == SDPA_F32 ? 4 : 2);
+        sdpa_set_num_threads(1);
+        cr_assert_eq(sdpa_mha(&desc, o1, q, k, v), SDPA_OK);
+        static const size_t THREADS[] = {2, 3, 16};
+        for (size_t t = 0; t < 3; t++) {
+            sdpa_set_num_threads(THREADS[t]);
+            memset(o2, 0xff, nq * 4);
+            cr_assert_eq(sdpa_mha(&desc, o2, q, k, v), SDPA_OK);
+            cr_assert(memcmp(o1, o2, out_bytes) == 0, "case %zu, %zu threads: output differs", ci,
+                      THREADS[t]);
+        }
+        restore_threads();
+        free(q);
+        free(kf);
+        free(vf);
+        free(k);
+        free(v);
+        free(o1);
+        free(o2);
+    }
+}

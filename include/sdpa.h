@@ -301,10 +301,11 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
  *   - Tasks: prefill is one task per (batch, query head, block of 32 query rows; 16 on the
  *     scalar backend, fewer for some 16-bit views), the blocks with the most causal work first.
  *     Decode and short queries (len_q <= 16, or len_q == 1 with grouped heads) over at least
- *     1024 keys, with d_v <= 256 and f32 views, are split-KV: the keys are cut into chunks of whole
- * 512-key pieces (as many chunks as pieces, but no more than about 128 tasks need), each chunk's
- * partial output and log-sum-exp computed by one task, and the chunks merged in key order as
- *     sdpa_attention_merge_f32 does; a 1-thread call runs the same chunks and merges.
+ *     1024 keys, with d_v <= 256 and an f32 out, are split-KV: the keys are cut into chunks
+ *     of whole 512-key pieces (as many chunks as pieces, but no more than about 128 tasks
+ *     need), each chunk's partial output and log-sum-exp computed by one task, and the chunks
+ *     merged in key order as sdpa_attention_merge_f32 does; a 1-thread call runs the same
+ *     chunks and merges.
  *   - A call with too little work to pay for waking a thread (under about 2^21 multiply-adds)
  *     runs on the caller's thread and never touches the pool.
  *   - A call with n threads uses n - 1 pool threads and the caller's. The pool starts at the

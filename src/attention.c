@@ -291,7 +291,7 @@ static const void *element(const void *base, size_t index, uint32_t t) {
    last one taking the remainder, as many as there are pieces but no more than give about
    SPLIT_TASKS tasks. It applies to units of few rows (len_q <= SPLIT_MAX_Q, or grouped decode)
    over at least two pieces, with d_v <= SPLIT_MAX_D_V, so that a chunk's partial rows fit a
-   stack tile on the 1-thread path, and to f32 views (a 16-bit out must be rounded once, from
+   stack tile on the 1-thread path, and to an f32 out (a 16-bit out must be rounded once, from
    the merged float row). */
 #define SPLIT_PIECE   512
 #define SPLIT_TASKS   128
@@ -371,22 +371,25 @@ static void unit_run(const attention_run *run, const plan *pl, size_t u) {
                     x.nq);
 }
 
-/* A unit with a 16-bit view: the widening tiles on the stack of the thread that runs it, in a
-   frame of its own that an f32 call never makes */
-static __attribute__((noinline)) void unit_run_wide(const plan *pl, size_t u) {
+typedef void (*run_fn)(const attention_run *run, const plan *pl, size_t index);
+
+/* fn with a 16-bit view's widening tiles on the stack of the thread that runs it, in a frame of
+   its own that an f32 call never makes */
+static __attribute__((noinline)) void call_wide(run_fn fn, const plan *pl, size_t index) {
     wide_tiles wide;
     attention_run run = pl->run;
     run.wide = &wide;
-    unit_run(&run, pl, u);
+    fn(&run, pl, index);
 }
 
-static void unit_task(void *arg, size_t u) {
-    const plan *pl = arg;
+static void call_run(run_fn fn, const plan *pl, size_t index) {
     if (pl->wide)
-        unit_run_wide(pl, u);
+        call_wide(fn, pl, index);
     else
-        unit_run(&pl->run, pl, u);
+        fn(&pl->run, pl, index);
 }
+
+static void unit_task(void *arg, size_t u) { call_run(unit_run, arg, u); }
 
 /* (out, lse) <- the merge of (out, lse) and (b, lse_b), rows x d_v, as sdpa.h states for
    sdpa_attention_merge_f32; lse and lse_b are contiguous. In float with the backend's own
@@ -424,8 +427,8 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
 /* Unit x's rows over the keys of chunk c: normalised rows to out (out_row floats apart), their
    log-sum-exps to lse[r]. Every row sees every key of a chunk but the last (the chunk holding
    the causal diagonal), since split units have at most a piece of rows. */
-static void chunk_run(const plan *pl, const unit *x, size_t c, float *out, size_t out_row,
-                      float *lse) {
+static void chunk_run(const attention_run *run, const plan *pl, const unit *x, size_t c, float *out,
+                      size_t out_row, float *lse) {
     const attention_problem *p = pl->p;
     const size_t begin = SPLIT_PIECE * (c * pl->pieces / pl->n_chunks);
     const size_t end =
@@ -434,9 +437,9 @@ static void chunk_run(const plan *pl, const unit *x, size_t c, float *out, size_
     if (end < p->len_kv) sub.causal = 0;
     sub.len_kv = end - begin;
     sub.out_stride[2] = out_row;
-    attention_block(&pl->run, &sub, x->q, (const float *)x->k + begin * p->k_stride[2],
-                    (const float *)x->v + begin * p->v_stride[2], x->mask ? x->mask + begin : NULL,
-                    x->mask_row, out, lse, 1, 0, x->nq);
+    attention_block(run, &sub, x->q, element(x->k, begin * p->k_stride[2], p->kv_type),
+                    element(x->v, begin * p->v_stride[2], p->kv_type),
+                    x->mask ? x->mask + begin : NULL, x->mask_row, out, lse, 1, 0, x->nq);
 }
 
 static void write_lse(const unit *x, const float *lse) {
@@ -446,15 +449,16 @@ static void write_lse(const unit *x, const float *lse) {
 
 /* The 1-thread split-KV unit: the same chunks and merges as split_task and split_merge, with
    the partial on the stack. */
-static __attribute__((noinline)) void split_serial_unit(const plan *pl, size_t u) {
+static __attribute__((noinline)) void split_serial_unit(const attention_run *run, const plan *pl,
+                                                        size_t u) {
     const size_t d_v = pl->p->d_v;
     float lse[SDPA_ATTN_MAX_BLOCK_Q], part_lse[SDPA_ATTN_MAX_BLOCK_Q];
     float part[SDPA_ATTN_MAX_BLOCK_Q * SPLIT_MAX_D_V];
     unit x;
     unit_of(pl, u, &x);
-    chunk_run(pl, &x, 0, (float *)x.out, x.sub.out_stride[2], lse);
+    chunk_run(run, pl, &x, 0, (float *)x.out, x.sub.out_stride[2], lse);
     for (size_t c = 1; c < pl->n_chunks; c++) {
-        chunk_run(pl, &x, c, part, d_v, part_lse);
+        chunk_run(run, pl, &x, c, part, d_v, part_lse);
         merge_rows(pl->run.k, (float *)x.out, x.sub.out_stride[2], lse, part, d_v, part_lse, x.nq,
                    d_v);
     }
@@ -463,18 +467,19 @@ static __attribute__((noinline)) void split_serial_unit(const plan *pl, size_t u
 
 /* Task t: unit t / n_chunks, its chunks last (longest) first. Chunk 0 writes the output rows,
    the others their slot; every chunk's lse goes to its slot. */
-static void split_task(void *arg, size_t t) {
-    const plan *pl = arg;
+static void split_run(const attention_run *run, const plan *pl, size_t t) {
     const size_t u = t / pl->n_chunks, c = pl->n_chunks - 1 - t % pl->n_chunks;
     float *slot = pl->workspace + t * pl->slot;
     float *lse = slot + pl->block_q * pl->p->d_v;
     unit x;
     unit_of(pl, u, &x);
     if (c == 0)
-        chunk_run(pl, &x, 0, (float *)x.out, x.sub.out_stride[2], lse);
+        chunk_run(run, pl, &x, 0, (float *)x.out, x.sub.out_stride[2], lse);
     else
-        chunk_run(pl, &x, c, slot, pl->p->d_v, lse);
+        chunk_run(run, pl, &x, c, slot, pl->p->d_v, lse);
 }
+
+static void split_task(void *arg, size_t t) { call_run(split_run, arg, t); }
 
 static void split_merge(const plan *pl, size_t u) {
     const size_t d_v = pl->p->d_v, n = pl->n_chunks, rows_floats = pl->block_q * d_v;
@@ -533,8 +538,8 @@ static void attention_run_all(const attention_problem *p) {
     pl.n_units = p->batch * (pl.grouped ? p->heads_kv : p->heads_q) * pl.blocks_per_head;
     pl.pieces = p->len_kv / SPLIT_PIECE;
     pl.n_chunks = 1;
-    if (!pl.wide && (pl.grouped || p->len_q <= SPLIT_MAX_Q) && p->d_v <= SPLIT_MAX_D_V &&
-        pl.pieces >= 2) {
+    if (p->out_type == SDPA_F32 && (pl.grouped || p->len_q <= SPLIT_MAX_Q) &&
+        p->d_v <= SPLIT_MAX_D_V && pl.pieces >= 2) {
         const size_t want = (SPLIT_TASKS + pl.n_units - 1) / pl.n_units;
         pl.n_chunks = pl.pieces < want ? pl.pieces : want;
     }
@@ -558,7 +563,7 @@ static void attention_run_all(const attention_problem *p) {
         sdpa_workspace_release();
         return;
     }
-    for (size_t u = 0; u < pl.n_units; u++) split_serial_unit(&pl, u);
+    for (size_t u = 0; u < pl.n_units; u++) call_run(split_serial_unit, &pl, u);
 }
 
 static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {

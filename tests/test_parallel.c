@@ -442,13 +442,16 @@ Test(threads_setting, default_count_and_limits) {
 }
 
 /* sdpa_mha over 16-bit views (each task widens into tiles of its own): the same bits at every
-   thread count, for prefill with an f16 K/V cache and a bf16 out, and GQA decode over bf16. */
+   thread count, for prefill with an f16 K/V cache and a bf16 out, GQA decode over bf16 and
+   decode over f16 (both split-KV); with an f32 out, also the bits of sdpa_mha_f32 on the widened
+   K and V (the same blocks, chunks and merges). */
 BACKEND_TEST(parallel, sixteen_bit_views_identical) {
     static const struct {
         size_t hq, hk, lq, lk, d;
         uint32_t kv_type, out_type, flags;
     } CASES[] = {{4, 2, 150, 170, 64, SDPA_F16, SDPA_BF16, SDPA_CAUSAL},
-                 {16, 4, 1, 2100, 64, SDPA_BF16, SDPA_F32, 0}};
+                 {16, 4, 1, 2100, 64, SDPA_BF16, SDPA_F32, 0},
+                 {1, 1, 1, 2600, 128, SDPA_F16, SDPA_F32, 0}};
     for (size_t ci = 0; ci < sizeof CASES / sizeof CASES[0]; ci++) {
         const size_t hq = CASES[ci].hq, hk = CASES[ci].hk, lq = CASES[ci].lq, lk = CASES[ci].lk,
                      d = CASES[ci].d;
@@ -479,6 +482,13 @@ BACKEND_TEST(parallel, sixteen_bit_views_identical) {
             cr_assert_eq(sdpa_mha(&desc, o2, q, k, v), SDPA_OK);
             cr_assert(memcmp(o1, o2, out_bytes) == 0, "case %zu, %zu threads: output differs", ci,
                       THREADS[t]);
+        }
+        if (CASES[ci].out_type == SDPA_F32) {
+            cr_assert_eq(sdpa_convert(kf, SDPA_F32, k, CASES[ci].kv_type, nkv), SDPA_OK);
+            cr_assert_eq(sdpa_convert(vf, SDPA_F32, v, CASES[ci].kv_type, nkv), SDPA_OK);
+            desc.kv_type = desc.out_type = SDPA_F32;
+            cr_assert_eq(sdpa_mha_f32(&desc, (float *)o2, q, kf, vf), SDPA_OK);
+            cr_assert(memcmp(o1, o2, out_bytes) == 0, "case %zu: not the f32 path's bits", ci);
         }
         restore_threads();
         free(q);

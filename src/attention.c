@@ -538,7 +538,9 @@ static void attention_run_all(const attention_problem *p) {
     pl.n_units = p->batch * (pl.grouped ? p->heads_kv : p->heads_q) * pl.blocks_per_head;
     pl.pieces = p->len_kv / SPLIT_PIECE;
     pl.n_chunks = 1;
-    if (p->out_type == SDPA_F32 && (pl.grouped || p->len_q <= SPLIT_MAX_Q) &&
+    /* a split unit's rows start at the head's first (chunk_run has no q0): one block a head */
+    if (p->out_type == SDPA_F32 &&
+        (pl.grouped || (p->len_q <= SPLIT_MAX_Q && pl.blocks_per_head == 1)) &&
         p->d_v <= SPLIT_MAX_D_V && pl.pieces >= 2) {
         const size_t want = (SPLIT_TASKS + pl.n_units - 1) / pl.n_units;
         pl.n_chunks = pl.pieces < want ? pl.pieces : want;

@@ -500,3 +500,41 @@ BACKEND_TEST(parallel, sixteen_bit_views_identical) {
         free(o2);
     }
 }
+
+/* Short queries of a wide f16 q (d_k 1024): 16-bit rows come in blocks of 8, so a head's 12 rows
+   are two units, which must not be split over keys (a chunk covers a head's first rows); every
+   row against the double reference on the widened q, at 1 and 3 threads. */
+BACKEND_TEST(parallel, short_wide_queries_in_two_blocks) {
+    const size_t lq = 12, lk = 1100, dk = 1024, dv = 64;
+    rng r = rng_seed(9);
+    float *qf = malloc(lq * dk * sizeof(float)), *k = malloc(lk * dk * sizeof(float));
+    float *v = malloc(lk * dv * sizeof(float)), *out = malloc(lq * dv * sizeof(float));
+    uint16_t *q = malloc(lq * dk * 2);
+    double *ref = malloc(lq * dv * sizeof(double));
+    cr_assert(qf && k && v && out && q && ref);
+    fill_uniform(&r, qf, lq * dk, -1, 1);
+    fill_uniform(&r, k, lk * dk, -1, 1);
+    fill_uniform(&r, v, lk * dv, -1, 1);
+    cr_assert_eq(sdpa_convert(q, SDPA_F16, qf, SDPA_F32, lq * dk), SDPA_OK);
+    cr_assert_eq(sdpa_convert(qf, SDPA_F32, q, SDPA_F16, lq * dk), SDPA_OK);
+    ref_attention(ref, dv, qf, dk, k, dk, v, dv, NULL, 0, lq, lk, dk, dv, 1.0 / sqrt((double)dk),
+                  1);
+    sdpa_mha_desc desc;
+    cr_assert_eq(sdpa_mha_desc_dense(&desc, 1, 1, 1, lq, lk, dk, dv, 0, SDPA_CAUSAL), SDPA_OK);
+    desc.q_type = SDPA_F16;
+    static const size_t THREADS[] = {1, 3};
+    for (size_t t = 0; t < 2; t++) {
+        sdpa_set_num_threads(THREADS[t]);
+        cr_assert_eq(sdpa_mha(&desc, out, q, k, v), SDPA_OK);
+        for (size_t i = 0; i < lq * dv; i++)
+            cr_assert(fabs(out[i] - ref[i]) <= 1e-4, "%zu threads, row %zu col %zu: %g, want %g",
+                      THREADS[t], i / dv, i % dv, out[i], ref[i]);
+    }
+    restore_threads();
+    free(qf);
+    free(k);
+    free(v);
+    free(out);
+    free(q);
+    free(ref);
+}

@@ -31,15 +31,17 @@
 #define N_CALLERS 4
 #define ROUNDS    12
 
-/* Two problems: GQA decode over 3000 keys with a mask and lse (split-KV), and causal prefill. */
+/* Three problems: GQA decode over 3000 keys with a mask and lse (split-KV), causal prefill, and
+   GQA decode over an f16 K/V cache (split-KV, each task widening into tiles of its own). */
 typedef struct problem {
     sdpa_mha_desc desc;
-    float *q, *k, *v, *mask;
+    float *q, *mask;
+    void *k, *v; /* of desc.kv_type */
     size_t n_out, n_lse;
     float *want, *want_lse; /* the 1-thread bits */
 } problem;
 
-static problem A, B;
+static problem A, B, C;
 
 static uint64_t seed = 12345;
 static float next_float(void) { /* deterministic, in [-1, 1) */
@@ -55,11 +57,23 @@ static float *filled(size_t n) {
 }
 
 static void make(problem *p, size_t hq, size_t hk, size_t lq, size_t lk, size_t d, uint32_t flags,
-                 int masked) {
+                 int masked, sdpa_dtype kv_type) {
     REQUIRE(sdpa_mha_desc_dense(&p->desc, 1, hq, hk, lq, lk, d, d, 0.0f, flags) == SDPA_OK, "desc");
+    p->desc.kv_type = kv_type;
     p->q = filled(hq * lq * d);
     p->k = filled(hk * lk * d);
     p->v = filled(hk * lk * d);
+    if (kv_type != SDPA_F32) {
+        const size_t n = hk * lk * d;
+        void *k16 = malloc(n * 2), *v16 = malloc(n * 2);
+        REQUIRE(k16 && v16, "out of memory");
+        REQUIRE(sdpa_convert(k16, kv_type, p->k, SDPA_F32, n) == SDPA_OK, "convert");
+        REQUIRE(sdpa_convert(v16, kv_type, p->v, SDPA_F32, n) == SDPA_OK, "convert");
+        free(p->k);
+        free(p->v);
+        p->k = k16;
+        p->v = v16;
+    }
     p->mask = NULL;
     if (masked) {
         p->mask = filled(lq * lk);
@@ -75,7 +89,7 @@ static void make(problem *p, size_t hq, size_t hk, size_t lq, size_t lk, size_t 
     REQUIRE(p->want && p->want_lse, "out of memory");
     sdpa_mha_desc desc = p->desc;
     desc.lse = p->want_lse;
-    REQUIRE(sdpa_mha_f32(&desc, p->want, p->q, p->k, p->v) == SDPA_OK, "1-thread run");
+    REQUIRE(sdpa_mha(&desc, p->want, p->q, p->k, p->v) == SDPA_OK, "1-thread run");
 }
 
 static void release(problem *p) {
@@ -91,7 +105,7 @@ static void release(problem *p) {
 static int call_matches(const problem *p, float *out, float *lse) {
     sdpa_mha_desc desc = p->desc;
     desc.lse = lse;
-    if (sdpa_mha_f32(&desc, out, p->q, p->k, p->v) != SDPA_OK) return 0;
+    if (sdpa_mha(&desc, out, p->q, p->k, p->v) != SDPA_OK) return 0;
     return memcmp(out, p->want, p->n_out * sizeof(float)) == 0 &&
            memcmp(lse, p->want_lse, p->n_lse * sizeof(float)) == 0;
 }
@@ -106,6 +120,7 @@ static void *caller(void *unused) {
     for (int i = 0; i < ROUNDS; i++) {
         if (!call_matches(&A, out, lse)) atomic_fetch_add(&failures, 1);
         if (!call_matches(&B, out, lse)) atomic_fetch_add(&failures, 1);
+        if (!call_matches(&C, out, lse)) atomic_fetch_add(&failures, 1);
     }
     free(out);
     free(lse);
@@ -198,8 +213,9 @@ int main(void) {
         REQUIRE(sdpa_num_threads() == strtoul(expect, NULL, 10), "default threads %zu, want %s",
                 sdpa_num_threads(), expect);
     REQUIRE(sdpa_set_num_threads(1) == SDPA_OK, "set_num_threads");
-    make(&A, 8, 2, 1, 3000, 64, 0, 1);
-    make(&B, 2, 2, 160, 160, 64, SDPA_CAUSAL, 0);
+    make(&A, 8, 2, 1, 3000, 64, 0, 1, SDPA_F32);
+    make(&B, 2, 2, 160, 160, 64, SDPA_CAUSAL, 0, SDPA_F32);
+    make(&C, 8, 2, 1, 2100, 64, 0, 0, SDPA_F16);
 
     sdpa_set_num_threads(2);
     run_callers(0, "host threads at once, 2 threads");
@@ -210,5 +226,6 @@ int main(void) {
     sdpa_set_num_threads(0);
     release(&A);
     release(&B);
+    release(&C);
     return 0;
 }

@@ -17,7 +17,7 @@
 #include "convert_portable.h"
 #include "kernels.h"
 
-typedef int32_t vi32_ __attribute__((vector_size(4 * W)));
+typedef uint32_t vu32_ __attribute__((vector_size(4 * W)));
 typedef uint16_t vu16_ __attribute__((vector_size(2 * W)));
 typedef float vf32_ __attribute__((vector_size(4 * W)));
 
@@ -28,12 +28,12 @@ typedef float vf32_ __attribute__((vector_size(4 * W)));
 ALWAYS_INLINE vf widen_f16_exact(const uint16_t *p) {
     vu16_ raw;
     memcpy(&raw, p, sizeof raw);
-    const vi32_ h = __builtin_convertvector(raw, vi32_), em = h & 0x7fff, sign = (h ^ em) << 16;
-    vi32_ f = (em << 13) + (112 << 23);
-    f += (em > 0x7bff) & (112 << 23); /* inf and NaN: the top exponent */
-    f |= (em > 0x7c00) & 0x00400000;  /* NaN: quieted */
-    const vf32_ sub = (vf32_)(f + (1 << 23)) - 0x1p-14f;
-    const vi32_ tiny = em < 0x0400, subnormal = (vi32_)sub & (em > 0);
+    const vu32_ h = __builtin_convertvector(raw, vu32_), em = h & 0x7fffu, sign = (h ^ em) << 16;
+    vu32_ f = (em << 13) + (112u << 23);
+    f += (vu32_)(em > 0x7bffu) & (112u << 23); /* inf and NaN: the top exponent */
+    f |= (vu32_)(em > 0x7c00u) & 0x00400000u;  /* NaN: quieted */
+    const vf32_ sub = (vf32_)(f + (1u << 23)) - 0x1p-14f;
+    const vu32_ tiny = (vu32_)(em < 0x0400u), subnormal = (vu32_)sub & (vu32_)(em > 0u);
     return (vf)((tiny & subnormal) | (~tiny & f) | sign);
 }
 

@@ -166,11 +166,13 @@ static const char *cpu_reason(const cpu_report *r, const record *rec, char *buf,
 typedef struct addon_record {
     const char *name, *backend;
     int built;
-    const char *requires, *env, *description;
+    const char *requires, *env;
+    int default_on;
+    const char *description;
 } addon_record;
 
-#define ADDON_RECORD_(unused, name, built, table, backend, requires, env, description)             \
-    {#name, #backend, built, requires, env, description},
+#define ADDON_RECORD_(unused, name, built, table, backend, requires, env, default_on, description) \
+    {#name, #backend, built, requires, env, default_on, description},
 static const addon_record ADDON_RECORDS[] = {SDPA_ADDONS(ADDON_RECORD_, )};
 #undef ADDON_RECORD_
 #define N_ADDONS (sizeof ADDON_RECORDS / sizeof ADDON_RECORDS[0])
@@ -193,19 +195,23 @@ static void addon_rows(const cpu_report *cpu, addon_row *rows) {
                                    a->rec->requires, a->rec->description};
         char buf[64];
         const char *why = cpu_reason(cpu, &as_backend, buf, sizeof buf);
-        const char *off = getenv(a->rec->env);
+        const char *env = getenv(a->rec->env);
+        const int set = env && (strcmp(env, "on") == 0 || strcmp(env, "off") == 0);
+        const int want = set ? strcmp(env, "on") == 0 : a->rec->default_on;
         if (!a->rec->built)
             snprintf(a->note, sizeof a->note, "not compiled into this library");
+        else if (!want)
+            snprintf(a->note, sizeof a->note, "off: %s (%s=on turns it on)",
+                     set ? "turned off" : "off by default", a->rec->env);
         else if (why)
             snprintf(a->note, sizeof a->note, "off: %s", why);
-        else if (off && strcmp(off, "off") == 0)
-            snprintf(a->note, sizeof a->note, "off: %s=off", a->rec->env);
         else if (strcmp(api->backend(), a->rec->backend) != 0)
             snprintf(a->note, sizeof a->note, "off: its backend, %s, is not the active one",
                      a->rec->backend);
         else
-            a->in_use = 1,
-            snprintf(a->note, sizeof a->note, "in use (%s=off turns it off)", a->rec->env);
+            snprintf(a->note, sizeof a->note, "in use: %s (%s=off turns it off)",
+                     set ? "turned on" : "on by default", a->rec->env),
+                a->in_use = 1;
     }
 }
 

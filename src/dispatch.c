@@ -97,16 +97,18 @@ static int cpu_has_all(const char *requires) {
 static int runnable[N_BACKENDS];
 
 /* The add-ons (meson.build: a record's 'addons'), and which are on: compiled in, every feature
- * present (the backend's and the add-on's own) and not turned off by its variable; set by init,
- * before anything can call them. bf16_dot is the only kind so far, so the table has its type. */
+ * present (the backend's and the add-on's own), and on by its variable or by default; set by
+ * init, before anything can call them. bf16_dot is the only kind so far, so the table has its
+ * type. */
 typedef struct addon {
     const char *name, *backend;
     const sdpa_bf16_dot_kernels *table; /* NULL when not compiled into this library */
     const char *requires, *env;
+    int default_on;
 } addon;
-#define ADDON_(unused, name, built, table, backend, requires, env, description)                    \
-    {#name, #backend, KERNELS_IF_BUILT_##built(table), requires, env},
-static const addon ADDONS[] = {SDPA_ADDONS(ADDON_, ){NULL, NULL, NULL, NULL, NULL}};
+#define ADDON_(unused, name, built, table, backend, requires, env, default_on, description)        \
+    {#name, #backend, KERNELS_IF_BUILT_##built(table), requires, env, default_on},
+static const addon ADDONS[] = {SDPA_ADDONS(ADDON_, ){NULL, NULL, NULL, NULL, NULL, 0}};
 #undef ADDON_
 #define N_ADDONS (sizeof ADDONS / sizeof ADDONS[0] - 1)
 static int addon_on[N_ADDONS + 1];
@@ -129,13 +131,19 @@ static void init_once(void) {
     for (size_t i = 0; i < N_BACKENDS; i++)
         runnable[i] = BACKENDS[i].kernels != NULL && cpu_has_all(BACKENDS[i].requires);
 
+    /* an add-on's variable: on, off, or the record's default (unset, empty, auto, or unknown,
+       which is reported like an unknown backend) */
     for (size_t i = 0; i < N_ADDONS; i++) {
-        const char *off = getenv(ADDONS[i].env);
-        addon_on[i] =
-            ADDONS[i].table && cpu_has_all(ADDONS[i].requires) && !(off && strcmp(off, "off") == 0);
-        if (off && *off && strcmp(off, "off") != 0 && strcmp(off, "auto") != 0)
-            fprintf(stderr, "sdpa: %s=%s is neither off nor auto; using auto\n", ADDONS[i].env,
-                    off);
+        const char *env = getenv(ADDONS[i].env);
+        int want = ADDONS[i].default_on;
+        if (env && *env && strcmp(env, "auto") != 0) {
+            if (strcmp(env, "on") == 0 || strcmp(env, "off") == 0)
+                want = strcmp(env, "on") == 0;
+            else
+                fprintf(stderr, "sdpa: %s=%s is not on, off or auto; using auto (%s)\n",
+                        ADDONS[i].env, env, want ? "on" : "off");
+        }
+        addon_on[i] = want && ADDONS[i].table && cpu_has_all(ADDONS[i].requires);
     }
 
     const sdpa_kernels *chosen = best();

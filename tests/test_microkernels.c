@@ -377,7 +377,7 @@ static _Alignas(64) uint32_t qt_pairs[SDPA_ATTN_PACK_MAX_D / 2 * SDPA_ATTN_MAX_B
 BACKEND_TEST(microkernels, bf16_dot_scores) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());
     const sdpa_bf16_dot_kernels *b = sdpa_bf16_dot_for(k);
-    if (!b) cr_skip_test("no bf16 dot for %s here (CPU, build or SDPA_BF16_DOT=off)", k->name);
+    if (!b) cr_skip_test("no bf16 dot for %s here (CPU, build or SDPA_BF16_DOT)", k->name);
     rng r = rng_seed(17);
     const size_t n = shapes_of(k->attention, SDPA_ATTN_PACK_MAX_D, shapes);
     for (size_t t = 0; t < n; t++) {
@@ -432,7 +432,7 @@ BACKEND_TEST(microkernels, bf16_dot_scores) {
 BACKEND_TEST(microkernels, bf16_dot_special_values) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());
     const sdpa_bf16_dot_kernels *b = sdpa_bf16_dot_for(k);
-    if (!b) cr_skip_test("no bf16 dot for %s here (CPU, build or SDPA_BF16_DOT=off)", k->name);
+    if (!b) cr_skip_test("no bf16 dot for %s here (CPU, build or SDPA_BF16_DOT)", k->name);
     enum { NQ = 8, NK = 9, D = 5 };
     uint16_t q[NQ * D], kk[NK * D];
     for (size_t i = 0; i < NQ * D; i++) q[i] = 0x3f80;  /* 1 */
@@ -459,12 +459,16 @@ BACKEND_TEST(microkernels, bf16_dot_special_values) {
 }
 
 /* The add-on is on exactly where it should be: for the avx512 backend when this CPU has
- * AVX512BW and AVX512_BF16 and SDPA_BF16_DOT is not off (the suite runs once with it off),
- * for no other backend. */
+ * AVX512BW and AVX512_BF16 and SDPA_BF16_DOT=on or, unset, the record's default is on (the
+ * suite runs with the variable set both ways), for no other backend. */
+#define DEFAULT_ON_(unused, name, built, table, backend, requires, env, default_on, description)   \
+    default_on +
 BACKEND_TEST(microkernels, bf16_dot_follows_cpu_and_environment) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());
     const char *env = getenv("SDPA_BF16_DOT");
-    int want = strcmp(k->name, "avx512") == 0 && !(env && strcmp(env, "off") == 0);
+    const int by_default = SDPA_ADDONS(DEFAULT_ON_, ) 0;
+    const int set = env && (strcmp(env, "on") == 0 || strcmp(env, "off") == 0);
+    int want = strcmp(k->name, "avx512") == 0 && (set ? strcmp(env, "on") == 0 : by_default);
 #if defined(__x86_64__)
     __builtin_cpu_init();
     want = want && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");

@@ -12,7 +12,8 @@
  *     path's out rounded once to out's type (NaN where it is NaN); beyond, within the f32 bound
  *     plus that rounding, for inputs without specials;
  *   - except where the AVX512_BF16 add-on forms Q.K (bf16 q and k/v, blocks of 8 and more
- *     queries, d_k <= 128, the avx512 backend on a CPU with AVX512_BF16, SDPA_BF16_DOT not off):
+ *     queries, d_k <= 128, the add-on on: SDPA_BF16_DOT=on, or its record's default, with the
+ *     avx512 backend on a CPU with AVX512_BF16; run with each setting to cover both):
  *     its sums are not added in the f32 path's order, so out is within the f32 bound of it plus
  *     the rounding, for inputs without specials. With specials only the checks above hold: an
  *     infinity met in another order, or inf times a subnormal that vdpbf16ps reads as 0, can
@@ -20,6 +21,7 @@
  *     special-value rules of this path).
  *
  * Run it with scripts/fuzz; a crash file it leaves reproduces with build-fuzz/fuzz_types. */
+#include "dispatch.h" /* sdpa_bf16_dot_for: the fuzzer links the internal archive */
 #include "fuzz_common.h"
 
 #define MAX_LEN 40
@@ -77,17 +79,11 @@ static typed typed_alloc(size_t n, sdpa_dtype t, size_t offset) {
     return a;
 }
 
-/* Whether the AVX512_BF16 add-on forms this call's Q.K (src/dispatch.c's rule, seen from
- * outside): then out need not be bit for bit the f32 path's. */
+/* Whether the AVX512_BF16 add-on may form this call's Q.K: then out need not be bit for bit
+ * the f32 path's. */
 static int bf16_dot_applies(sdpa_dtype qt, sdpa_dtype kt, size_t len_q, size_t d_k) {
-    const char *env = getenv("SDPA_BF16_DOT");
-    int cpu = 0;
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    cpu = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
-#endif
-    return cpu && qt == SDPA_BF16 && kt == SDPA_BF16 && len_q >= 8 && d_k <= 128 &&
-           strcmp(sdpa_backend(), "avx512") == 0 && !(env && strcmp(env, "off") == 0);
+    return qt == SDPA_BF16 && kt == SDPA_BF16 && len_q >= 8 && d_k <= 128 &&
+           sdpa_bf16_dot_for(sdpa_kernels_now()) != NULL;
 }
 
 static void run_case(fuzz_reader *r) {

@@ -477,6 +477,8 @@ BACKEND_TEST(microkernels, bf16_dot_follows_cpu_and_environment) {
 #endif
     cr_assert_eq(sdpa_bf16_dot_for(k) != NULL, want, "%s: bf16 dot %s, expected %s", k->name,
                  sdpa_bf16_dot_for(k) ? "on" : "off", want ? "on" : "off");
+    const sdpa_bf16_dot_kernels *b = sdpa_bf16_dot_for(k);
+    if (b) cr_assert(b->pack_q && b->scores_packed && b->scores_max, "a bf16 dot table is whole");
 }
 
 /* The rules of arch/kernels.h that no call would show: required kernels present, optional

@@ -2,6 +2,7 @@
  * random shapes (GQA, BSHD views, masks with -inf rows, causal), long decodes, special values
  * and the errors, against the double-precision reference of reference.c on the values the
  * 16-bit arrays hold. Every array ends at a PROT_NONE page. */
+#include <fenv.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,6 +257,25 @@ BACKEND_TEST(types, bf16_prefill_packed) {
         typed_case masked = {1, 1, 1, 33, 65, ds[i], 16, 0, 1, 0, SDPA_BF16, SDPA_BF16, out_type};
         run_typed(&r, &masked);
     }
+}
+
+/* The same under every rounding mode and with FTZ/DAZ: vdpbf16ps rounds its sums to nearest
+ * whatever MXCSR says, the rest of the path follows the caller's mode, and the bound holds in
+ * all of them; the mode is left as it was. */
+BACKEND_TEST(types, bf16_prefill_packed_in_every_rounding_mode) {
+    static const int modes[] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO, FE_TONEAREST};
+    rng r = rng_seed(2206);
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        for (int ftz_daz = 0; ftz_daz < 2; ftz_daz++) {
+            typed_case c = {1,          1, 1, 40,        100,       63 + 2 * i, 32,
+                            (int)i % 2, 0, 0, SDPA_BF16, SDPA_BF16, SDPA_BF16};
+            cr_assert_eq(fesetround(modes[i]), 0);
+            set_ftz_daz(ftz_daz);
+            run_typed(&r, &c);
+            cr_assert_eq(fegetround(), modes[i], "the rounding mode changed");
+            set_ftz_daz(0);
+            fesetround(FE_TONEAREST);
+        }
 }
 
 /* ---- special values ---- */

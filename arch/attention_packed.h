@@ -8,6 +8,7 @@
 #ifndef SDPA_ARCH_ATTENTION_PACKED_H
 #define SDPA_ARCH_ATTENTION_PACKED_H
 
+#include "attention_keymajor.h"
 #include "attention_tiles.h"
 
 /* ---- the backend's part (defined in <isa>_attention.c) ---- */
@@ -24,8 +25,6 @@ ALWAYS_INLINE fv isa_exp_table(void);
  * (enum sdpa_exp_kind), for arguments <= 0: no upper clamp, and results below FLT_MIN may stay
  * below it (kernels.h, exp_tile) */
 ALWAYS_INLINE void isa_exps(fv *x, int n, fv table, int kind);
-
-#define QT_LD SDPA_ATTN_MAX_BLOCK_Q /* floats from one row of qt or st to the next */
 
 /* fv_load_upto with fill in the lanes past n */
 ALWAYS_INLINE fv fv_load_upto_or(const float *p, size_t n, fv_lanes m, float fill) {
@@ -60,44 +59,21 @@ ALWAYS_INLINE size_t keymajor_blocks(float *st, const float *qt, const float *k,
     return j;
 }
 
-/* kernels.h's scores_packed: the key-major tile, then W x W register transposes into
- * s[query][key]. */
+/* kernels.h's scores_packed: the key-major tile, then into rows s[query][key]. */
 ALWAYS_INLINE void scores_packed_loops(float *s, size_t ld_s, const float *qt, size_t nq,
                                        const float *k, size_t k_stride, size_t nk, size_t d,
                                        float scale) {
     _Alignas(64) float st[SDPA_ATTN_MAX_BLOCK_KV * QT_LD];
     ISA_NAME(scores_keymajor)(st, qt, k, k_stride, nk, d, nq, scale);
-    for (size_t j0 = 0; j0 < nk; j0 += W) {
-        const size_t nj = nk - j0 < W ? nk - j0 : W;
-        const fv_lanes m = fv_first(nj);
-        for (size_t i0 = 0; i0 < nq; i0 += W) {
-            fv r[W];
-            for (size_t t = 0; t < W; t++)
-                r[t] = t < nj ? fv_load_aligned(st + (j0 + t) * QT_LD + i0) : fv_zero();
-            fv_transpose(r);
-            for (size_t t = 0; t < W && i0 + t < nq; t++)
-                fv_store_upto(s + (i0 + t) * ld_s + j0, r[t], nj, m);
-        }
-    }
+    keymajor_to_rows(s, ld_s, st, nq, nk);
 }
 
-/* kernels.h's scores_max: the key-major tile and each query's max over its keys, two keys a
- * step for two chains. */
+/* kernels.h's scores_max: the key-major tile and each query's max over its keys. */
 ALWAYS_INLINE void scores_max_loops(float *st, float *tile_max, const float *qt, size_t nq,
                                     const float *k, size_t k_stride, size_t nk, size_t d_k,
                                     float scale) {
-    const fv ninf = fv_set1(-INFINITY);
     ISA_NAME(scores_keymajor)(st, qt, k, k_stride, nk, d_k, nq, scale);
-    for (size_t h = 0; h * W < nq; h++) {
-        fv mx0 = ninf, mx1 = ninf;
-        size_t j = 0;
-        for (; j + 2 <= nk; j += 2) {
-            mx0 = fv_max(fv_load_aligned(st + j * QT_LD + h * W), mx0);
-            mx1 = fv_max(fv_load_aligned(st + (j + 1) * QT_LD + h * W), mx1);
-        }
-        if (j < nk) mx0 = fv_max(fv_load_aligned(st + j * QT_LD + h * W), mx0);
-        fv_store(tile_max + h * W, fv_max(mx0, mx1));
-    }
+    keymajor_max(tile_max, st, nq, nk);
 }
 
 /* one key's W weights of a key-major tile, p = exp(s - mx) in place; returns them */

@@ -9,6 +9,8 @@
 #ifndef SDPA_ARCH_ATTENTION_TILES_H
 #define SDPA_ARCH_ATTENTION_TILES_H
 
+#include "attention_vectors.h"
+
 /* ---- the backend's part (defined in <isa>_attention.c) ---- */
 
 /* the dot of the scores' leftover keys */
@@ -29,31 +31,6 @@ typedef struct pv_operands {
 } pv_operands;
 /* kernels.h's pv_tile on o: pv_tile_loops with the backend's blocks, or loops of its own */
 ALWAYS_INLINE void isa_pv(const pv_operands *o);
-
-/* ---- partial vectors of up to W lanes ---- */
-
-/* A vector whose first n (1..W) lanes are real, m = fv_first(n) (computed once by the caller):
- * a masked ISA's partial operations take all W lanes as well, the others' need a full vector
- * told apart. */
-ALWAYS_INLINE fv fv_load_upto(const float *p, size_t n, fv_lanes m) {
-    return FV_MASKED || n < W ? fv_load_part(p, m) : fv_load(p);
-}
-ALWAYS_INLINE void fv_store_upto(float *p, fv x, size_t n, fv_lanes m) {
-    if (FV_MASKED || n < W)
-        fv_store_part(p, x, m);
-    else
-        fv_store(p, x);
-}
-/* a full vector (m NULL) or the lanes m of one */
-ALWAYS_INLINE fv tile_load(const float *p, const fv_lanes *m) {
-    return m ? fv_load_part(p, *m) : fv_load(p);
-}
-ALWAYS_INLINE void tile_store(float *p, fv x, const fv_lanes *m) {
-    if (m)
-        fv_store_part(p, x, *m);
-    else
-        fv_store(p, x);
-}
 
 /* ---- scores: s = scale * q k^T, a register block of dots along d ---- */
 

@@ -82,6 +82,34 @@ typedef struct sdpa_attention_kernels {
                                    size_t nk, const float *v, size_t v_stride, size_t d_v);
 } sdpa_attention_kernels;
 
+/* An add-on of a backend: kernels compiled in a file of their own, with flags the backend's
+ * CPUs may lack (meson.build: the record's 'addons'), so they live outside the backend's const
+ * table; src/dispatch.c hands them out (sdpa_bf16_dot_for) only once the CPU has the features
+ * the add-on requires and the environment has not turned it off.
+ *
+ * The bf16 dot: Q.K for the packed path (blocks of at least 8 queries, d <= SDPA_ATTN_PACK_MAX_D)
+ * with bf16 Q and K, read as bf16 with no widening, each 32-bit word a pair of elements (the even
+ * one in the low half), summed by a dot of pairs (AVX512_BF16's vdpbf16ps, Arm's BFDOT). Every
+ * product of two bf16 values is exact in float; the sums are float additions, rounded to nearest
+ * whatever the rounding mode, a subnormal q or k element may count as 0 and a partial sum below
+ * FLT_MIN may flush to 0 (vdpbf16ps does both; each costs less than 2^-126 times the other
+ * element, far inside the dot's rounding bound). The tiles are the float
+ * pair's (pack_q, scores_packed, scores_max above):
+ *   pack_q: qt[p * SDPA_ATTN_MAX_BLOCK_Q + i] = the word (q[i * q_stride + 2p], q[i * q_stride
+ *     + 2p + 1]) for p < ceil(d / 2), i < nq, with 0 as the second element of an odd d's last
+ *     pair (reading no element past q[i * q_stride + d - 1]), and 0 for nq <= i <
+ *     SDPA_ATTN_MAX_BLOCK_Q;
+ *   scores_packed, scores_max: as the float pair, from k's bf16 rows (k_stride in elements; a
+ *     row's last element read is k[j * k_stride + d - 1]), each s_ij one multiply by scale of
+ *     the finished dot. */
+typedef struct sdpa_bf16_dot_kernels {
+    void (*pack_q)(uint32_t *qt, const uint16_t *q, size_t q_stride, size_t nq, size_t d);
+    void (*scores_packed)(float *s, size_t ld_s, const uint32_t *qt, size_t nq, const uint16_t *k,
+                          size_t k_stride, size_t nk, size_t d, float scale);
+    void (*scores_max)(float *st, float *tile_max, const uint32_t *qt, size_t nq, const uint16_t *k,
+                       size_t k_stride, size_t nk, size_t d_k, float scale);
+} sdpa_bf16_dot_kernels;
+
 typedef struct sdpa_kernels {
     const char *name; /* SDPA_BACKEND_NAME, which the build passes from the backend's record */
     /* sum a[i] * b[i]; n == 0 gives 0 and reads nothing (a and b may then be NULL) */
@@ -184,5 +212,7 @@ extern const sdpa_attention_kernels sdpa_attention_kernels_sse41;
 extern const sdpa_attention_kernels sdpa_attention_kernels_avx2;
 extern const sdpa_attention_kernels sdpa_attention_kernels_avx512;
 extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
+/* The add-ons, each in its own file (arch/x86/avx512_bf16.c). */
+extern const sdpa_bf16_dot_kernels sdpa_bf16_dot_avx512;
 
 #endif

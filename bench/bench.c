@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends.h"
 #include "bench.h"
 #include "call_floor.h"
 #include "output.h"
@@ -587,6 +588,12 @@ int main(int argc, char **argv) {
         printf("cpu: %s; pinned to core %d%s\n", model, cpu, cpu < 0 ? " (pinning FAILED)" : "");
     printf("active backend (auto): %s; measured:", sdpa_backend());
     for (size_t i = 0; i < o.n_backends; i++) printf(" %s", o.backends[i]);
+        /* the add-ons' variables, which change what a backend runs (sdpa info: whether in use) */
+#define ADDON_ENV_(unused, name, built, table, backend, requires, env, default_on, description)    \
+    printf("; %s of %s: %s=%s (default %s)", #name, #backend, env,                                 \
+           getenv(env) && *getenv(env) ? getenv(env) : "unset", default_on ? "on" : "off");
+    SDPA_ADDONS(ADDON_ENV_, )
+#undef ADDON_ENV_
     printf("\ncompiler: %s; flags: %s\nSLEEF %d.%d.%d\n", BENCH_COMPILER, BENCH_BUILD_FLAGS,
            SLEEF_VERSION_MAJOR, SLEEF_VERSION_MINOR, SLEEF_VERSION_PATCHLEVEL);
     if (o.peers) {

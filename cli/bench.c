@@ -1,5 +1,6 @@
-/* sdpa bench: a quick timing of dot, softmax and the fused attention on every backend this CPU
- * runs, with the speedup over scalar. The full benchmark is bench/. */
+/* sdpa bench: a quick timing of dot, softmax and the fused attention (f32, and over f16 and bf16
+ * K/V) on every backend this CPU runs, with the speedup over scalar. The full benchmark is
+ * bench/. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +21,9 @@ typedef struct bench_data {
     /* attention, fused: len_q x len_kv, d_k = d_v = d */
     size_t lq, lkv, d;
     uint32_t flags;
+    sdpa_dtype kv_type; /* f32: sdpa_attention_f32 over k, v; else sdpa_mha over k16, v16 */
     float *q, *k, *v, *out;
+    uint16_t *k16, *v16;
 } bench_data;
 
 enum { KERNEL_DOT, KERNEL_SOFTMAX, KERNEL_ATTENTION };
@@ -32,8 +35,16 @@ static void run_once(int kernel, bench_data *bd) {
     case KERNEL_DOT: api->dot_f32(bd->a, bd->b, bd->n, &r); break;
     case KERNEL_SOFTMAX: api->softmax_f32(bd->y, bd->a, bd->n, 0.125f); break;
     case KERNEL_ATTENTION:
-        api->attention_f32(bd->out, bd->q, bd->k, bd->v, bd->lq, bd->lkv, bd->d, bd->d,
-                           SDPA_DEFAULT_SCALE, bd->flags);
+        if (bd->kv_type == SDPA_F32) {
+            api->attention_f32(bd->out, bd->q, bd->k, bd->v, bd->lq, bd->lkv, bd->d, bd->d,
+                               SDPA_DEFAULT_SCALE, bd->flags);
+        } else {
+            sdpa_mha_desc desc;
+            api->mha_desc_dense(&desc, 1, 1, 1, bd->lq, bd->lkv, bd->d, bd->d, SDPA_DEFAULT_SCALE,
+                                bd->flags);
+            desc.kv_type = bd->kv_type;
+            api->mha(&desc, bd->out, bd->q, bd->k16, bd->v16);
+        }
         break;
     }
 }
@@ -63,6 +74,7 @@ typedef struct bench_row {
     int kernel;
     size_t n, lq, lkv, d;
     uint32_t flags;
+    sdpa_dtype kv_type;
     char label[32];
 } bench_row;
 
@@ -79,10 +91,16 @@ int cmd_bench(int json) {
     static const struct {
         size_t lq, lkv, d;
         uint32_t flags;
-    } SHAPES[] = {{1, 4096, 128, 0}, {256, 256, 64, 0}, {256, 256, 64, SDPA_CAUSAL}};
+        sdpa_dtype kv_type;
+    } SHAPES[] = {{1, 4096, 128, 0, SDPA_F32},
+                  {1, 4096, 128, 0, SDPA_F16},
+                  {1, 4096, 128, 0, SDPA_BF16},
+                  {256, 256, 64, 0, SDPA_F32},
+                  {256, 256, 64, SDPA_CAUSAL, SDPA_F32}};
+    static const char *const TYPE_TAGS[] = {"", " kvf16", " kvbf16"};
     enum {
         N_SIZES = 3,
-        N_SHAPES = 3,
+        N_SHAPES = 5,
         ROWS = 2 * N_SIZES + N_SHAPES,
         QMAX = 256 * 128,
         KMAX = 4096 * 128
@@ -98,9 +116,11 @@ int cmd_bench(int json) {
                      .q = malloc(QMAX * 4),
                      .k = malloc(KMAX * 4),
                      .v = malloc(KMAX * 4),
-                     .out = malloc(QMAX * 4)};
+                     .out = malloc(QMAX * 4),
+                     .k16 = malloc(KMAX * 2),
+                     .v16 = malloc(KMAX * 2)};
     int status = 0;
-    if (!bd.a || !bd.b || !bd.y || !bd.q || !bd.k || !bd.v || !bd.out) {
+    if (!bd.a || !bd.b || !bd.y || !bd.q || !bd.k || !bd.v || !bd.out || !bd.k16 || !bd.v16) {
         fprintf(stderr, "sdpa bench: out of memory\n");
         status = 1;
         goto done;
@@ -111,10 +131,13 @@ int cmd_bench(int json) {
     fill(&r, bd.q, QMAX, -1, 1);
     fill(&r, bd.k, KMAX, -1, 1);
     fill(&r, bd.v, KMAX, -1, 1);
+    /* a library without the 16-bit types times f32 rows only */
+    const int typed = SDPA_API_HAS(api, mha) && SDPA_API_HAS(api, convert);
 
     bench_row rows[ROWS];
+    int n_rows = 0;
     for (int i = 0; i < ROWS; i++) {
-        bench_row *row = &rows[i];
+        bench_row *row = &rows[n_rows];
         memset(row, 0, sizeof *row);
         if (i < 2 * N_SIZES) {
             row->kernel = i / N_SIZES;
@@ -127,9 +150,12 @@ int cmd_bench(int json) {
             row->lkv = SHAPES[sh].lkv;
             row->d = SHAPES[sh].d;
             row->flags = SHAPES[sh].flags;
-            snprintf(row->label, sizeof row->label, "q%zuk%zud%zu%s", row->lq, row->lkv, row->d,
-                     row->flags & SDPA_CAUSAL ? " causal" : "");
+            row->kv_type = SHAPES[sh].kv_type;
+            if (row->kv_type != SDPA_F32 && !typed) continue;
+            snprintf(row->label, sizeof row->label, "q%zuk%zud%zu%s%s", row->lq, row->lkv, row->d,
+                     row->flags & SDPA_CAUSAL ? " causal" : "", TYPE_TAGS[row->kv_type]);
         }
+        n_rows++;
     }
 
     char initial[32];
@@ -143,12 +169,17 @@ int cmd_bench(int json) {
     double ns[ROWS][MAX_BACKENDS];
     for (size_t b = 0; b < n_backends; b++) {
         api->set_backend(names[b]);
-        for (int i = 0; i < ROWS; i++) {
+        for (int i = 0; i < n_rows; i++) {
             bd.n = rows[i].n;
             bd.lq = rows[i].lq;
             bd.lkv = rows[i].lkv;
             bd.d = rows[i].d;
             bd.flags = rows[i].flags;
+            bd.kv_type = rows[i].kv_type;
+            if (bd.kv_type != SDPA_F32) { /* the same values as the f32 rows, rounded */
+                api->convert(bd.k16, bd.kv_type, bd.k, SDPA_F32, KMAX);
+                api->convert(bd.v16, bd.kv_type, bd.v, SDPA_F32, KMAX);
+            }
             ns[i][b] = time_kernel(rows[i].kernel, &bd);
         }
     }
@@ -166,30 +197,35 @@ int cmd_bench(int json) {
             json_string(names[b]);
         }
         printf("],\n  \"results\": [\n");
-        for (int i = 0; i < ROWS; i++) {
+        for (int i = 0; i < n_rows; i++) {
             const bench_row *row = &rows[i];
             for (size_t b = 0; b < n_backends; b++) {
                 printf("    {\"kernel\": \"%s\", ", KERNEL_NAMES[row->kernel]);
                 if (row->kernel == KERNEL_ATTENTION)
-                    printf("\"len_q\": %zu, \"len_kv\": %zu, \"d\": %zu, \"causal\": %s, ", row->lq,
-                           row->lkv, row->d, row->flags & SDPA_CAUSAL ? "true" : "false");
+                    printf("\"len_q\": %zu, \"len_kv\": %zu, \"d\": %zu, \"causal\": %s, "
+                           "\"kv_type\": \"%s\", ",
+                           row->lq, row->lkv, row->d, row->flags & SDPA_CAUSAL ? "true" : "false",
+                           row->kv_type == SDPA_F32   ? "f32"
+                           : row->kv_type == SDPA_F16 ? "f16"
+                                                      : "bf16");
                 else
                     printf("\"n\": %zu, ", row->n);
                 printf("\"backend\": \"%s\", \"ns_per_call\": %.1f, ", names[b], ns[i][b]);
                 if (row_flops(row) > 0) printf("\"gflops\": %.2f, ", row_flops(row) / ns[i][b]);
                 printf("\"speedup_vs_scalar\": %.3f}%s\n", ns[i][scalar] / ns[i][b],
-                       i + 1 == ROWS && b + 1 == n_backends ? "" : ",");
+                       i + 1 == n_rows && b + 1 == n_backends ? "" : ",");
             }
         }
         printf("  ]\n}\n");
     } else {
         printf("sdpa bench: best of 5 runs; dot and attention in GFLOP/s, softmax in ns per\n"
                "element; in parentheses the speedup over scalar. Attention is the fused\n"
-               "sdpa_attention_f32, shapes q<len_q>k<len_kv>d<d_k = d_v>, scale 1/sqrt(d).\n\n");
+               "sdpa_attention_f32, shapes q<len_q>k<len_kv>d<d_k = d_v>, scale 1/sqrt(d); kvf16\n"
+               "and kvbf16 rows are sdpa_mha over K and V of that type.\n\n");
         printf("  %-10s %-18s", "kernel", "size");
         for (size_t b = 0; b < n_backends; b++) printf(" %17s", names[b]);
         printf("\n");
-        for (int i = 0; i < ROWS; i++) {
+        for (int i = 0; i < n_rows; i++) {
             const bench_row *row = &rows[i];
             printf("  %-10s %-18s", KERNEL_NAMES[row->kernel], row->label);
             for (size_t b = 0; b < n_backends; b++) {
@@ -210,5 +246,7 @@ done:
     free(bd.k);
     free(bd.v);
     free(bd.out);
+    free(bd.k16);
+    free(bd.v16);
     return status;
 }

@@ -93,6 +93,7 @@ static cpu_report cpu_probe(void) {
                    {"FMA", info.features.fma3, no_ymm},
                    {"F16C", info.features.f16c, no_ymm},
                    {"AVX-512F", info.features.avx512f, no_zmm},
+                   {"AVX512BW", info.features.avx512bw, no_zmm},
                    {"AVX512_BF16", info.features.avx512_bf16, no_zmm}};
     r.n_features = (int)(sizeof f / sizeof f[0]);
     memcpy(r.features, f, sizeof f);
@@ -157,6 +158,61 @@ static const char *cpu_reason(const cpu_report *r, const record *rec, char *buf,
         p += len + (p[len] == '+');
     }
     return NULL;
+}
+
+/* ---- add-ons ---- */
+
+/* A backend's add-on as this command was built with it (the records' 'addons', backends.h). */
+typedef struct addon_record {
+    const char *name, *backend;
+    int built;
+    const char *requires, *env;
+    int default_on;
+    const char *description;
+} addon_record;
+
+#define ADDON_RECORD_(unused, name, built, table, backend, requires, env, default_on, description) \
+    {#name, #backend, built, requires, env, default_on, description},
+static const addon_record ADDON_RECORDS[] = {SDPA_ADDONS(ADDON_RECORD_, )};
+#undef ADDON_RECORD_
+#define N_ADDONS (sizeof ADDON_RECORDS / sizeof ADDON_RECORDS[0])
+
+/* Whether an add-on is in use, and why not: the library's load-time rule (src/dispatch.c)
+ * applied here to the same records, CPU and environment, with its backend active. The plugin
+ * ABI has no call that asks the library itself. */
+typedef struct addon_row {
+    const addon_record *rec;
+    int in_use;
+    char note[96];
+} addon_row;
+
+static void addon_rows(const cpu_report *cpu, addon_row *rows) {
+    for (size_t i = 0; i < N_ADDONS; i++) {
+        addon_row *a = &rows[i];
+        a->rec = &ADDON_RECORDS[i];
+        a->in_use = 0;
+        const record as_backend = {a->rec->backend, a->rec->built, SDPA_BUILD_ARCH,
+                                   a->rec->requires, a->rec->description};
+        char buf[64];
+        const char *why = cpu_reason(cpu, &as_backend, buf, sizeof buf);
+        const char *env = getenv(a->rec->env);
+        const int set = env && (strcmp(env, "on") == 0 || strcmp(env, "off") == 0);
+        const int want = set ? strcmp(env, "on") == 0 : a->rec->default_on;
+        if (!a->rec->built)
+            snprintf(a->note, sizeof a->note, "not compiled into this library");
+        else if (!want)
+            snprintf(a->note, sizeof a->note, "off: %s (%s=on turns it on)",
+                     set ? "turned off" : "off by default", a->rec->env);
+        else if (why)
+            snprintf(a->note, sizeof a->note, "off: %s", why);
+        else if (strcmp(api->backend(), a->rec->backend) != 0)
+            snprintf(a->note, sizeof a->note, "off: its backend, %s, is not the active one",
+                     a->rec->backend);
+        else
+            snprintf(a->note, sizeof a->note, "in use: %s (%s=off turns it off)",
+                     set ? "turned on" : "on by default", a->rec->env),
+                a->in_use = 1;
+    }
 }
 
 /* ---- JSON ---- */
@@ -237,6 +293,8 @@ int cmd_info(int json) {
     loaded_file(library, NULL, lib_path, sizeof lib_path);
     loaded_file(library, "libsleef", sleef_path, sizeof sleef_path);
     const char *env = getenv("SDPA_BACKEND");
+    addon_row addons[N_ADDONS];
+    addon_rows(&cpu, addons);
 
     if (json) {
         printf("{\n  \"command_version\": ");
@@ -282,6 +340,18 @@ int cmd_info(int json) {
             }
             printf("}%s\n", i + 1 < n ? "," : "");
         }
+        printf("  ],\n  \"addons\": [\n");
+        for (size_t i = 0; i < N_ADDONS; i++) {
+            printf("    {\"name\": ");
+            json_string(addons[i].rec->name);
+            printf(", \"backend\": ");
+            json_string(addons[i].rec->backend);
+            printf(", \"in_use\": %s, \"note\": ", json_bool(addons[i].in_use));
+            json_string(addons[i].note);
+            printf(", \"description\": ");
+            json_string(addons[i].rec->description);
+            printf("}%s\n", i + 1 < N_ADDONS ? "," : "");
+        }
         printf("  ],\n  \"active\": ");
         json_string(api->backend());
         printf(",\n  \"forced\": %s,\n  \"sdpa_backend_env\": ", json_bool(forced));
@@ -322,6 +392,10 @@ int cmd_info(int json) {
         printf("\n  SDPA_BACKEND=%s was ignored: %s\n", env,
                api->backend_supported(env) ? "another backend was set at run time"
                                            : "not a backend this library and CPU can run");
+    printf("\nAdd-ons\n");
+    for (size_t i = 0; i < N_ADDONS; i++)
+        printf("  %-8s of %-7s %s\n            %s\n", addons[i].rec->name, addons[i].rec->backend,
+               addons[i].note, addons[i].rec->description);
     printf("\nactive backend: %s%s; exp: %s\n", api->backend(),
            forced ? " (forced by SDPA_BACKEND)" : "", api->exp_mode());
     if (SDPA_API_HAS(api, num_threads))

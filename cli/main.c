@@ -134,6 +134,10 @@ static void help_backend(const char *name, const char *arch, const char *require
 }
 #define HELP_BACKEND_(unused, name, built, table, arch, requires, description)                     \
     help_backend(#name, arch, requires, description);
+/* A line of HELP's add-on list (backends.h): what it is, what it needs, how to switch it. */
+#define HELP_ADDON_(unused, name, built, table, backend, requires, env, default_on, description)   \
+    printf("  %s of %s, needs %s; %s by default, %s=on|off\n      %s\n", #name, #backend,          \
+           requires, default_on ? "on" : "off", env, description);
 
 static const char HELP_INFO[] =
     "Usage: sdpa info [--json] [--threads N]\n"
@@ -181,6 +185,9 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         fputs(HELP, stdout);
         SDPA_BACKENDS(HELP_BACKEND_, )
+        printf(
+            "\nAdd-ons of a backend, where the CPU has what they need ('sdpa info': in use?):\n");
+        SDPA_ADDONS(HELP_ADDON_, )
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {

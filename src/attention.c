@@ -11,7 +11,8 @@
  * Views of a 16-bit type are widened to float a block at a time (the backend's widen), so every
  * microkernel works in float: the block's queries once, each block of keys before its scores
  * and the same block of values before P V; a 16-bit out is rounded once, from the finished
- * float row. */
+ * float row. Where the backend's bf16 dot add-on is on (kernels.h, sdpa_bf16_dot_kernels) and Q
+ * and K are both bf16, the packed path forms Q.K from them as they are, and only V is widened. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -46,6 +47,7 @@ typedef struct attention_run {
     size_t rows_max, keys_max; /* a block's queries and keys: the table's tile, or fewer where a
                                   16-bit view's widened rows must fit SDPA_WIDE_FLOATS */
     wide_tiles *wide;          /* NULL when every view is f32 */
+    const sdpa_bf16_dot_kernels *bf16_dot; /* bf16 Q and K and the add-on on; else NULL */
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
     void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
     void (*exp_pv)(float *acc, size_t ld_acc, float *st, const float *m, const float *m_new,
@@ -94,12 +96,16 @@ static const float *value_rows(const attention_run *run, const attention_problem
 /* One step of the online softmax for a block that every row sees whole, with no mask, in the
  * backend's key-major kernels (kernels.h, scores_max and exp_pv). Returns 0, having changed
  * nothing, when a new row max is not finite (+inf among the scores, or a row with nothing but
- * -inf so far): the general path then takes the block. */
+ * -inf so far): the general path then takes the block. k is float rows, or with the bf16 dot
+ * the bf16 rows themselves (qt then holds pairs). */
 static int packed_step(const attention_run *run, const attention_problem *p, float *st, float *acc,
-                       size_t ld_acc, float *m, double *l, const float *qt, size_t nq,
-                       const float *k, size_t k_stride, const void *v, size_t k0, size_t nk) {
+                       size_t ld_acc, float *m, double *l, const void *qt, size_t nq, const void *k,
+                       size_t k_stride, const void *v, size_t k0, size_t nk) {
     float m_new[SDPA_ATTN_MAX_BLOCK_Q], alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
-    run->a->scores_max(st, m_new, qt, nq, k, k_stride, nk, p->d_k, p->scale);
+    if (run->bf16_dot)
+        run->bf16_dot->scores_max(st, m_new, qt, nq, k, k_stride, nk, p->d_k, p->scale);
+    else
+        run->a->scores_max(st, m_new, qt, nq, k, k_stride, nk, p->d_k, p->scale);
     for (size_t r = 0; r < nq; r++) m_new[r] = m_new[r] > m[r] ? m_new[r] : m[r];
     if (!all_finite(m_new, nq)) return 0;
     size_t vs;
@@ -125,12 +131,22 @@ static void attention_block(const attention_run *run, const attention_problem *p
     double l[SDPA_ATTN_MAX_BLOCK_Q];
     size_t visible[SDPA_ATTN_MAX_BLOCK_Q]; /* keys row r sees (all keys unless causal) */
     unsigned char poisoned[SDPA_ATTN_MAX_BLOCK_Q], live[SDPA_ATTN_MAX_BLOCK_Q];
-    float qt[SDPA_ATTN_PACK_MAX_D * SDPA_ATTN_MAX_BLOCK_Q]; /* the block of queries, transposed */
+    /* the block of queries, transposed: floats, or with the bf16 dot words of bf16 pairs */
+    union {
+        _Alignas(64) float f[SDPA_ATTN_PACK_MAX_D * SDPA_ATTN_MAX_BLOCK_Q];
+        uint32_t pairs[SDPA_ATTN_PACK_MAX_D / 2 * SDPA_ATTN_MAX_BLOCK_Q];
+    } qt;
     const int packed = a->pack_q && nq >= 8 && p->d_k <= SDPA_ATTN_PACK_MAX_D;
-    size_t qs;
-    const float *qb = float_rows(run, p->q_type, q, q0, nq, p->q_stride[2], p->d_k,
-                                 run->wide ? (packed ? run->wide->kv : run->wide->q) : NULL, &qs);
-    if (packed) a->pack_q(qt, qb, qs, nq, p->d_k);
+    const sdpa_bf16_dot_kernels *pairs = packed ? run->bf16_dot : NULL;
+    size_t qs = 0;
+    const float *qb = NULL;
+    if (pairs)
+        pairs->pack_q(qt.pairs, (const uint16_t *)q + q0 * p->q_stride[2], p->q_stride[2], nq,
+                      p->d_k);
+    else
+        qb = float_rows(run, p->q_type, q, q0, nq, p->q_stride[2], p->d_k,
+                        run->wide ? (packed ? run->wide->kv : run->wide->q) : NULL, &qs);
+    if (packed && !pairs) a->pack_q(qt.f, qb, qs, nq, p->d_k);
 
     /* accumulate on the stack when the tile fits (always, for a 16-bit out: rows_max), else in
        the output rows themselves */
@@ -159,16 +175,21 @@ static void attention_block(const attention_run *run, const attention_problem *p
 
     for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
-        size_t ks;
-        const float *kb = float_rows(run, p->kv_type, k, k0, nk, p->k_stride[2], p->d_k,
-                                     run->wide ? run->wide->kv : NULL, &ks);
+        size_t ks = p->k_stride[2];
+        const uint16_t *kb16 = pairs ? (const uint16_t *)k + k0 * ks : NULL;
+        const float *kb = pairs ? NULL
+                                : float_rows(run, p->kv_type, k, k0, nk, p->k_stride[2], p->d_k,
+                                             run->wide ? run->wide->kv : NULL, &ks);
         /* a block every row sees whole, with no mask: one call does all of it, unless a row's
            max would not be finite (then nothing changed, and the general path below runs) */
         if (packed && run->exp_pv && !mask && all_see >= k0 + nk &&
-            packed_step(run, p, s_tile, acc, ld_acc, m, l, qt, nq, kb, ks, v, k0, nk))
+            packed_step(run, p, s_tile, acc, ld_acc, m, l, qt.f, nq,
+                        pairs ? (const void *)kb16 : kb, ks, v, k0, nk))
             continue;
-        if (packed)
-            a->scores_packed(s_tile, ld_s, qt, nq, kb, ks, nk, p->d_k, p->scale);
+        if (pairs)
+            pairs->scores_packed(s_tile, ld_s, qt.pairs, nq, kb16, ks, nk, p->d_k, p->scale);
+        else if (packed)
+            a->scores_packed(s_tile, ld_s, qt.f, nq, kb, ks, nk, p->d_k, p->scale);
         else
             a->scores_tile(s_tile, ld_s, qb, qs, nq, kb, ks, nk, p->d_k, p->scale);
 
@@ -517,6 +538,8 @@ static void attention_run_all(const attention_problem *p) {
     pl.run.exp_tile = pl.run.a->exp_tile[exp_kind];
     pl.run.exp_pv = pl.run.a->scores_max ? pl.run.a->exp_pv[exp_kind] : NULL;
     pl.run.wide = NULL;
+    pl.run.bf16_dot =
+        p->q_type == SDPA_BF16 && p->kv_type == SDPA_BF16 ? sdpa_bf16_dot_for(pl.run.k) : NULL;
     pl.run.rows_max = pl.run.a->block_q;
     pl.run.keys_max = pl.run.a->block_kv;
     pl.wide = p->q_type != SDPA_F32 || p->kv_type != SDPA_F32 || p->out_type != SDPA_F32;

@@ -58,9 +58,16 @@ static int cpu_has_avx2(void) { return x86_features().avx2 != 0; }
 static int cpu_has_fma(void) { return x86_features().fma3 != 0; }
 static int cpu_has_f16c(void) { return x86_features().f16c != 0; }
 static int cpu_has_avx512f(void) { return x86_features().avx512f != 0; }
-static const cpu_feature FEATURES[] = {{"SSE4.1", cpu_has_sse41},     {"AVX2", cpu_has_avx2},
-                                       {"FMA", cpu_has_fma},          {"F16C", cpu_has_f16c},
-                                       {"AVX-512F", cpu_has_avx512f}, {NULL, NULL}};
+static int cpu_has_avx512bw(void) { return x86_features().avx512bw != 0; }
+static int cpu_has_avx512_bf16(void) { return x86_features().avx512_bf16 != 0; }
+static const cpu_feature FEATURES[] = {{"SSE4.1", cpu_has_sse41},
+                                       {"AVX2", cpu_has_avx2},
+                                       {"FMA", cpu_has_fma},
+                                       {"F16C", cpu_has_f16c},
+                                       {"AVX-512F", cpu_has_avx512f},
+                                       {"AVX512BW", cpu_has_avx512bw},
+                                       {"AVX512_BF16", cpu_has_avx512_bf16},
+                                       {NULL, NULL}};
 #elif defined(__aarch64__)
 /* The kernel's hwcaps directly: Debian's arm64 cpu_features 0.7 prints a debug line to stdout
  * on cores without AT_HWCAP2 (ARMv8.0), which a library must never do to its users. */
@@ -89,6 +96,23 @@ static int cpu_has_all(const char *requires) {
 /* Which backends this CPU can run, probed once by init (a probe per call would be slow). */
 static int runnable[N_BACKENDS];
 
+/* The add-ons (meson.build: a record's 'addons'), and which are on: compiled in, every feature
+ * present (the backend's and the add-on's own), and on by its variable or by default; set by
+ * init, before anything can call them. bf16_dot is the only kind so far, so the table has its
+ * type. */
+typedef struct addon {
+    const char *name, *backend;
+    const sdpa_bf16_dot_kernels *table; /* NULL when not compiled into this library */
+    const char *requires, *env;
+    int default_on;
+} addon;
+#define ADDON_(unused, name, built, table, backend, requires, env, default_on, description)        \
+    {#name, #backend, KERNELS_IF_BUILT_##built(table), requires, env, default_on},
+static const addon ADDONS[] = {SDPA_ADDONS(ADDON_, ){NULL, NULL, NULL, NULL, NULL, 0}};
+#undef ADDON_
+#define N_ADDONS (sizeof ADDONS / sizeof ADDONS[0] - 1)
+static int addon_on[N_ADDONS + 1];
+
 static const backend *find(const char *name) {
     for (size_t i = 0; i < N_BACKENDS; i++)
         if (strcmp(BACKENDS[i].name, name) == 0) return &BACKENDS[i];
@@ -106,6 +130,21 @@ static const char *const EXP_NAMES[SDPA_EXP_KINDS] = {"fast", "sleef"};
 static void init_once(void) {
     for (size_t i = 0; i < N_BACKENDS; i++)
         runnable[i] = BACKENDS[i].kernels != NULL && cpu_has_all(BACKENDS[i].requires);
+
+    /* an add-on's variable: on, off, or the record's default (unset, empty, auto, or unknown,
+       which is reported like an unknown backend) */
+    for (size_t i = 0; i < N_ADDONS; i++) {
+        const char *env = getenv(ADDONS[i].env);
+        int want = ADDONS[i].default_on;
+        if (env && *env && strcmp(env, "auto") != 0) {
+            if (strcmp(env, "on") == 0 || strcmp(env, "off") == 0)
+                want = strcmp(env, "on") == 0;
+            else
+                fprintf(stderr, "sdpa: %s=%s is not on, off or auto; using auto (%s)\n",
+                        ADDONS[i].env, env, want ? "on" : "off");
+        }
+        addon_on[i] = want && ADDONS[i].table && cpu_has_all(ADDONS[i].requires);
+    }
 
     const sdpa_kernels *chosen = best();
     const char *forced = getenv("SDPA_BACKEND");
@@ -145,6 +184,12 @@ __attribute__((cold, noinline)) const sdpa_kernels *sdpa_kernels_first(void) {
 /* At load time, so that the first call pays nothing; calls that come earlier (from another
  * library's constructor) go through sdpa_dispatch_init themselves. */
 __attribute__((constructor)) static void sdpa_load(void) { sdpa_dispatch_init(); }
+
+const sdpa_bf16_dot_kernels *sdpa_bf16_dot_for(const sdpa_kernels *k) {
+    for (size_t i = 0; i < N_ADDONS; i++)
+        if (addon_on[i] && strcmp(ADDONS[i].backend, k->name) == 0) return ADDONS[i].table;
+    return NULL;
+}
 
 SDPA_API const char *sdpa_backend(void) { return sdpa_kernels_now()->name; }
 

@@ -13,6 +13,12 @@ extern _Atomic int sdpa_active_exp;
  * and the benchmark, which drive one backend's kernels directly. */
 const sdpa_kernels *sdpa_backend_kernels(const char *name);
 
+/* The bf16 dot add-on of backend k (kernels.h) when it is on: compiled in, the CPU has what it
+ * requires, and SDPA_BF16_DOT=on or, unset, its record's default (chosen at load time, with the
+ * backend); else NULL.
+ * Call it with a table from sdpa_kernels_now(), whose acquire load orders this after init. */
+const sdpa_bf16_dot_kernels *sdpa_bf16_dot_for(const sdpa_kernels *k);
+
 /* Runs the one-time load-time choice (idempotent, thread-safe). */
 void sdpa_dispatch_init(void);
 

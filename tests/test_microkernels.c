@@ -329,6 +329,158 @@ BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
         }
 }
 
+/* ---- the bf16 dot add-on (kernels.h: sdpa_bf16_dot_kernels) ---- */
+
+/* n bf16 elements ending where a PROT_NONE page begins, from floats in [-1, 1) cut to bf16
+ * (their upper halves), with every 5th of them a subnormal when subnormals is set */
+static uint16_t *bf16_alloc(rng *r, guarded *g, size_t n, int subnormals) {
+    const size_t bytes = n * sizeof(uint16_t);
+    *g = guard_alloc((bytes + 3) / 4, GUARD_AFTER);
+    uint16_t *x = (uint16_t *)((char *)(g->p + (bytes + 3) / 4) - bytes);
+    for (size_t i = 0; i < n; i++) {
+        float f = (float)rng_uniform(r, -1.0, 1.0);
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        x[i] = (uint16_t)(u >> 16);
+        if (subnormals && i % 5 == 0) x[i] = (uint16_t)((x[i] & 0x8000u) | (1u + i % 127));
+    }
+    return x;
+}
+
+static double bf16_value(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* scale * dot of row i of q and row j of k, and the dot's bound, in double; a subnormal element
+ * may count as 0 (kernels.h), which the bound covers: each such product is below 2^-126 */
+static double bf16_dot_ref(const uint16_t *q, const uint16_t *k, size_t d, double scale,
+                           double *bound) {
+    double sum = 0.0, abs_sum = 0.0;
+    for (size_t p = 0; p < d; p++) {
+        sum += bf16_value(q[p]) * bf16_value(k[p]);
+        abs_sum += fabs(bf16_value(q[p]) * bf16_value(k[p]));
+    }
+    *bound = bound_dot(fabs(scale) * abs_sum) + (double)d * 0x1p-126;
+    return scale * sum;
+}
+
+static _Alignas(64) uint32_t qt_pairs[SDPA_ATTN_PACK_MAX_D / 2 * SDPA_ATTN_MAX_BLOCK_Q];
+
+/* The add-on, where it is on for this backend: pack_q's pairs and zero queries, scores_packed
+ * (row-major, nothing written past the tile) and scores_max (key-major, with the maxima), at
+ * every packed shape (nq from 8: the driver's blocks), odd and even d, odd strides (rows that
+ * start between two pairs), inputs ending at a guard page (an odd d's last pair must not read
+ * past its row), some elements subnormal. */
+BACKEND_TEST(microkernels, bf16_dot_scores) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_bf16_dot_kernels *b = sdpa_bf16_dot_for(k);
+    if (!b) cr_skip_test("no bf16 dot for %s here (CPU, build or SDPA_BF16_DOT)", k->name);
+    rng r = rng_seed(17);
+    const size_t n = shapes_of(k->attention, SDPA_ATTN_PACK_MAX_D, shapes);
+    for (size_t t = 0; t < n; t++) {
+        const shape *sh = &shapes[t];
+        if (sh->nq < 8) continue;
+        const size_t q_stride = sh->d + (t % 2), k_stride = sh->d + (t % 3);
+        guarded gq, gk;
+        const uint16_t *q = bf16_alloc(&r, &gq, (sh->nq - 1) * q_stride + sh->d, t % 4 == 0);
+        const uint16_t *kk = bf16_alloc(&r, &gk, (sh->nk - 1) * k_stride + sh->d, t % 4 == 1);
+        const float scale = t % 3 == 0 ? 0.125f : t % 3 == 1 ? -1.5f : 1.0f;
+        memset(qt_pairs, 0xff, sizeof qt_pairs);
+        b->pack_q(qt_pairs, q, q_stride, sh->nq, sh->d);
+        for (size_t p = 0; p < (sh->d + 1) / 2; p++)
+            for (size_t i = 0; i < SDPA_ATTN_MAX_BLOCK_Q; i++) {
+                const uint16_t *qi = q + i * q_stride + 2 * p;
+                const uint32_t want =
+                    i >= sh->nq ? 0 : qi[0] | (2 * p + 1 < sh->d ? (uint32_t)qi[1] << 16 : 0);
+                cr_assert_eq(qt_pairs[p * SDPA_ATTN_MAX_BLOCK_Q + i], want,
+                             "pack_q nq %zu d %zu: pair %zu of query %zu", sh->nq, sh->d, p, i);
+            }
+        fill_sentinel(s_tile, sizeof s_tile / sizeof s_tile[0]);
+        b->scores_packed(s_tile, LD_S, qt_pairs, sh->nq, kk, k_stride, sh->nk, sh->d, scale);
+        float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
+        b->scores_max(st, tile_max, qt_pairs, sh->nq, kk, k_stride, sh->nk, sh->d, scale);
+        for (size_t i = 0; i < sh->nq; i++) {
+            float m = -INFINITY;
+            for (size_t j = 0; j < sh->nk; j++) {
+                double bound;
+                const double want =
+                    bf16_dot_ref(q + i * q_stride, kk + j * k_stride, sh->d, scale, &bound);
+                const float rows = s_tile[i * LD_S + j], keys = st[j * LD_Q + i];
+                cr_assert(fabs(rows - want) <= bound && fabs(keys - want) <= bound,
+                          "nq %zu nk %zu d %zu: s[%zu][%zu] %.9g (packed) %.9g (max) want %.9g",
+                          sh->nq, sh->nk, sh->d, i, j, rows, keys, want);
+                m = keys > m ? keys : m;
+            }
+            cr_assert_eq(tile_max[i], m, "scores_max nq %zu nk %zu: max of row %zu", sh->nq, sh->nk,
+                         i);
+            for (size_t j = sh->nk; j < sh->nk + BORDER; j++)
+                cr_assert_eq(s_tile[i * LD_S + j], SENTINEL, "scores_packed wrote past the row");
+        }
+        for (size_t j = 0; j < LD_S; j++)
+            cr_assert_eq(s_tile[sh->nq * LD_S + j], SENTINEL, "scores_packed wrote past the rows");
+        guard_free(&gq);
+        guard_free(&gk);
+    }
+}
+
+/* vdpbf16ps on the special values: inf and NaN in q or k make the scores that see them NaN or
+ * inf as a float dot would (so the driver's NaN rows and +inf rules hold), a finite row next to
+ * them stays finite. */
+BACKEND_TEST(microkernels, bf16_dot_special_values) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_bf16_dot_kernels *b = sdpa_bf16_dot_for(k);
+    if (!b) cr_skip_test("no bf16 dot for %s here (CPU, build or SDPA_BF16_DOT)", k->name);
+    enum { NQ = 8, NK = 9, D = 5 };
+    uint16_t q[NQ * D], kk[NK * D];
+    for (size_t i = 0; i < NQ * D; i++) q[i] = 0x3f80;  /* 1 */
+    for (size_t i = 0; i < NK * D; i++) kk[i] = 0x3f00; /* 0.5 */
+    q[1 * D + 4] = 0x7f80;                              /* query 1: +inf, in the odd last pair */
+    q[2 * D + 1] = 0x7fc1;                              /* query 2: NaN */
+    kk[3 * D + 2] = 0xff80;                             /* key 3: -inf */
+    kk[4 * D + 4] = 0xffc0;                             /* key 4: NaN, in the odd last pair */
+    b->pack_q(qt_pairs, q, D, NQ, D);
+    float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
+    b->scores_max(st, tile_max, qt_pairs, NQ, kk, D, NK, D, 1.0f);
+    for (size_t i = 0; i < NQ; i++)
+        for (size_t j = 0; j < NK; j++) {
+            const float s = st[j * LD_Q + i];
+            if (i == 2 || j == 4 || (i == 1 && j == 3))
+                cr_assert(isnan(s), "s[%zu][%zu] = %g, want NaN", i, j, s);
+            else if (i == 1)
+                cr_assert(s == INFINITY, "s[1][%zu] = %g, want +inf", j, s);
+            else if (j == 3)
+                cr_assert(s == -INFINITY, "s[%zu][3] = %g, want -inf", i, s);
+            else
+                cr_assert(s == 2.5f, "s[%zu][%zu] = %g, want 2.5", i, j, s);
+        }
+}
+
+/* The add-on is on exactly where it should be: for the avx512 backend when this CPU has
+ * AVX512BW and AVX512_BF16 and SDPA_BF16_DOT=on or, unset, the record's default is on (the
+ * suite runs with the variable set both ways), for no other backend. */
+#define DEFAULT_ON_(unused, name, built, table, backend, requires, env, default_on, description)   \
+    default_on +
+BACKEND_TEST(microkernels, bf16_dot_follows_cpu_and_environment) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const char *env = getenv("SDPA_BF16_DOT");
+    const int by_default = SDPA_ADDONS(DEFAULT_ON_, ) 0;
+    const int set = env && (strcmp(env, "on") == 0 || strcmp(env, "off") == 0);
+    int want = strcmp(k->name, "avx512") == 0 && (set ? strcmp(env, "on") == 0 : by_default);
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    want = want && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+#else
+    want = 0;
+#endif
+    cr_assert_eq(sdpa_bf16_dot_for(k) != NULL, want, "%s: bf16 dot %s, expected %s", k->name,
+                 sdpa_bf16_dot_for(k) ? "on" : "off", want ? "on" : "off");
+    const sdpa_bf16_dot_kernels *b = sdpa_bf16_dot_for(k);
+    if (b) cr_assert(b->pack_q && b->scores_packed && b->scores_max, "a bf16 dot table is whole");
+}
+
 /* The rules of arch/kernels.h that no call would show: required kernels present, optional
  * pairs both present or both absent, blocks within the driver's stack tiles. */
 BACKEND_TEST(microkernels, table_obeys_its_rules) {

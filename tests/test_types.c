@@ -2,6 +2,7 @@
  * random shapes (GQA, BSHD views, masks with -inf rows, causal), long decodes, special values
  * and the errors, against the double-precision reference of reference.c on the values the
  * 16-bit arrays hold. Every array ends at a PROT_NONE page. */
+#include <fenv.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -239,14 +240,51 @@ BACKEND_TEST(types, long_decode) {
         }
 }
 
+/* All-bf16 blocks of 8 and more queries at d <= 128: the packed path, which forms Q.K with the
+ * AVX512_BF16 add-on where the CPU has it (types-bf16-dot-off runs this suite again with it off).
+ * Odd d (the last pair half a pair, at the end of the array: a guard page follows), BSHD views
+ * (rows that start between two pairs), causal and masked blocks, several blocks of keys. */
+BACKEND_TEST(types, bf16_prefill_packed) {
+    rng r = rng_seed(2205);
+    const size_t ds[] = {1, 2, 7, 8, 33, 64, 127, 128};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
+        const sdpa_dtype out_type = i % 2 ? SDPA_BF16 : SDPA_F32;
+        typed_case dense = {1, 2, 1, 40, 150, ds[i], 24, 0, 0, 0, SDPA_BF16, SDPA_BF16, out_type};
+        run_typed(&r, &dense);
+        typed_case bshd = {2, 2, 2,         9,         70,      ds[i], ds[i], (int)(i % 2),
+                           0, 1, SDPA_BF16, SDPA_BF16, out_type};
+        run_typed(&r, &bshd);
+        typed_case masked = {1, 1, 1, 33, 65, ds[i], 16, 0, 1, 0, SDPA_BF16, SDPA_BF16, out_type};
+        run_typed(&r, &masked);
+    }
+}
+
+/* The same under every rounding mode and with FTZ/DAZ: vdpbf16ps rounds its sums to nearest
+ * whatever MXCSR says, the rest of the path follows the caller's mode, and the bound holds in
+ * all of them; the mode is left as it was. */
+BACKEND_TEST(types, bf16_prefill_packed_in_every_rounding_mode) {
+    static const int modes[] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO, FE_TONEAREST};
+    rng r = rng_seed(2206);
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        for (int ftz_daz = 0; ftz_daz < 2; ftz_daz++) {
+            typed_case c = {1,          1, 1, 40,        100,       63 + 2 * i, 32,
+                            (int)i % 2, 0, 0, SDPA_BF16, SDPA_BF16, SDPA_BF16};
+            cr_assert_eq(fesetround(modes[i]), 0);
+            set_ftz_daz(ftz_daz);
+            run_typed(&r, &c);
+            cr_assert_eq(fegetround(), modes[i], "the rounding mode changed");
+            set_ftz_daz(0);
+            fesetround(FE_TONEAREST);
+        }
+}
+
 /* ---- special values ---- */
 
-/* attention over one head of n keys, d = 8, q/k/v of type t, out of type t; values given as
+/* attention over one head of n keys, d_k = d_v = d, q/k/v of type t, out of type t; values given as
  * doubles, stored exactly (the ones used are representable) */
-static void one_head(sdpa_dtype t, sdpa_dtype out_type, size_t len_q, size_t len_kv,
+static void one_head(sdpa_dtype t, sdpa_dtype out_type, size_t len_q, size_t len_kv, size_t d,
                      const double *q, const double *k, const double *v, const float *mask,
                      double *out) {
-    const size_t d = 8;
     sdpa_mha_desc desc;
     sdpa_mha_desc_dense(&desc, 1, 1, 1, len_q, len_kv, d, d, 0.0f, 0);
     desc.q_type = desc.kv_type = t;
@@ -274,7 +312,7 @@ BACKEND_TEST(types, special_values) {
         const float mask[6] = {0, -INFINITY, 0, -INFINITY, -INFINITY, -INFINITY};
         v[8] = NAN;
         v[9] = INFINITY;
-        one_head(ty, ty, 2, 3, q, k, v, mask, out);
+        one_head(ty, ty, 2, 3, 8, q, k, v, mask, out);
         for (size_t c = 0; c < 8; c++) {
             cr_assert(out[c] == 1.0, "%s: removed key leaked: %g", type_name(ty), out[c]);
             cr_assert(out[8 + c] == 0.0 && !signbit(out[8 + c]), "%s: empty row", type_name(ty));
@@ -282,7 +320,7 @@ BACKEND_TEST(types, special_values) {
         /* NaN in a query row makes that row NaN, the other row is untouched */
         v[8] = 1.0, v[9] = 1.0;
         q[3] = NAN;
-        one_head(ty, ty, 2, 3, q, k, v, NULL, out);
+        one_head(ty, ty, 2, 3, 8, q, k, v, NULL, out);
         for (size_t c = 0; c < 8; c++) {
             cr_assert(isnan(out[c]), "%s: NaN query row", type_name(ty));
             cr_assert(out[8 + c] == 1.0, "%s: other row", type_name(ty));
@@ -292,16 +330,52 @@ BACKEND_TEST(types, special_values) {
         const double big = ty == SDPA_F16 ? 65504.0 : 0x1.fep100; /* 3 of bf16's largest would
                                                                      overflow the float sum */
         for (size_t i = 0; i < 24; i++) v[i] = big;
-        one_head(ty, ty, 2, 3, q, k, v, NULL, out);
+        one_head(ty, ty, 2, 3, 8, q, k, v, NULL, out);
         for (size_t c = 0; c < 16; c++)
             cr_assert(out[c] == big, "%s: largest value gave %g", type_name(ty), out[c]);
         /* subnormals of the type: scores of 0, the output the mean of the values */
         const double tiny = ty == SDPA_F16 ? 0x1p-24 : 0x1p-127;
         for (size_t i = 0; i < 24; i++) k[i] = tiny, v[i] = (double)(i / 8) * tiny;
-        one_head(ty, SDPA_F32, 2, 3, q, k, v, NULL, out);
+        one_head(ty, SDPA_F32, 2, 3, 8, q, k, v, NULL, out);
         for (size_t c = 0; c < 16; c++)
             cr_assert(fabs(out[c] - tiny) <= 2e-5 * tiny + 0x1p-147, "%s: subnormal mean %a",
                       type_name(ty), out[c]);
+    }
+}
+
+/* The special values in all-bf16 blocks of 8 queries (the packed path, with the bf16 dot where
+ * the CPU has it), d = 5 so that some sit in the odd last pair: out as the f32 path gives on the
+ * same values, NaN where it has NaN (inf or NaN in q or k), zeros for a row that sees no key,
+ * and a removed key's NaN V never leaks. */
+BACKEND_TEST(types, bf16_special_values_in_packed_blocks) {
+    enum { NQ = 8, NK = 11, D = 5 };
+    const double specials[] = {INFINITY, -INFINITY, NAN, 0x1p-130 /* subnormal */};
+    double q[NQ * D], k[NK * D], v[NK * D];
+    for (int place = 0; place < 2 * 4 * 2; place++) {
+        const int in_q = place % 2, which = place / 2 % 4, masked = place / 8;
+        for (size_t i = 0; i < NQ * D; i++) q[i] = 0.25 * (double)(i % 5) - 0.375;
+        for (size_t i = 0; i < NK * D; i++) k[i] = 0.5 - 0.125 * (double)(i % 7), v[i] = i % 3;
+        const size_t at = in_q ? 3 * D + (size_t)(place % 5) : 6 * D + (size_t)(place % 5);
+        (in_q ? q : k)[at] = specials[which];
+        v[2 * D + 1] = NAN; /* key 2, removed by the mask where masked */
+        float mask[NQ * NK];
+        for (size_t i = 0; i < NQ * NK; i++) mask[i] = i % NK == 2 || i < NK ? -INFINITY : 0.0f;
+        double got[NQ * D], want[NQ * D];
+        one_head(SDPA_BF16, SDPA_F32, NQ, NK, D, q, k, v, masked ? mask : NULL, got);
+        one_head(SDPA_F32, SDPA_F32, NQ, NK, D, q, k, v, masked ? mask : NULL, want);
+        for (size_t i = 0; i < NQ * D; i++) {
+            const int row = (int)(i / D);
+            cr_assert(isnan(got[i]) == isnan(want[i]) &&
+                          (isnan(want[i]) || fabs(got[i] - want[i]) <= 1e-5 * 2 + 0x1p-25),
+                      "special %g in %s at %zu, mask %d: out[%d][%zu] %g, f32 path %g",
+                      specials[which], in_q ? "q" : "k", at, masked, row, i % D, got[i], want[i]);
+            if (masked && row == 0)
+                cr_assert(got[i] == 0.0 && !signbit(got[i]), "a row that sees no key: %g", got[i]);
+            if (masked && which == 3) /* finite q and k: nothing is NaN */
+                cr_assert(!isnan(got[i]), "the removed key's NaN leaked into row %d", row);
+        }
+        if (which == 2 && in_q)
+            for (size_t c = 0; c < D; c++) cr_assert(isnan(got[3 * D + c]), "a NaN query's row");
     }
 }
 

@@ -49,11 +49,18 @@ static inline int rounds_to_nearest(void) {
 }
 
 /* One vector to and from the 16-bit types (arch/convert_rows.h): ARMv8.0's f16 conversions
- * (FCVTL, FCVTN), the narrowing only under round-to-nearest, whose rounding it follows; bf16 is
- * the upper half of a float, rounded in integers. */
+ * (FCVTL, FCVTN), the narrowing only where it rounds as convert_portable.h does: under
+ * round-to-nearest (it follows FPCR's mode) and with FPCR.FZ16 clear (with it, cores that have
+ * it flush f16 subnormal results); bf16 is the upper half of a float, rounded in integers. */
+static inline int narrow_f16_in_vectors(void) {
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    return !(fpcr & (3u << 22 | 1u << 19)); /* RMode, FZ16 */
+}
 #define vf_widen_f16(p)     vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
 #define vf_narrow_f16(p, x) vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(x)))
-#define vf_narrow_f16_ok()  rounds_to_nearest()
+#define vf_narrow_f16_ok()  narrow_f16_in_vectors()
+#define vf_widen_f16_ok()   narrow_f16_in_vectors() /* FZ16 would flush its inputs too */
 static inline float32x4_t vf_widen_bf16(const uint16_t *p) {
     const uint32x4_t b = vshll_n_u16(vld1_u16(p), 16);
     const uint32x4_t nan = vmvnq_u32(vceqq_f32(vreinterpretq_f32_u32(b), vreinterpretq_f32_u32(b)));

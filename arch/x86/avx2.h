@@ -54,11 +54,14 @@ static inline __attribute__((always_inline)) vf vf_allsum(vf v) {
 
 /* One vector to and from the 16-bit types (arch/convert_rows.h): F16C's conversions (the avx2
  * backend requires F16C), with the rounding named (to nearest) rather than MXCSR's; bf16 is the
- * upper half of a float, rounded in integers. */
+ * upper half of a float, rounded in integers. Some CPUs (and
+ * qemu) read f16 subnormals as 0 under DAZ and write them as 0 under FTZ: convert_rows.h then
+ * takes its exact integer forms. */
 #define vf_widen_f16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define vf_narrow_f16(p, x)                                                                        \
     _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT))
-#define vf_narrow_f16_ok() 1
+#define vf_narrow_f16_ok() (!(_mm_getcsr() & 0x8000u)) /* FTZ clear */
+#define vf_widen_f16_ok()  (!(_mm_getcsr() & 0x0040u)) /* DAZ clear */
 static inline __attribute__((always_inline)) vf vf_widen_bf16(const uint16_t *p) {
     const __m256 x = _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));

@@ -59,12 +59,15 @@ static inline __attribute__((always_inline)) vf vf_allsum(vf v) {
 
 /* One vector to and from the 16-bit types (arch/convert_rows.h): F16C's conversions, which
  * AVX-512F has at its width, with the rounding named (to nearest) rather than MXCSR's; bf16 is
- * the upper half of a float, rounded in integers. */
+ * the upper half of a float, rounded in integers. Some CPUs (and
+ * qemu) read f16 subnormals as 0 under DAZ and write them as 0 under FTZ: convert_rows.h then
+ * takes its exact integer forms. */
 #define vf_widen_f16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define vf_narrow_f16(p, x)                                                                        \
     _mm256_storeu_si256((__m256i *)(p),                                                            \
                         _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
-#define vf_narrow_f16_ok() 1
+#define vf_narrow_f16_ok() (!(_mm_getcsr() & 0x8000u)) /* FTZ clear */
+#define vf_widen_f16_ok()  (!(_mm_getcsr() & 0x0040u)) /* DAZ clear */
 static inline __attribute__((always_inline)) vf vf_widen_bf16(const uint16_t *p) {
     const __m512i b =
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);

@@ -72,31 +72,13 @@ static inline float hsum(__m128 s) {
 }
 
 /* One vector to and from the 16-bit types (arch/convert_rows.h), in integer operations: SSE4.1
- * has no f16 conversion. A subnormal f16 comes out of the difference of two normal floats, which
- * is exact and so untouched by the rounding mode, flush-to-zero and denormals-are-zero; f16's
- * narrowing, rarer (the outputs of attention, and sdpa_convert), is convert_portable.h's a lane
- * at a time. */
+ * has no f16 conversion. f16's widening is convert_rows.h's exact integer form; its narrowing,
+ * rarer (the outputs of attention, and sdpa_convert), convert_portable.h's a lane at a time. */
 static inline __m128i load4_u16(const uint16_t *p) {
     return _mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
-static inline __m128 vf_widen_f16(const uint16_t *p) {
-    const __m128i h = load4_u16(p), em = _mm_and_si128(h, _mm_set1_epi32(0x7fff));
-    const __m128i sign = _mm_slli_epi32(_mm_xor_si128(h, em), 16);
-    __m128i f = _mm_add_epi32(_mm_slli_epi32(em, 13), _mm_set1_epi32(112 << 23));
-    const __m128i special = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x7bff));
-    f = _mm_add_epi32(f, _mm_and_si128(special, _mm_set1_epi32(112 << 23))); /* inf, NaN */
-    const __m128i nan = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x7c00));
-    f = _mm_or_si128(f, _mm_and_si128(nan, _mm_set1_epi32(0x00400000)));
-    /* subnormal: 2^-14 (1 + m 2^-10) - 2^-14 = m 2^-24; zero where m is (not -0 when rounding
-       down) */
-    const __m128i tiny = _mm_cmplt_epi32(em, _mm_set1_epi32(0x0400));
-    const __m128 sub = _mm_sub_ps(_mm_castsi128_ps(_mm_add_epi32(f, _mm_set1_epi32(1 << 23))),
-                                  _mm_castsi128_ps(_mm_set1_epi32(113 << 23)));
-    const __m128i subi =
-        _mm_and_si128(_mm_castps_si128(sub), _mm_cmpgt_epi32(em, _mm_setzero_si128()));
-    f = _mm_blendv_epi8(f, subi, tiny);
-    return _mm_castsi128_ps(_mm_or_si128(f, sign));
-}
+#define vf_widen_f16(p)   widen_f16_exact(p)
+#define vf_widen_f16_ok() 1
 static inline void vf_narrow_f16(uint16_t *p, __m128 x) {
     float v[4];
     _mm_storeu_ps(v, x);

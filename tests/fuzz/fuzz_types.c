@@ -95,7 +95,8 @@ static void run_case(fuzz_reader *r) {
     const size_t nv = batch * heads_kv * len_kv * d_v, no = batch * heads_q * len_q * d_v;
     typed q = typed_alloc(nq, qt, 1), k = typed_alloc(nk, kt, 2), v = typed_alloc(nv, kt, 3);
     typed out = typed_alloc(no, ot, 0);
-    fenced q32 = fenced_alloc(nq, 0), k32 = fenced_alloc(nk, 0), v32 = fenced_alloc(nv, 0);
+    /* q32 at q's alignment: a dot's order of summation may follow its query row's */
+    fenced q32 = fenced_alloc(nq, 1), k32 = fenced_alloc(nk, 0), v32 = fenced_alloc(nv, 0);
     fenced o32 = fenced_alloc(no, 0), expect = fenced_alloc(no, 0);
     typed inputs[3] = {q, k, v};
     fenced *wide[3] = {&q32, &k32, &v32};

@@ -82,3 +82,16 @@ void ref_attention(double *out, size_t out_stride, const float *q, size_t q_stri
     free(s);
     free(seen);
 }
+
+/* the fields of a 16-bit pattern with `mbits` significand bits and exponent bias `bias` */
+static double ref_decode16(uint16_t h, int mbits, int bias) {
+    const int ebits = 15 - mbits;
+    const unsigned e = (h >> mbits) & ((1u << ebits) - 1), m = h & ((1u << mbits) - 1);
+    const double sign = (h & 0x8000u) ? -1.0 : 1.0;
+    if (e == (1u << ebits) - 1) return m ? NAN : sign * INFINITY;
+    if (e == 0) return sign * ldexp((double)m, 1 - bias - mbits);
+    return sign * ldexp(1.0 + ldexp((double)m, -mbits), (int)e - bias);
+}
+
+double ref_f16(uint16_t h) { return ref_decode16(h, 10, 15); }
+double ref_bf16(uint16_t h) { return ref_decode16(h, 7, 127); }

@@ -4,6 +4,7 @@
 #define SDPA_TESTS_REFERENCE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 double ref_dot(const float *a, const float *b, size_t n);
 double ref_dot_abs(const float *a, const float *b, size_t n); /* sum |a_i b_i| */
@@ -19,5 +20,10 @@ void ref_attention(double *out, size_t out_stride, const float *q, size_t q_stri
                    size_t k_stride, const float *v, size_t v_stride, const float *mask,
                    size_t mask_stride, size_t len_q, size_t len_kv, size_t d_k, size_t d_v,
                    double scale, int causal);
+
+/* The value of an f16 (IEEE binary16) or bf16 (the upper half of a binary32) bit pattern, from
+ * its sign, exponent and significand fields; NaN for a NaN. */
+double ref_f16(uint16_t h);
+double ref_bf16(uint16_t h);
 
 #endif

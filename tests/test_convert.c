@@ -10,21 +10,13 @@
 #include <string.h>
 
 #include "common.h"
+#include "reference.h"
 
 /* ---- the reference: the formats from their definitions ---- */
 
-/* the value of a 16-bit pattern with `mbits` significand bits and exponent bias `bias` (f16:
- * 10, 15; bf16: 7, 127), in double; NaN for NaN */
-static double decode(uint16_t h, int mbits, int bias) {
-    const int ebits = 15 - mbits;
-    const unsigned e = (h >> mbits) & ((1u << ebits) - 1), m = h & ((1u << mbits) - 1);
-    const double sign = (h & 0x8000u) ? -1.0 : 1.0;
-    if (e == (1u << ebits) - 1) return m ? NAN : sign * INFINITY;
-    if (e == 0) return sign * ldexp((double)m, 1 - bias - mbits);
-    return sign * ldexp(1.0 + ldexp((double)m, -mbits), (int)e - bias);
-}
-static double f16_value(uint16_t h) { return decode(h, 10, 15); }
-static double bf16_value(uint16_t h) { return decode(h, 7, 127); }
+/* the formats' values: reference.c's ref_f16 and ref_bf16 */
+static double f16_value(uint16_t h) { return ref_f16(h); }
+static double bf16_value(uint16_t h) { return ref_bf16(h); }
 
 static float float_of(uint32_t bits) {
     float f;

@@ -19,19 +19,14 @@
  *
  * Run it with scripts/fuzz; a crash file it leaves reproduces with build-fuzz/fuzz_types. */
 #include "fuzz_common.h"
+#include "reference.h"
 
 #define MAX_LEN 40
 #define MAX_D   40
 
-/* the value of a 16-bit pattern of type t, from its fields */
+/* the value of a 16-bit pattern of type t, from its fields (reference.c), exact in a float */
 static float decode(uint16_t h, sdpa_dtype t) {
-    const int mbits = t == SDPA_F16 ? 10 : 7, bias = t == SDPA_F16 ? 15 : 127;
-    const unsigned emask = (1u << (15 - mbits)) - 1;
-    const unsigned e = (h >> mbits) & emask, m = h & ((1u << mbits) - 1);
-    const float sign = (h & 0x8000u) ? -1.0f : 1.0f;
-    if (e == emask) return m ? NAN : sign * INFINITY;
-    if (e == 0) return sign * ldexpf((float)m, 1 - bias - mbits);
-    return sign * ldexpf(1.0f + ldexpf((float)m, -mbits), (int)e - bias);
+    return (float)(t == SDPA_F16 ? ref_f16(h) : ref_bf16(h));
 }
 
 /* a 16-bit pattern: mostly a moderate value (|x| in [2^-4, 4)), sometimes a special */

@@ -1,0 +1,172 @@
+"""sdpa: scaled dot-product attention on the CPU, softmax(scale * Q K^T + mask) V.
+
+A thin binding of libsdpa.so.1: NumPy arrays in, NumPy arrays out; torch tensors in, torch
+tensors out (``sdpa.torch.attention`` adds autograd). Arrays are handed to the library as they
+are, strides included; the only copies are those the docstrings name.
+
+The library is loaded once, at import, through its ``sdpa_get_api`` table: from
+``$SDPA_LIBRARY`` if set, else the ``libsdpa.so.1`` beside this module, else the one the dynamic
+loader finds. Backend, thread count and exp mode are process-wide settings of that library.
+"""
+
+import contextlib
+
+import numpy as np
+
+from . import _core, _ext, _lib
+
+__all__ = [
+    "attention", "softmax", "backends", "backend", "set_backend", "use_backend", "version",
+    "set_num_threads", "num_threads", "library_path",
+]
+
+_api = _core.api
+__version__ = _api.version().decode()
+
+
+def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", return_lse=False):
+    """Scaled dot-product attention, out = softmax(scale * q k^T + mask) v.
+
+    q, k, v: 4-d arrays (batch, heads, len, d) for layout "bhsd", or (batch, len, heads, d)
+        for "bshd"; or 2-d (len, d) for one head. q has heads_q heads and k and v heads_kv,
+        which must divide heads_q: query head h reads key/value head h // (heads_q // heads_kv)
+        (GQA; heads_kv == 1 is MQA). All NumPy arrays (float32 or float16) or all CPU torch
+        tensors (float32, float16 or bfloat16); k and v share one dtype, q may differ.
+    causal: bottom-right aligned (the KV-cache convention): query i sees keys
+        j <= i + len_kv - len_q. A row that sees no key is zeros.
+    mask: broadcastable to (batch, heads_q, len_q, len_kv) ((len_q, len_kv) for 2-d inputs).
+        bool: True keeps the key, False removes it. Floating point: added to the scaled scores
+        (-inf removes the key).
+    scale: None for 1/sqrt(d_k); any other finite, non-zero value is used as is.
+    layout: "bhsd" or "bshd" (ignored for 2-d inputs).
+    return_lse: also return lse, float32 of shape (batch, heads_q, len_q) ((len_q,) for 2-d):
+        the natural log of the softmax denominator of each query row, -inf for a row that
+        sees no key.
+
+    Returns out, shaped like q with d_v as its last axis, of q's dtype and kind, dense in q's
+    layout; or (out, lse).
+
+    Zero copy: q, k, v and a float32 mask are read where they are, through their strides
+    (transposed, sliced and broadcast views, stride 0 included). An array is copied only when
+    its last axis is not contiguous (or, for NumPy, a stride is negative or not a whole number
+    of elements). A bool mask, or a float mask of another dtype, is converted to a float32
+    mask of its own shape first. out and lse are new arrays.
+
+    For torch tensors that require grad (with grad mode on), this calls
+    ``sdpa.torch.attention``, so gradients flow.
+
+    Raises TypeError for a dtype sdpa does not take or mixed kinds of arrays, ValueError for
+    shapes that do not match, a bad layout, or any status the library returns (with its status
+    string); both before any work.
+    """
+    if _core.is_tensor(q):
+        torch = _core.torch_module()
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            from . import torch as sdpa_torch
+
+            return sdpa_torch.attention(q, k, v, causal=causal, mask=mask, scale=scale,
+                                        layout=layout, return_lse=return_lse)
+    out, lse, _ = _core.forward(q, k, v, causal, mask, scale, layout, return_lse)
+    return (out, lse) if return_lse else out
+
+
+def softmax(x, scale=1.0, axis=-1):
+    """softmax(scale * x) along axis, numerically stable (sdpa_softmax_f32 of sdpa.h).
+
+    x: a float32 NumPy array or CPU torch tensor; the result is a new one of the same kind and
+    shape. A row whose entries are all -inf gives zeros; NaN in a row makes the row NaN.
+    scale: finite and non-zero, else ValueError with the library's status string.
+
+    The library takes one contiguous row a call: x is copied when its rows along axis are not
+    dense in memory (axis not the last, or a strided view).
+    """
+    if _core.is_tensor(x):
+        torch = _core.torch_module()
+        if x.dtype != torch.float32:
+            raise TypeError(f"softmax: dtype {x.dtype} is not float32")
+        if x.device.type != "cpu":
+            raise ValueError(f"softmax: tensor on {x.device}; sdpa runs on the CPU")
+        if x.dim() == 0:
+            raise ValueError("softmax: x must have at least one axis")
+        xm = x.detach().movedim(axis, -1).contiguous()
+        y = torch.empty(xm.shape, dtype=torch.float32)
+        _ext.softmax((y.data_ptr(), y.shape, y.stride(), _lib.F32),
+                     (xm.data_ptr(), xm.shape, xm.stride(), _lib.F32), float(scale))
+        return y.movedim(-1, axis)
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"softmax: x must be a NumPy array or a torch tensor, not {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise TypeError(f"softmax: dtype {x.dtype} is not float32")
+    if x.ndim == 0:
+        raise ValueError("softmax: x must have at least one axis")
+    xm = np.ascontiguousarray(np.moveaxis(x, axis, -1))
+    y = np.empty(xm.shape, dtype=np.float32)
+    _ext.softmax(y, xm, float(scale))
+    return np.moveaxis(y, -1, axis)
+
+
+def backends():
+    """The backends this library has and this CPU can run, best first (e.g. ["avx512",
+    "avx2", "sse", "scalar"])."""
+    names = []
+    i = 0
+    while True:
+        name = _api.backend_name(i)
+        if name is None:
+            return names
+        if _api.backend_supported(name):
+            names.append(name.decode())
+        i += 1
+
+
+def backend():
+    """The name of the active backend."""
+    return _api.backend().decode()
+
+
+def set_backend(name):
+    """Makes name the active backend of the process ("auto" for the best one); ValueError,
+    with the library's status string, for a name this library or CPU cannot run."""
+    if not isinstance(name, str):
+        raise TypeError(f"backend name must be a str, not {type(name).__name__}")
+    _lib.check(_api, _api.set_backend(name.encode()), f"sdpa_set_backend({name!r})")
+
+
+@contextlib.contextmanager
+def use_backend(name):
+    """Context manager: name is the active backend inside the block, and the previous one is
+    restored on exit (also on an exception). The setting is process-wide: other threads see
+    it too."""
+    previous = backend()
+    set_backend(name)
+    try:
+        yield name
+    finally:
+        set_backend(previous)
+
+
+def version():
+    """The version of the loaded libsdpa, "MAJOR.MINOR.PATCH"."""
+    return _api.version().decode()
+
+
+def set_num_threads(n):
+    """Threads one attention call may use: 0 for the default (the CPUs of the process's
+    affinity mask, or $SDPA_NUM_THREADS), 1 for the caller's thread only, at most 1024.
+    Process-wide. Results are bitwise the same at every count."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"set_num_threads: n must be an int, not {type(n).__name__}")
+    if n < 0:
+        raise ValueError(f"set_num_threads: n must be >= 0, not {n}")
+    _lib.check(_api, _api.set_num_threads(n), f"sdpa_set_num_threads({n})")
+
+
+def num_threads():
+    """The threads a call that starts now may use (the default resolved)."""
+    return _api.num_threads()
+
+
+def library_path():
+    """The path of the loaded libsdpa.so.1 (or the name the dynamic loader resolved)."""
+    return _api.path
+

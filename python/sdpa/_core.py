@@ -1,0 +1,188 @@
+"""Arrays and tensors as the C helper (_ext) takes them, and the forward and backward calls.
+
+Nothing here imports torch: a tensor is recognised by its type's module, and torch is reached
+through sys.modules once a tensor has arrived.
+"""
+
+import ctypes
+import math
+import sys
+
+import numpy as np
+
+from . import _ext, _lib
+
+api = _lib.Api()
+_ext.init(
+    ctypes.addressof(api._table),
+    api._table.mha_backward_f32 if api.has("mha_backward_f32") else 0,
+)
+
+_torch_types = None  # torch dtype -> sdpa_dtype, filled when the first tensor arrives
+
+
+def is_tensor(x):
+    return type(x).__module__.startswith("torch")
+
+
+def torch_module():
+    global _torch_types
+    torch = sys.modules["torch"]
+    if _torch_types is None:
+        _torch_types = {torch.float32: _lib.F32, torch.float16: _lib.F16, torch.bfloat16: _lib.BF16}
+    return torch
+
+
+def np_arg(x, name):
+    """x itself when the library can read it through its strides, else a contiguous copy (the
+    last axis not contiguous, or a negative stride)."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
+    st = x.strides
+    if st and ((st[-1] != x.itemsize and x.shape[-1] > 1) or min(st) < 0):
+        return np.ascontiguousarray(x)
+    return x
+
+
+def torch_arg(x, name):
+    """(tensor, the tuple _ext reads): the tensor itself, or a contiguous copy when its last axis
+    is not contiguous."""
+    if not is_tensor(x):
+        raise TypeError(f"{name}: expected a torch tensor like q, got {type(x).__name__}")
+    t = _torch_types.get(x.dtype)
+    if t is None:
+        raise TypeError(f"{name}: dtype {x.dtype} is not float32, float16 or bfloat16")
+    if x.device.type != "cpu":
+        raise ValueError(f"{name}: tensor on {x.device}; sdpa runs on the CPU")
+    st = x.stride()
+    if st and st[-1] != 1 and x.shape[-1] > 1:
+        x = x.contiguous()
+        st = x.stride()
+    return x, (x.data_ptr(), x.shape, st, t)
+
+
+def rows_shape(q, layout):
+    """(batch, heads_q, len_q) of q in the layout, or (len_q,) for 2-d q."""
+    s = q.shape
+    if len(s) == 2:
+        return (s[0],)
+    if len(s) != 4:
+        raise ValueError(f"q must be 4-d (batch, heads, len, d) or 2-d (len, d); got {len(s)}-d")
+    if layout == "bhsd":
+        return (s[0], s[1], s[2])
+    if layout == "bshd":
+        return (s[0], s[2], s[1])
+    raise ValueError(f'layout must be "bhsd" or "bshd", not {layout!r}')
+
+
+def check_layout(layout):
+    if layout != "bhsd" and layout != "bshd":
+        raise ValueError(f'layout must be "bhsd" or "bshd", not {layout!r}')
+
+
+def scale_arg(scale):
+    if scale is None:
+        return _lib.DEFAULT_SCALE
+    scale = float(scale)
+    if scale == 0.0:
+        raise ValueError("scale must be non-zero (None gives 1/sqrt(d_k))")
+    return scale
+
+
+def mask_arg(mask, q, k, layout, tensor):
+    """The mask as float32 (bool: True keeps, False gives -inf), broadcast to (batch, heads_q,
+    len_q, len_kv): (array, what _ext reads)."""
+    rows = rows_shape(q, layout)
+    len_kv = k.shape[0] if len(k.shape) == 2 else k.shape[1 if layout == "bshd" else 2]
+    full = (1, 1) + rows + (len_kv,) if len(rows) == 1 else rows + (len_kv,)
+    want = full[2:] if len(rows) == 1 else full
+    if tensor:
+        torch = torch_module()
+        if not is_tensor(mask):
+            mask = torch.as_tensor(mask)
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, -math.inf)
+        elif mask.is_floating_point():
+            mask = mask.to(torch.float32)
+        else:
+            raise TypeError(f"mask: dtype {mask.dtype} is neither bool nor floating point")
+        if mask.device.type != "cpu":
+            raise ValueError(f"mask: tensor on {mask.device}; sdpa runs on the CPU")
+        m = None
+        if mask.dim() <= len(want):
+            try:
+                m = mask.expand(full)
+            except RuntimeError:
+                pass
+        if m is None:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to {want}")
+        if full[3] > 1 and m.stride(3) != 1:
+            m = m.contiguous()
+        return m, (m.data_ptr(), m.shape, m.stride(), _lib.F32)
+    mask = np.asarray(mask)
+    if mask.dtype == np.bool_:
+        mask = np.where(mask, np.float32(0), np.float32(-np.inf))
+    elif mask.dtype.kind == "f":
+        mask = mask.astype(np.float32, copy=False)
+    else:
+        raise TypeError(f"mask: dtype {mask.dtype} is neither bool nor floating point")
+    if mask.ndim > len(want):
+        raise ValueError(f"mask of shape {mask.shape} does not broadcast to {want}")
+    try:
+        m = np.broadcast_to(mask, full)
+    except ValueError:
+        raise ValueError(f"mask of shape {mask.shape} does not broadcast to {want}") from None
+    st = m.strides
+    if (full[3] > 1 and st[3] != 4) or min(st) < 0:
+        m = np.ascontiguousarray(m)
+    return m, m
+
+
+def forward(q, k, v, causal, mask, scale, layout, want_lse):
+    """Checks, allocates and runs the forward call: (out, lse or None, the arrays the call read:
+    q, k, v and the float32 mask or None)."""
+    flags = _lib.CAUSAL if causal else 0
+    scale = scale_arg(scale)
+    check_layout(layout)
+    if is_tensor(q):
+        torch = torch_module()
+        q, qa = torch_arg(q, "q")
+        k, ka = torch_arg(k, "k")
+        v, va = torch_arg(v, "v")
+        if q.dim() != k.dim() or q.dim() != v.dim():
+            raise ValueError(_ndim_message(q, k, v))
+        m, ma = (None, None) if mask is None else mask_arg(mask, q, k, layout, True)
+        out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
+        lse = torch.empty(rows_shape(q, layout), dtype=torch.float32) if want_lse else None
+        _ext.mha(qa, ka, va, (out.data_ptr(), out.shape, out.stride(), _torch_types[q.dtype]),
+                 None if lse is None else (lse.data_ptr(), lse.shape, lse.stride(), _lib.F32),
+                 ma, flags, scale, layout == "bshd", None)
+        return out, lse, (q, k, v, m)
+    q = np_arg(q, "q")
+    k = np_arg(k, "k")
+    v = np_arg(v, "v")
+    if q.ndim != k.ndim or q.ndim != v.ndim:
+        raise ValueError(_ndim_message(q, k, v))
+    m = None if mask is None else mask_arg(mask, q, k, layout, False)[0]
+    out = np.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
+    lse = np.empty(rows_shape(q, layout), dtype=np.float32) if want_lse else None
+    _ext.mha(q, k, v, out, lse, m, flags, scale, layout == "bshd", None)
+    return out, lse, (q, k, v, m)
+
+
+def _ndim_message(q, k, v):
+    return ("q, k and v must all be 4-d (batch, heads, len, d) in the layout named, or all 2-d "
+            f"(len, d); got {len(q.shape)}-d, {len(k.shape)}-d and {len(v.shape)}-d")
+
+
+def backward(q, k, v, out, lse, mask, dout, dq, dk, dv, causal, scale, layout):
+    """sdpa_mha_backward_f32 on float32 CPU tensors: writes dq, dk, dv."""
+    if not api.has("mha_backward_f32"):
+        getattr(api, "mha_backward_f32")  # raises NotImplementedError naming it
+
+    def spec(t):
+        return (t.data_ptr(), t.shape, t.stride(), _lib.F32)
+
+    _ext.mha(spec(q), spec(k), spec(v), spec(out), spec(lse),
+             None if mask is None else spec(mask), _lib.CAUSAL if causal else 0,
+             scale_arg(scale), layout == "bshd", (spec(dout), spec(dq), spec(dk), spec(dv)))

@@ -13,6 +13,7 @@ import numpy as np
 from . import _ext, _lib
 
 api = _lib.Api()
+api.require("mha")
 _ext.init(
     ctypes.addressof(api._table),
     api._table.mha_backward_f32 if api.has("mha_backward_f32") else 0,
@@ -177,8 +178,7 @@ def _ndim_message(q, k, v):
 
 def backward(q, k, v, out, lse, mask, dout, dq, dk, dv, causal, scale, layout):
     """sdpa_mha_backward_f32 on float32 CPU tensors: writes dq, dk, dv."""
-    if not api.has("mha_backward_f32"):
-        getattr(api, "mha_backward_f32")  # raises NotImplementedError naming it
+    api.require("mha_backward_f32")
 
     def spec(t):
         return (t.data_ptr(), t.shape, t.stride(), _lib.F32)

@@ -121,8 +121,8 @@ def library_path():
 class Api:
     """The loaded library's functions, as attributes named like the sdpa_api fields.
 
-    A field past the table's struct_size is absent: using it raises NotImplementedError that
-    names the C function."""
+    A field past the table's struct_size is absent: require() raises NotImplementedError that
+    names its C function."""
 
     def __init__(self, path=None):
         self.path = path or library_path()
@@ -154,7 +154,6 @@ class Api:
                 fn = ctypes.CFUNCTYPE(restype, *argtypes)(address) if address else None
             else:
                 fn = None
-            # absent functions stay unset: __getattr__ raises for them
             if fn is not None:
                 setattr(self, field, fn)
 
@@ -163,14 +162,19 @@ class Api:
         f = getattr(_ApiTable, field)
         return self.struct_size >= f.offset + f.size
 
-    def __getattr__(self, field):
-        for f, cname, _, _ in _TABLE:
-            if f == field:
-                raise NotImplementedError(
-                    f"{cname} is not in the loaded library ({self.path}, version "
-                    f"{self.version().decode()}): it needs a newer libsdpa.so.1"
-                )
-        raise AttributeError(field)
+    def require(self, field):
+        """The function of field; NotImplementedError naming the C function if the loaded
+        table lacks it."""
+        if self.has(field):
+            fn = getattr(self, field, None)
+            if fn is not None:
+                return fn
+        cname = next(c for f, c, _, _ in _TABLE if f == field)
+        raise NotImplementedError(
+            f"{cname} is not in the loaded library ({self.path}, version "
+            f"{self.version().decode()}, table of {self.struct_size} bytes): it needs a newer "
+            "libsdpa.so.1"
+        )
 
     def status_text(self, status):
         return self.status_string(status).decode()

@@ -61,7 +61,7 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     """
     if _core.is_tensor(q):
         torch = _core.torch_module()
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
             from . import torch as sdpa_torch
 
             return sdpa_torch.attention(q, k, v, causal=causal, mask=mask, scale=scale,

@@ -1,0 +1,218 @@
+"""sdpa on torch tensors: forward against torch's own attention and the float64 reference,
+gradients against torch autograd of the textbook formula in float64."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import sdpa  # noqa: E402
+import sdpa.torch  # noqa: E402
+from conftest import reference  # noqa: E402
+
+has_backward = sdpa._core.api.has("mha_backward_f32")
+needs_backward = pytest.mark.skipif(
+    not has_backward, reason="the loaded libsdpa has no sdpa_mha_backward_f32")
+
+
+@pytest.fixture
+def gen(rng):
+    return torch.Generator().manual_seed(int(rng.integers(2**31)))
+
+
+def randn(gen, *shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=gen).to(dtype)
+
+
+def textbook(q, k, v, causal=False, mask=None, scale=None, layout="bhsd"):
+    """softmax(scale q k^T + mask) v by torch operations, differentiable (float64 in, float64
+    out); GQA by repeating the kv heads."""
+    if q.dim() == 2:
+        q, k, v = q[None, None], k[None, None], v[None, None]
+        two_d = True
+    else:
+        two_d = False
+        if layout == "bshd":
+            q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = scale * q @ k.transpose(-1, -2)
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.double()
+    if causal:
+        lq, lkv = s.shape[-2:]
+        keep = torch.ones(lq, lkv, dtype=torch.bool).tril(lkv - lq)
+        s = s.masked_fill(~keep, -math.inf)
+    out = torch.softmax(s, dim=-1) @ v
+    if two_d:
+        return out[0, 0]
+    return out.transpose(1, 2) if layout == "bshd" else out
+
+
+def f64(*xs):
+    return [x.detach().double().requires_grad_() for x in xs]
+
+
+def bound(v):
+    return 1e-5 * v.detach().abs().max().item() + 1e-7
+
+
+def test_tensors_in_tensors_out_against_torchs_attention(gen):
+    q, k, v = randn(gen, 2, 8, 33, 64), randn(gen, 2, 8, 47, 64), randn(gen, 2, 8, 47, 64)
+    out = sdpa.attention(q, k, v)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    theirs = F._scaled_dot_product_attention(q, k, v, None, 0.0, False, False)[0]
+    assert (out - theirs).abs().max().item() <= 4 * bound(v)
+    mask = torch.rand(33, 47, generator=gen) < 0.7
+    out = sdpa.attention(q, k, v, mask=mask)
+    theirs = F._scaled_dot_product_attention(q, k, v, mask.expand(2, 8, 33, 47), 0.0, False,
+                                             False)[0]
+    assert (out - theirs).abs().max().item() <= 4 * bound(v)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_forward_matches_the_float64_reference(gen, layout):
+    shape = (lambda b, h, s, d: (b, h, s, d)) if layout == "bhsd" else (lambda b, h, s, d: (b, s, h, d))
+    q, k, v = randn(gen, *shape(2, 6, 20, 32)), randn(gen, *shape(2, 3, 29, 32)), randn(gen, *shape(2, 3, 29, 16))
+    mask = torch.randn(2, 1, 20, 29, generator=gen)
+    out, lse = sdpa.attention(q, k, v, causal=True, mask=mask, layout=layout, return_lse=True)
+    ref, ref_lse = reference(q.numpy(), k.numpy(), v.numpy(), causal=True, mask=mask.numpy(),
+                             layout=layout)
+    assert np.abs(out.numpy() - ref).max() <= bound(v)
+    assert np.abs(lse.numpy() - ref_lse).max() <= 1e-5 * np.abs(ref_lse).max()
+
+
+@pytest.mark.parametrize("dtype,rel", [(torch.float16, 2.0**-11), (torch.bfloat16, 2.0**-8)])
+def test_16_bit_tensors(gen, dtype, rel):
+    q, k, v = (randn(gen, 1, 4, 17, 64, dtype=dtype) for _ in range(3))
+    out = sdpa.attention(q, k, v)
+    assert out.dtype == dtype
+    ref, _ = reference(*(x.float().numpy() for x in (q, k, v)))
+    err = np.abs(out.float().numpy() - ref)
+    assert np.all(err <= bound(v.float()) + rel * np.abs(ref) + 2.0**-24)
+
+
+def test_strided_tensors_are_read_in_place(gen):
+    q = randn(gen, 2, 12, 4, 32).transpose(1, 2)  # bshd storage seen as bhsd
+    k = randn(gen, 2, 4, 40, 48)[:, :, ::2, :32]
+    v = randn(gen, 1, 4, 20, 16).expand(2, 4, 20, 16)
+    ref, _ = reference(q.numpy(), k.numpy(), v.numpy())
+    out = sdpa.attention(q, k, v)
+    assert np.abs(out.numpy() - ref).max() <= bound(v)
+
+
+def test_errors(gen):
+    q, k, v = randn(gen, 1, 2, 3, 8), randn(gen, 1, 2, 4, 8), randn(gen, 1, 2, 4, 8)
+    with pytest.raises(TypeError, match="torch tensor"):
+        sdpa.attention(q, k.numpy(), v.numpy())
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        sdpa.attention(q.double(), k, v)
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        sdpa.attention(q, k.to(torch.int32), v)
+    with pytest.raises(ValueError, match="do not match"):
+        sdpa.attention(q, k, v[:, :, :3])
+    with pytest.raises(ValueError, match="invalid argument"):
+        sdpa.attention(q, k, v, scale=math.inf)
+    with pytest.raises(ValueError, match="broadcast"):
+        sdpa.attention(q, k, v, mask=torch.ones(3, 5, dtype=torch.bool))
+    with pytest.raises(TypeError):
+        sdpa.softmax(q.double())
+
+
+def test_softmax_on_tensors(gen):
+    x = randn(gen, 4, 9, 33)
+    y = sdpa.softmax(x, scale=0.7, axis=1)
+    assert isinstance(y, torch.Tensor) and y.shape == x.shape
+    assert (y - torch.softmax(0.7 * x.double(), dim=1)).abs().max().item() <= 2e-5
+
+
+def grads_case(gen, layout, b, hq, hkv, lq, lkv, dk, dv):
+    shape = (lambda h, s, d: (b, h, s, d)) if layout == "bhsd" else (lambda h, s, d: (b, s, h, d))
+    q, k, v = randn(gen, *shape(hq, lq, dk)), randn(gen, *shape(hkv, lkv, dk)), randn(gen, *shape(hkv, lkv, dv))
+    dout = randn(gen, *shape(hq, lq, dv))
+    return q, k, v, dout
+
+
+def check_grads(q, k, v, dout, tol=2e-5, **kw):
+    qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out = sdpa.torch.attention(qs, ks, vs, **kw)
+    out.backward(dout)
+    qd, kd, vd = f64(q, k, v)
+    ref = textbook(qd, kd, vd, **kw)
+    ref.backward(dout.double())
+    assert (out.detach().double() - ref.detach()).abs().max().item() <= bound(v)
+    for name, got, want in [("dq", qs.grad, qd.grad), ("dk", ks.grad, kd.grad), ("dv", vs.grad, vd.grad)]:
+        assert got.shape == want.shape and got.dtype == torch.float32
+        err = (got.double() - want).abs().max().item()
+        scale = want.abs().max().item()
+        assert err <= tol * scale + 1e-6, f"{name}: max error {err:.3g}, max |grad| {scale:.3g}"
+
+
+@needs_backward
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_gradients_match_torch_autograd_in_float64(gen, layout):
+    for hq, hkv, lq, lkv, causal in [(4, 4, 16, 16, False), (8, 2, 13, 40, True), (4, 1, 33, 9, False)]:
+        q, k, v, dout = grads_case(gen, layout, 2, hq, hkv, lq, lkv, 32, 24)
+        check_grads(q, k, v, dout, causal=causal, layout=layout)
+
+
+@needs_backward
+def test_gradients_with_masks_and_scale(gen):
+    q, k, v, dout = grads_case(gen, "bhsd", 1, 4, 2, 11, 19, 16, 16)
+    mask = torch.rand(1, 4, 11, 19, generator=gen) < 0.7
+    mask[0, 0, 3] = False  # a row that sees nothing contributes nothing
+    check_grads(q, k, v, dout, mask=mask)
+    check_grads(q, k, v, dout, mask=torch.randn(11, 19, generator=gen), scale=0.3)
+
+
+@needs_backward
+def test_gradients_of_strided_and_2d_inputs(gen):
+    q = randn(gen, 1, 20, 2, 32).transpose(1, 2)
+    k = randn(gen, 1, 2, 40, 32)[:, :, ::2]
+    v = randn(gen, 1, 1, 20, 32).expand(1, 2, 20, 32)
+    check_grads(q, k, v, randn(gen, 1, 2, 20, 32), causal=True)
+    check_grads(randn(gen, 7, 16), randn(gen, 12, 16), randn(gen, 12, 8), randn(gen, 7, 8))
+
+
+@needs_backward
+def test_gradcheck_at_float32_tolerance(gen):
+    q, k, v = (randn(gen, 1, 2, 5, 8).double().requires_grad_() for _ in range(3))
+
+    def f(q, k, v):
+        return sdpa.torch.attention(q.float(), k.float(), v.float(), causal=True).double()
+
+    assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-2, atol=5e-3, rtol=5e-3)
+
+
+@needs_backward
+def test_16_bit_gradients_are_their_inputs_types(gen):
+    q, k, v = (randn(gen, 1, 2, 8, 16, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    out = sdpa.torch.attention(q, k, v)
+    out.float().sum().backward()
+    assert q.grad.dtype == k.grad.dtype == v.grad.dtype == torch.bfloat16
+    qd, kd, vd = f64(q, k, v)
+    textbook(qd, kd, vd).sum().backward()
+    for got, want in [(q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)]:
+        assert (got.double() - want).abs().max().item() <= 2.0**-7 * want.abs().max().item() + 1e-2 * 2.0**-7
+
+
+@needs_backward
+def test_sdpa_attention_on_tensors_that_require_grad_flows(gen):
+    q, k, v = (randn(gen, 1, 2, 6, 8).requires_grad_() for _ in range(3))
+    out = sdpa.attention(q, k, v)
+    out.sum().backward()
+    assert q.grad is not None and k.grad is not None and v.grad is not None
+
+
+def test_backward_without_the_c_function_raises_not_implemented(gen, monkeypatch):
+    api = sdpa._core.api
+    monkeypatch.setattr(api, "struct_size", sdpa._lib._ApiTable.mha_backward_f32.offset)
+    q, k, v = (randn(gen, 1, 2, 6, 8).requires_grad_() for _ in range(3))
+    out = sdpa.torch.attention(q, k, v)  # the forward needs nothing new
+    with pytest.raises(NotImplementedError, match="sdpa_mha_backward_f32"):
+        out.sum().backward()

@@ -366,3 +366,12 @@ def test_a_function_past_the_tables_size_raises_not_implemented(monkeypatch):
     with pytest.raises(NotImplementedError, match="sdpa_attention_merge_f32"):
         api.require("attention_merge_f32")
     assert api.require("mha") is not None
+
+
+def test_the_benchmark_runs_and_prints_its_table():
+    r = subprocess.run([sys.executable, "-m", "sdpa.bench", "--min-time", "0", "--shape", "decode 8"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "Python overhead" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| decode 8 heads")]
+    assert len(rows) == len({1, len(os.sched_getaffinity(0))})

@@ -48,23 +48,6 @@ class MhaDesc(ctypes.Structure):
     ]
 
 
-class MhaGrads(ctypes.Structure):
-    """sdpa_mha_grads: where sdpa_mha_backward_f32 writes dq, dk, dv, and the dout it reads."""
-
-    _fields_ = [
-        ("struct_size", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
-        ("dq", _vp),
-        ("dk", _vp),
-        ("dv", _vp),
-        ("dq_stride", _size * 3),
-        ("dk_stride", _size * 3),
-        ("dv_stride", _size * 3),
-        ("dout", _vp),
-        ("dout_stride", _size * 3),
-    ]
-
-
 _status = ctypes.c_int
 _str = ctypes.c_char_p
 # (field of sdpa_api, C name, restype, argtypes), in the table's order. Pointers are passed as

@@ -1,0 +1,333 @@
+/* The backward pass of attention (sdpa.h, sdpa_mha_backward_f32), one driver for every backend.
+ *
+ * FlashAttention-2's order: for each block of keys, every block of query rows that sees it. A
+ * tile is key-major, st[key][query] with SDPA_ATTN_MAX_BLOCK_Q queries a key, the layout the
+ * packed forward's scores_max leaves, so that the three products that need a transposed operand
+ * read it as it is:
+ *     S^T  = scale K Q^T          scores_max (packed Q) or scores_tile (K rows as the queries)
+ *     dP^T = V dO^T               the same, with scale 1
+ *     P^T  = exp(S^T - lse)       exp_tile, or exp_sum key by key
+ *     dS^T = scale P^T (dP^T - D) here, D_i = dO_i . O_i
+ *     dV  += P^T dO               pv_tile (rows: keys)
+ *     dK  += dS^T Q               pv_tile
+ *     dQ  += dS K                 pv_tile_t (the weights key-major)
+ * dK and dV are added into their output rows, which stay in cache through the query blocks; dQ
+ * into its rows, block of keys after block of keys. No len_q x len_kv matrix is formed and
+ * nothing is allocated: a tile and its operands live on the stack (about 52 KiB).
+ *
+ * A pair (query row, key) that must not count (causal, a mask entry of -inf, a row with lse
+ * -inf, which saw no key) gets P = dS = 0 exactly. pv_tile forms every product, so a tile with
+ * such pairs takes the whole-tile products only when every row it multiplies (q, dout, k) is
+ * finite, where 0 * x is 0; otherwise it sums the runs of pairs that count, so that NaN in a
+ * removed key's k or v, or in a removed row's q or dout, reaches nothing.
+ *
+ * Threads: a task owns the dk and dv rows of one (batch, kv head) and the dq rows of the query
+ * heads that read it, zeroes them and adds into them in a fixed order; where a gradient's batch
+ * or head stride is 0 (summed over that axis) one task takes the whole axis. Tasks are cut by
+ * the shape alone, so the bits never depend on the thread count or the scheduler. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention_problem.h"
+#include "dispatch.h"
+#include "sdpa.h"
+#include "threads.h"
+
+#if defined(__AVX__) || defined(__SSE4_1__)
+#error "src/attention_backward.c must be compiled for the baseline ISA, without -m flags"
+#endif
+
+#define QT SDPA_ATTN_MAX_BLOCK_Q /* queries a tile: the columns of the key-major tiles */
+
+/* Kernels and constants of one call. */
+typedef struct backward_run {
+    const backward_problem *bp;
+    const sdpa_kernels *k;
+    const sdpa_attention_kernels *a;
+    int packed;  /* pack_q and scores_max for S^T and dP^T (d_k, d_v <= SDPA_ATTN_PACK_MAX_D) */
+    size_t keys; /* keys a tile: block_kv packed (scores_max's keys), else block_q (the rows of
+                    scores_tile, which here are keys) */
+    void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
+    float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
+    size_t group;            /* query heads per kv head */
+    size_t task_b, task_h;   /* batch entries and kv heads a task owns: 1, or the whole axis */
+    size_t tasks_b, tasks_h; /* tasks along each axis */
+} backward_run;
+
+/* One query head's views. */
+typedef struct head {
+    const float *q, *out, *dout, *lse, *mask;
+    float *dq;
+} head;
+
+/* One block of keys: its rows of k and v, and of dk and dv. */
+typedef struct key_block {
+    const float *k, *v;
+    float *dk, *dv;
+    size_t k0, nk;
+} key_block;
+
+/* The stack tiles of a task. */
+typedef struct tiles {
+    _Alignas(64) float qt[SDPA_ATTN_PACK_MAX_D * QT];
+    _Alignas(64) float s[SDPA_ATTN_MAX_BLOCK_KV * QT];  /* S^T, then P^T */
+    _Alignas(64) float ds[SDPA_ATTN_MAX_BLOCK_KV * QT]; /* dP^T, then dS^T */
+    unsigned char keep[SDPA_ATTN_MAX_BLOCK_KV * QT];    /* the pair counts (a tile with removals) */
+} tiles;
+
+static int rows_finite(const float *x, size_t n, size_t stride, size_t row) {
+    for (size_t i = 0; i < n; i++)
+        for (size_t c = 0; c < row; c++)
+            if (!isfinite(x[i * stride + c])) return 0;
+    return 1;
+}
+
+/* The tile of nq query rows from q0 of head h against key block kb. */
+static void backward_tile(const backward_run *run, tiles *t, const head *h, const key_block *kb,
+                          size_t q0, size_t nq) {
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const sdpa_attention_kernels *a = run->a;
+    const size_t nk = kb->nk, d_k = p->d_k, d_v = p->d_v;
+    const size_t qs = p->q_stride[2], os = p->out_stride[2], dos = bp->dout_stride[2];
+    const size_t ks = p->k_stride[2], vs = p->v_stride[2];
+    const float *q = h->q + q0 * qs, *dout = h->dout + q0 * dos;
+    float *dq = h->dq + q0 * bp->dq_stride[2];
+    float lse[QT], dd[QT], zero[SDPA_ATTN_MAX_BLOCK_KV];
+
+    /* the rows: a row whose lse is -inf saw no key and counts nowhere */
+    size_t live = 0;
+    for (size_t i = 0; i < QT; i++) {
+        lse[i] = 0.0f;
+        dd[i] = 0.0f;
+        if (i >= nq) continue;
+        lse[i] = h->lse[q0 + i];
+        if (lse[i] == -INFINITY) { /* exp(s - inf) = 0; the pair is zeroed below anyway */
+            lse[i] = INFINITY;
+            continue;
+        }
+        live++;
+        dd[i] = run->k->dot(dout + i * dos, h->out + (q0 + i) * os, d_v);
+    }
+    if (!live) return;
+
+    /* which pairs count: all, unless the causal diagonal, the mask or a dead row says not */
+    int clean = live == nq;
+    /* causal: row q0 + i sees key k0 + j when k0 + j <= q0 + i + len_kv - len_q, that is
+       j < i + diag (sizes fit ptrdiff_t: checked) */
+    ptrdiff_t diag = PTRDIFF_MAX / 2;
+    if (p->causal) {
+        diag = (ptrdiff_t)(q0 + p->len_kv + 1) - (ptrdiff_t)(p->len_q + kb->k0);
+        if (diag < (ptrdiff_t)nk) clean = 0;
+    }
+    if (p->mask)
+        for (size_t i = 0; i < nq && clean; i++) {
+            const float *mr = h->mask + (q0 + i) * p->mask_stride[2] + kb->k0;
+            for (size_t j = 0; j < nk; j++)
+                if (mr[j] == -INFINITY) {
+                    clean = 0;
+                    break;
+                }
+        }
+
+    /* S^T and dP^T, key-major; columns past nq hold zeros */
+    if (run->packed) {
+        float tile_max[QT];
+        a->pack_q(t->qt, q, qs, nq, d_k);
+        a->scores_max(t->s, tile_max, t->qt, nq, kb->k, ks, nk, d_k, p->scale);
+        a->pack_q(t->qt, dout, dos, nq, d_v);
+        a->scores_max(t->ds, tile_max, t->qt, nq, kb->v, vs, nk, d_v, 1.0f);
+    } else {
+        a->scores_tile(t->s, QT, kb->k, ks, nk, q, qs, nq, d_k, p->scale);
+        a->scores_tile(t->ds, QT, kb->v, vs, nk, dout, dos, nq, d_v, 1.0f);
+    }
+    if (nq < QT)
+        for (size_t j = 0; j < nk; j++) {
+            memset(t->s + j * QT + nq, 0, (QT - nq) * sizeof(float));
+            memset(t->ds + j * QT + nq, 0, (QT - nq) * sizeof(float));
+        }
+    if (p->mask)
+        for (size_t i = 0; i < nq; i++) {
+            const float *mr = h->mask + (q0 + i) * p->mask_stride[2] + kb->k0;
+            for (size_t j = 0; j < nk; j++) t->s[j * QT + i] += mr[j];
+        }
+
+    /* P^T = exp(S^T - lse), each difference rounded to float as the forward's */
+    for (size_t j = 0; j < nk; j++) {
+        float *sj = t->s + j * QT;
+        for (size_t i = 0; i < QT; i++) sj[i] -= lse[i];
+    }
+    if (run->exp_tile) {
+        float sums[SDPA_ATTN_MAX_BLOCK_KV];
+        memset(zero, 0, nk * sizeof(float));
+        run->exp_tile(t->s, QT, nk, QT, zero, sums);
+    } else {
+        for (size_t j = 0; j < nk; j++) run->exp_sum(t->s + j * QT, t->s + j * QT, QT, 1.0f, 0.0f);
+    }
+    /* dS^T = scale P^T (dP^T - D) */
+    const float scale = p->scale;
+    for (size_t j = 0; j < nk; j++) {
+        const float *pj = t->s + j * QT;
+        float *dj = t->ds + j * QT;
+        for (size_t i = 0; i < QT; i++) dj[i] = scale * (pj[i] * (dj[i] - dd[i]));
+    }
+
+    int whole = clean;
+    if (!clean) {
+        for (size_t j = 0; j < nk; j++)
+            for (size_t i = 0; i < QT; i++) {
+                int k = i < nq && h->lse[q0 + i] != -INFINITY && (ptrdiff_t)j < diag + (ptrdiff_t)i;
+                if (k && p->mask)
+                    k = h->mask[(q0 + i) * p->mask_stride[2] + kb->k0 + j] != -INFINITY;
+                t->keep[j * QT + i] = (unsigned char)k;
+                if (!k) t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
+            }
+        whole = rows_finite(q, nq, qs, d_k) && rows_finite(dout, nq, dos, d_v) &&
+                rows_finite(kb->k, nk, ks, d_k);
+    }
+    if (whole) {
+        a->pv_tile(kb->dv, bp->dv_stride[2], t->s, QT, nk, nq, dout, dos, d_v);
+        a->pv_tile(kb->dk, bp->dk_stride[2], t->ds, QT, nk, nq, q, qs, d_k);
+        a->pv_tile_t(dq, bp->dq_stride[2], t->ds, QT, nq, nk, kb->k, ks, d_k);
+        return;
+    }
+    /* the runs of pairs that count: along each key's row for dk and dv, down each query's
+       column for dq */
+    for (size_t j = 0; j < nk; j++) {
+        const unsigned char *kj = t->keep + j * QT;
+        for (size_t i = 0; i < nq;) {
+            if (!kj[i]) {
+                i++;
+                continue;
+            }
+            const size_t i0 = i;
+            while (i < nq && kj[i]) i++;
+            a->pv_tile(kb->dv + j * bp->dv_stride[2], 0, t->s + j * QT + i0, QT, 1, i - i0,
+                       dout + i0 * dos, dos, d_v);
+            a->pv_tile(kb->dk + j * bp->dk_stride[2], 0, t->ds + j * QT + i0, QT, 1, i - i0,
+                       q + i0 * qs, qs, d_k);
+        }
+    }
+    for (size_t i = 0; i < nq; i++) {
+        float w[SDPA_ATTN_MAX_BLOCK_KV]; /* the column, as a row: pv_tile_t wants whole tiles */
+        for (size_t j = 0; j < nk; j++) w[j] = t->ds[j * QT + i];
+        for (size_t j = 0; j < nk;) {
+            if (!t->keep[j * QT + i]) {
+                j++;
+                continue;
+            }
+            const size_t j0 = j;
+            while (j < nk && t->keep[j * QT + i]) j++;
+            a->pv_tile(dq + i * bp->dq_stride[2], 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks,
+                       d_k);
+        }
+    }
+}
+
+/* Everything that reads kv head hk of batch entry b. */
+static void backward_kv_head(const backward_run *run, tiles *t, size_t b, size_t hk) {
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const float *k = (const float *)p->k + b * p->k_stride[0] + hk * p->k_stride[1];
+    const float *v = (const float *)p->v + b * p->v_stride[0] + hk * p->v_stride[1];
+    float *dk = bp->dk + b * bp->dk_stride[0] + hk * bp->dk_stride[1];
+    float *dv = bp->dv + b * bp->dv_stride[0] + hk * bp->dv_stride[1];
+    const float *q = p->q, *out = p->out; /* f32 views (checked) */
+    for (size_t k0 = 0; k0 < p->len_kv; k0 += run->keys) {
+        key_block kb;
+        kb.k0 = k0;
+        kb.nk = p->len_kv - k0 < run->keys ? p->len_kv - k0 : run->keys;
+        kb.k = k + k0 * p->k_stride[2];
+        kb.v = v + k0 * p->v_stride[2];
+        kb.dk = dk + k0 * bp->dk_stride[2];
+        kb.dv = dv + k0 * bp->dv_stride[2];
+        /* causal: rows before k0 + len_q - len_kv do not see the block */
+        size_t first = 0;
+        if (p->causal && k0 + p->len_q > p->len_kv) first = k0 + p->len_q - p->len_kv;
+        if (first >= p->len_q) break;
+        for (size_t g = 0; g < run->group; g++) {
+            const size_t hq = hk * run->group + g;
+            head h;
+            h.q = q + b * p->q_stride[0] + hq * p->q_stride[1];
+            h.out = out + b * p->out_stride[0] + hq * p->out_stride[1];
+            h.dout = bp->dout + b * bp->dout_stride[0] + hq * bp->dout_stride[1];
+            h.lse = p->lse + b * p->lse_stride[0] + hq * p->lse_stride[1];
+            h.mask = p->mask ? p->mask + b * p->mask_stride[0] + hq * p->mask_stride[1] : NULL;
+            h.dq = bp->dq + b * bp->dq_stride[0] + hq * bp->dq_stride[1];
+            for (size_t q0 = first / QT * QT; q0 < p->len_q; q0 += QT)
+                backward_tile(run, t, &h, &kb, q0, p->len_q - q0 < QT ? p->len_q - q0 : QT);
+        }
+    }
+}
+
+static void zero_rows(float *x, const size_t stride[3], size_t b, size_t h, size_t rows,
+                      size_t row) {
+    if (!rows) return; /* x may be NULL then */
+    float *base = x + b * stride[0] + h * stride[1];
+    for (size_t r = 0; r < rows; r++) memset(base + r * stride[2], 0, row * sizeof(float));
+}
+
+/* Task index: its batch entries and kv heads, zeroed, then summed into. */
+static void backward_task(void *arg, size_t index) {
+    const backward_run *run = arg;
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const size_t b0 = index / run->tasks_h * run->task_b, h0 = index % run->tasks_h * run->task_h;
+    tiles t;
+    for (size_t b = b0; b < b0 + run->task_b; b++)
+        for (size_t hk = h0; hk < h0 + run->task_h; hk++) {
+            zero_rows(bp->dk, bp->dk_stride, b, hk, p->len_kv, p->d_k);
+            zero_rows(bp->dv, bp->dv_stride, b, hk, p->len_kv, p->d_v);
+            for (size_t g = 0; g < run->group; g++)
+                zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, p->len_q, p->d_k);
+        }
+    if (!p->len_q || !p->len_kv) return;
+    for (size_t b = b0; b < b0 + run->task_b; b++)
+        for (size_t hk = h0; hk < h0 + run->task_h; hk++) backward_kv_head(run, &t, b, hk);
+}
+
+static void backward_run_all(const backward_problem *bp) {
+    const attention_problem *p = &bp->fwd;
+    backward_run run;
+    run.bp = bp;
+    run.k = sdpa_kernels_now();
+    run.a = run.k->attention;
+    const int kind = sdpa_exp_with(run.k);
+    run.exp_tile = run.a->exp_tile[kind];
+    run.exp_sum = run.k->exp_sum[kind];
+    run.packed = run.a->pack_q && run.a->scores_max && p->d_k <= SDPA_ATTN_PACK_MAX_D &&
+                 p->d_v <= SDPA_ATTN_PACK_MAX_D;
+    run.keys = run.packed ? run.a->block_kv : run.a->block_q;
+    run.group = p->heads_q / p->heads_kv;
+    /* a gradient summed over an axis (stride 0) is written by one task for the whole axis */
+    const int all_b = p->batch > 1 && (!bp->dq_stride[0] || !bp->dk_stride[0] || !bp->dv_stride[0]);
+    const int all_h = p->heads_kv > 1 && (!bp->dk_stride[1] || !bp->dv_stride[1] ||
+                                          (p->heads_q > 1 && !bp->dq_stride[1]));
+    run.task_b = all_b ? p->batch : 1;
+    run.task_h = all_h ? p->heads_kv : 1;
+    run.tasks_b = p->batch / run.task_b;
+    run.tasks_h = p->heads_kv / run.task_h;
+    const size_t n_tasks = run.tasks_b * run.tasks_h;
+    /* four products of len_q x len_kv pairs over d, and the scores */
+    const double work = (double)p->batch * (double)p->heads_q * (double)p->len_q *
+                        (double)p->len_kv * (double)(2 * p->d_k + 3 * p->d_v);
+    const size_t threads = sdpa_threads_for_call();
+    if (threads > 1 && n_tasks > 1 && work >= (double)SDPA_PARALLEL_MIN_WORK) {
+        sdpa_parallel_run(backward_task, &run, n_tasks, threads);
+        return;
+    }
+    for (size_t i = 0; i < n_tasks; i++) backward_task(&run, i);
+}
+
+SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa_mha_grads *grads,
+                                           const float *q, const float *k, const float *v,
+                                           const float *out) {
+    backward_problem bp;
+    sdpa_status st = sdpa_backward_problem(&bp, desc, grads, q, k, v, out);
+    if (st != SDPA_OK) return st;
+    if (!bp.fwd.batch || !bp.fwd.heads_q || (!bp.fwd.len_q && !bp.fwd.len_kv)) return SDPA_OK;
+    backward_run_all(&bp);
+    return SDPA_OK;
+}

@@ -14,10 +14,7 @@ from . import _ext, _lib
 
 api = _lib.Api()
 api.require("mha")
-_ext.init(
-    ctypes.addressof(api._table),
-    api._table.mha_backward_f32 if api.has("mha_backward_f32") else 0,
-)
+_ext.init(ctypes.addressof(api._table))
 
 _torch_types = None  # torch dtype -> sdpa_dtype, filled when the first tensor arrives
 

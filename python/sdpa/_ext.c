@@ -16,23 +16,7 @@
 
 #include "sdpa.h"
 
-/* The layout of sdpa_mha_grads and sdpa_mha_backward_f32 (sdpa.h), declared here so that this
- * file builds against any 1.x header; the package only calls it when the loaded table holds it
- * (SDPA_API_HAS, checked in Python). */
-typedef struct ext_grads {
-    uint32_t struct_size;
-    uint32_t reserved;
-    float *dq, *dk, *dv;
-    size_t dq_stride[3], dk_stride[3], dv_stride[3];
-    const float *dout;
-    size_t dout_stride[3];
-} ext_grads;
-typedef sdpa_status (*backward_fn)(const sdpa_mha_desc *desc, const ext_grads *grads,
-                                   const float *q, const float *k, const float *v,
-                                   const float *out);
-
 static const sdpa_api *api;
-static backward_fn backward;
 
 typedef struct view {
     Py_buffer buf;
@@ -281,14 +265,14 @@ static PyObject *mha(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             goto done;
         }
     } else {
-        if (backward == NULL) {
+        if (!SDPA_API_HAS(api, mha_backward_f32)) {
             PyErr_SetString(PyExc_NotImplementedError,
                             "sdpa_mha_backward_f32 is not in the loaded library");
             goto done;
         }
         const view *g[4] = {&vw[DOUT], &vw[DQ], &vw[DK], &vw[DV]};
         const view *like[4] = {&vw[OUT], &vw[Q], &vw[K], &vw[V]};
-        ext_grads gr;
+        sdpa_mha_grads gr;
         memset(&gr, 0, sizeof gr);
         gr.struct_size = sizeof gr;
         size_t *gs[4] = {gr.dout_stride, gr.dq_stride, gr.dk_stride, gr.dv_stride};
@@ -312,8 +296,8 @@ static PyObject *mha(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         gr.dk = (float *)vw[DK].ptr;
         gr.dv = (float *)vw[DV].ptr;
         PyThreadState *ts = PyEval_SaveThread();
-        st = backward(&d, &gr, (const float *)vw[Q].ptr, (const float *)vw[K].ptr,
-                      (const float *)vw[V].ptr, (const float *)vw[OUT].ptr);
+        st = api->mha_backward_f32(&d, &gr, (const float *)vw[Q].ptr, (const float *)vw[K].ptr,
+                                   (const float *)vw[V].ptr, (const float *)vw[OUT].ptr);
         PyEval_RestoreThread(ts);
         if (st) {
             status_error("sdpa_mha_backward_f32", st);
@@ -374,26 +358,19 @@ done:
     return result;
 }
 
-/* init(table, backward): the address of the checked sdpa_api table, and of
- * sdpa_mha_backward_f32 (0 when the table lacks it). */
-static PyObject *init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* init(table): the address of the sdpa_api table the package loaded and checked. */
+static PyObject *init(PyObject *self, PyObject *arg) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "init(table, backward)");
-        return NULL;
-    }
-    void *t = PyLong_AsVoidPtr(args[0]);
-    void *b = PyLong_AsVoidPtr(args[1]);
+    void *t = PyLong_AsVoidPtr(arg);
     if (PyErr_Occurred()) return NULL;
     api = t;
-    backward = (backward_fn)(uintptr_t)b;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"mha", (PyCFunction)(void (*)(void))mha, METH_FASTCALL, "forward or backward attention"},
     {"softmax", (PyCFunction)(void (*)(void))softmax, METH_FASTCALL, "softmax of dense rows"},
-    {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, "the library's table"},
+    {"init", init, METH_O, "the library's table"},
     {NULL, NULL, 0, NULL},
 };
 

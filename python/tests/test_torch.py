@@ -48,7 +48,13 @@ def textbook(q, k, v, causal=False, mask=None, scale=None, layout="bhsd"):
         lq, lkv = s.shape[-2:]
         keep = torch.ones(lq, lkv, dtype=torch.bool).tril(lkv - lq)
         s = s.masked_fill(~keep, -math.inf)
-    out = torch.softmax(s, dim=-1) @ v
+    # softmax that gives a row seeing no key zeros (as sdpa does) rather than NaN; the max is
+    # only a shift, so it carries no gradient
+    m = s.detach().amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    z = e.sum(dim=-1, keepdim=True)
+    out = (e / torch.where(z > 0, z, torch.ones_like(z))) @ v
     if two_d:
         return out[0, 0]
     return out.transpose(1, 2) if layout == "bshd" else out

@@ -78,7 +78,8 @@ def softmax(x, scale=1.0, axis=-1):
     scale: finite and non-zero, else ValueError with the library's status string.
 
     The library takes one contiguous row a call: x is copied when its rows along axis are not
-    dense in memory (axis not the last, or a strided view).
+    dense in memory (axis not the last, or a strided view). No autograd: a tensor result does
+    not require grad.
     """
     if _core.is_tensor(x):
         torch = _core.torch_module()

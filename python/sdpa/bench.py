@@ -56,8 +56,9 @@ def flops(b, hq, lq, lkv, d, causal):
     return 4 * b * hq * pairs * d
 
 
-def overhead(repeats=7, number=20000):
-    """(per-call seconds of sdpa.attention, of the C call it makes) at a tiny shape."""
+def overhead(torch=None, repeats=7, number=20000):
+    """Per-call seconds at a tiny shape: sdpa.attention on NumPy arrays, the C call it makes,
+    and sdpa.attention on torch tensors (None without torch)."""
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 1, 1, 16)).astype(np.float32)
     k = rng.standard_normal((1, 1, 4, 16)).astype(np.float32)
@@ -74,7 +75,11 @@ def overhead(repeats=7, number=20000):
     # the C call: a ctypes call of sdpa_mha with the descriptor ready, less what a ctypes call
     # of an almost empty function (sdpa_num_threads) costs
     c_call = best(lambda: mha(*args)) - best(nop)
-    return total, max(c_call, 0.0)
+    on_tensors = None
+    if torch:
+        tq, tk = torch.from_numpy(q), torch.from_numpy(k)
+        on_tensors = best(lambda: sdpa.attention(tq, tk, tk))
+    return total, max(c_call, 0.0), on_tensors
 
 
 def main(argv=None):
@@ -90,9 +95,11 @@ def main(argv=None):
         torch = None
     print(f"sdpa {sdpa.version()} ({sdpa.library_path()}), backend {sdpa.backend()}; "
           + (f"torch {torch.__version__}" if torch else "torch not installed"))
-    total, c_call = overhead()
+    total, c_call, on_tensors = overhead(torch)
     print(f"Python overhead at q (1,1,1,16), k = v (1,1,4,16): sdpa.attention {total * 1e6:.2f} us a "
-          f"call, the C call {c_call * 1e6:.2f} us, overhead {(total - c_call) * 1e6:.2f} us")
+          f"call, the C call {c_call * 1e6:.2f} us, overhead {(total - c_call) * 1e6:.2f} us"
+          + (f"; on torch tensors {on_tensors * 1e6:.2f} us a call, overhead "
+             f"{(on_tensors - c_call) * 1e6:.2f} us" if on_tensors else ""))
     print()
     name = "torch"
     if torch:

@@ -211,7 +211,9 @@ def check_grads(q, k, v, dout, **kw):
 @needs_backward
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_gradients_match_torch_autograd_in_float64(gen, layout):
-    for hq, hkv, lq, lkv, causal in [(4, 4, 16, 16, False), (8, 2, 13, 40, True), (4, 1, 33, 9, False)]:
+    cases = [(4, 4, 16, 16, False), (8, 2, 13, 40, True), (4, 1, 33, 9, False),
+             (4, 2, 20, 9, True)]  # the last: 11 query rows see no key
+    for hq, hkv, lq, lkv, causal in cases:
         q, k, v, dout = grads_case(gen, layout, 2, hq, hkv, lq, lkv, 32, 24)
         check_grads(q, k, v, dout, causal=causal, layout=layout)
 
@@ -259,9 +261,12 @@ def test_16_bit_gradients_are_their_inputs_types(gen):
 @needs_backward
 def test_sdpa_attention_on_tensors_that_require_grad_flows(gen):
     q, k, v = (randn(gen, 1, 2, 6, 8).requires_grad_() for _ in range(3))
-    out = sdpa.attention(q, k, v)
+    out, lse = sdpa.attention(q, k, v, return_lse=True)
+    assert out.requires_grad and not lse.requires_grad
     out.sum().backward()
     assert q.grad is not None and k.grad is not None and v.grad is not None
+    with torch.no_grad():
+        assert not sdpa.attention(q, k, v).requires_grad
 
 
 def test_backward_without_the_c_function_raises_not_implemented(gen, monkeypatch):

@@ -88,6 +88,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="the 'all threads' count (default: the CPUs this process may use)")
     p.add_argument("--shape", action="append", help="only shapes whose name contains this")
+    p.add_argument("--calls", type=int, default=20000,
+                   help="calls per timing of the overhead (20000; 7 timings, the best kept)")
     args = p.parse_args(argv)
     try:
         import torch
@@ -95,7 +97,7 @@ def main(argv=None):
         torch = None
     print(f"sdpa {sdpa.version()} ({sdpa.library_path()}), backend {sdpa.backend()}; "
           + (f"torch {torch.__version__}" if torch else "torch not installed"))
-    total, c_call, on_tensors = overhead(torch)
+    total, c_call, on_tensors = overhead(torch, number=args.calls)
     print(f"Python overhead at q (1,1,1,16), k = v (1,1,4,16): sdpa.attention {total * 1e6:.2f} us a "
           f"call, the C call {c_call * 1e6:.2f} us, overhead {(total - c_call) * 1e6:.2f} us"
           + (f"; on torch tensors {on_tensors * 1e6:.2f} us a call, overhead "

@@ -21,6 +21,7 @@ class _Attention(_torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @_torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, m = ctx.saved_tensors
         types = (q.dtype, k.dtype, v.dtype)
@@ -56,6 +57,7 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     sdpa_mha_backward_f32, which recomputes the probabilities from lse. Its gradients are
     float32, rounded to the inputs' dtypes; for 16-bit inputs, q, k, v, out and the upstream
     gradient are widened to float32 first. dk and dv sum over the query heads of a group (GQA).
+    The backward is not itself differentiable (no double backward).
     """
     out, lse = _Attention.apply(q, k, v, mask, causal, scale, layout)
     return (out, lse) if return_lse else out

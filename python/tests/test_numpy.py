@@ -244,6 +244,19 @@ def test_threads_give_bitwise_identical_results(rng):
     assert np.array_equal(one, three)
 
 
+def test_calls_from_many_python_threads_at_once(rng):
+    # the GIL is released during the C call; results must not depend on what runs beside it
+    import concurrent.futures
+
+    cases = [(randn(rng, 1, 4, 64, 32), randn(rng, 1, 2, 96, 32), randn(rng, 1, 2, 96, 32))
+             for _ in range(8)]
+    alone = [sdpa.attention(*c, causal=True) for c in cases]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda c: sdpa.attention(*c, causal=True), cases * 4))
+    for i, out in enumerate(together):
+        assert np.array_equal(out, alone[i % len(cases)])
+
+
 def test_thread_count_errors():
     with pytest.raises(ValueError):
         sdpa.set_num_threads(-1)
@@ -369,7 +382,8 @@ def test_a_function_past_the_tables_size_raises_not_implemented(monkeypatch):
 
 
 def test_the_benchmark_runs_and_prints_its_table():
-    r = subprocess.run([sys.executable, "-m", "sdpa.bench", "--min-time", "0", "--shape", "decode 8"],
+    r = subprocess.run([sys.executable, "-m", "sdpa.bench", "--min-time", "0", "--shape", "decode 8",
+                        "--calls", "100"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "Python overhead" in r.stdout

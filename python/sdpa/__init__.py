@@ -48,8 +48,8 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
 
     Zero copy: q, k, v and a float32 mask are read where they are, through their strides
     (transposed, sliced and broadcast views, stride 0 included). An array is copied only when
-    its last axis is not contiguous (or, for NumPy, a stride is negative or not a whole number
-    of elements). A bool mask, or a float mask of another dtype, is converted to a float32
+    its last axis is not contiguous (or, for NumPy, a stride is negative, or a stride or the
+    address is not a whole number of elements, as in a field of a structured array). A bool mask, or a float mask of another dtype, is converted to a float32
     mask of its own shape first. out and lse are new arrays.
 
     For torch tensors that require grad (with grad mode on), this calls

@@ -33,11 +33,12 @@ def torch_module():
 
 def np_arg(x, name):
     """x itself when the library can read it through its strides, else a contiguous copy (the
-    last axis not contiguous, or a negative stride)."""
+    last axis not contiguous, a negative stride, or a stride or address that is not a whole
+    number of elements, which numpy's aligned flag reports)."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
     st = x.strides
-    if st and ((st[-1] != x.itemsize and x.shape[-1] > 1) or min(st) < 0):
+    if st and ((st[-1] != x.itemsize and x.shape[-1] > 1) or min(st) < 0 or not x.flags.aligned):
         return np.ascontiguousarray(x)
     return x
 

@@ -169,6 +169,20 @@ def test_negative_strides_are_copied(rng):
     assert_close(out, ref, bound(v))
 
 
+def test_strides_of_no_whole_number_of_elements_are_copied(rng):
+    # rows 66 bytes apart: the library takes strides in elements, so such a view is copied
+    raw = np.zeros(7 * 66, dtype=np.uint8)
+    q = np.ndarray((7, 16), dtype=np.float32, buffer=raw, strides=(66, 4))
+    q[...] = randn(rng, 7, 16)
+    k, v = randn(rng, 9, 16), randn(rng, 9, 16)
+    out = sdpa.attention(q, k, v)
+    assert_close(out, reference(q, k, v)[0], bound(v))
+    # a field of a structured array: its last axis is not contiguous either
+    rec = np.zeros((7, 16), dtype=[("x", np.float32), ("y", np.float16)])
+    rec["x"] = q
+    assert_close(sdpa.attention(rec["x"], k, v), reference(q, k, v)[0], bound(v))
+
+
 def test_float16_views(rng):
     q = randn(rng, 2, 4, 9, 64, dtype=np.float16)
     k = randn(rng, 2, 2, 33, 64, dtype=np.float16)

@@ -72,7 +72,8 @@ typedef struct sdpa_attention_kernels {
        of nq queries (qt from pack_q) against nk keys that every one of them sees, with no mask,
        in two halves around the driver's bookkeeping (the new maxima m_new[i] = max(m[i],
        tile_max[i]), the check that they are finite, and the update of m and l).
-       scores_max: st[j * SDPA_ATTN_MAX_BLOCK_Q + i] = s_ij = scale * dot(q_i, k_j), the dot
+       scores_max (nk up to SDPA_ATTN_MAX_BLOCK_KV, which the backward's tiles take):
+       st[j * SDPA_ATTN_MAX_BLOCK_Q + i] = s_ij = scale * dot(q_i, k_j), the dot
        finished before the multiply (as scores_packed), for j < nk, i < nq (key-major, as a
        packed GEMM leaves it; the rows past nq are the backend's own business), and
        tile_max[i] = max_j s_ij for i < nq, the max of the scaled scores (a negative scale

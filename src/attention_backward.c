@@ -47,8 +47,9 @@ typedef struct backward_run {
     const sdpa_kernels *k;
     const sdpa_attention_kernels *a;
     int packed;  /* pack_q and scores_max for S^T and dP^T (d_k, d_v <= SDPA_ATTN_PACK_MAX_D) */
-    size_t keys; /* keys a tile: block_kv packed (scores_max's keys), else block_q (the rows of
-                    scores_tile, which here are keys) */
+    size_t keys; /* keys a tile: SDPA_ATTN_MAX_BLOCK_KV packed (the more keys, the fewer times
+                    each block of queries is packed and its D formed), else block_q (the rows
+                    of scores_tile, which here are keys) */
     void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
     size_t group;            /* query heads per kv head */
@@ -74,14 +75,29 @@ typedef struct tiles {
     _Alignas(64) float qt[SDPA_ATTN_PACK_MAX_D * QT];
     _Alignas(64) float s[SDPA_ATTN_MAX_BLOCK_KV * QT];  /* S^T, then P^T */
     _Alignas(64) float ds[SDPA_ATTN_MAX_BLOCK_KV * QT]; /* dP^T, then dS^T */
-    unsigned char keep[SDPA_ATTN_MAX_BLOCK_KV * QT];    /* the pair counts (a tile with removals) */
 } tiles;
 
+/* No inf or NaN in n rows of `row` floats: the exponent bits of every float, OR-ed (integer
+ * operations, which the compiler vectorizes where isfinite would branch per float). */
 static int rows_finite(const float *x, size_t n, size_t stride, size_t row) {
-    for (size_t i = 0; i < n; i++)
-        for (size_t c = 0; c < row; c++)
-            if (!isfinite(x[i * stride + c])) return 0;
-    return 1;
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float *r = x + i * stride;
+        for (size_t c = 0; c < row; c++) {
+            uint32_t u;
+            memcpy(&u, r + c, sizeof u);
+            bad |= (u & 0x7f800000u) + 0x00800000u; /* bit 31 set: exponent all ones */
+        }
+    }
+    return !(bad >> 31);
+}
+
+/* Pair (row i, key j) of the tile counts: seen under causality (j < i + diag), by a live row,
+ * not removed by the mask. */
+static inline int pair_counts(const attention_problem *p, const head *h, size_t q0, size_t k0,
+                              size_t i, size_t j, ptrdiff_t diag) {
+    if ((ptrdiff_t)j >= diag + (ptrdiff_t)i || h->lse[q0 + i] == -INFINITY) return 0;
+    return !p->mask || h->mask[(q0 + i) * p->mask_stride[2] + k0 + j] != -INFINITY;
 }
 
 /* The tile of nq query rows from q0 of head h against key block kb. */
@@ -90,12 +106,24 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, cons
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
     const sdpa_attention_kernels *a = run->a;
-    const size_t nk = kb->nk, d_k = p->d_k, d_v = p->d_v;
+    const size_t d_k = p->d_k, d_v = p->d_v;
     const size_t qs = p->q_stride[2], os = p->out_stride[2], dos = bp->dout_stride[2];
     const size_t ks = p->k_stride[2], vs = p->v_stride[2];
     const float *q = h->q + q0 * qs, *dout = h->dout + q0 * dos;
     float *dq = h->dq + q0 * bp->dq_stride[2];
     float lse[QT], dd[QT], zero[SDPA_ATTN_MAX_BLOCK_KV];
+
+    /* causal: row q0 + i sees key k0 + j when k0 + j <= q0 + i + len_kv - len_q, that is
+       j < i + diag (sizes fit ptrdiff_t: checked); the keys past what the last row sees are
+       left out of the tile */
+    size_t nk = kb->nk;
+    ptrdiff_t diag = PTRDIFF_MAX / 2;
+    if (p->causal) {
+        diag = (ptrdiff_t)(q0 + p->len_kv + 1) - (ptrdiff_t)(p->len_q + kb->k0);
+        const ptrdiff_t last = diag + (ptrdiff_t)nq - 1;
+        if (last <= 0) return;
+        if ((size_t)last < nk) nk = (size_t)last;
+    }
 
     /* the rows: a row whose lse is -inf saw no key and counts nowhere */
     size_t live = 0;
@@ -115,13 +143,7 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, cons
 
     /* which pairs count: all, unless the causal diagonal, the mask or a dead row says not */
     int clean = live == nq;
-    /* causal: row q0 + i sees key k0 + j when k0 + j <= q0 + i + len_kv - len_q, that is
-       j < i + diag (sizes fit ptrdiff_t: checked) */
-    ptrdiff_t diag = PTRDIFF_MAX / 2;
-    if (p->causal) {
-        diag = (ptrdiff_t)(q0 + p->len_kv + 1) - (ptrdiff_t)(p->len_q + kb->k0);
-        if (diag < (ptrdiff_t)nk) clean = 0;
-    }
+    if (diag < (ptrdiff_t)nk) clean = 0;
     if (p->mask)
         for (size_t i = 0; i < nq && clean; i++) {
             const float *mr = h->mask + (q0 + i) * p->mask_stride[2] + kb->k0;
@@ -174,52 +196,55 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, cons
         for (size_t i = 0; i < QT; i++) dj[i] = scale * (pj[i] * (dj[i] - dd[i]));
     }
 
-    int whole = clean;
     if (!clean) {
-        for (size_t j = 0; j < nk; j++)
-            for (size_t i = 0; i < QT; i++) {
-                int k = i < nq && h->lse[q0 + i] != -INFINITY && (ptrdiff_t)j < diag + (ptrdiff_t)i;
-                if (k && p->mask)
-                    k = h->mask[(q0 + i) * p->mask_stride[2] + kb->k0 + j] != -INFINITY;
-                t->keep[j * QT + i] = (unsigned char)k;
-                if (!k) t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
+        /* P = dS = 0 exactly where the pair does not count; under causality alone, the rows
+           before a key's first */
+        if (!p->mask && live == nq) {
+            for (size_t j = 0; j < nk; j++) {
+                const ptrdiff_t first = (ptrdiff_t)j - diag + 1;
+                const size_t n = first <= 0 ? 0 : (size_t)first < nq ? (size_t)first : nq;
+                memset(t->s + j * QT, 0, n * sizeof(float));
+                memset(t->ds + j * QT, 0, n * sizeof(float));
             }
-        whole = rows_finite(q, nq, qs, d_k) && rows_finite(dout, nq, dos, d_v) &&
-                rows_finite(kb->k, nk, ks, d_k);
+        } else {
+            for (size_t j = 0; j < nk; j++)
+                for (size_t i = 0; i < nq; i++)
+                    if (!pair_counts(p, h, q0, kb->k0, i, j, diag))
+                        t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
+        }
     }
-    if (whole) {
+    if (clean || (rows_finite(q, nq, qs, d_k) && rows_finite(dout, nq, dos, d_v) &&
+                  rows_finite(kb->k, nk, ks, d_k))) {
         a->pv_tile(kb->dv, bp->dv_stride[2], t->s, QT, nk, nq, dout, dos, d_v);
         a->pv_tile(kb->dk, bp->dk_stride[2], t->ds, QT, nk, nq, q, qs, d_k);
         a->pv_tile_t(dq, bp->dq_stride[2], t->ds, QT, nq, nk, kb->k, ks, d_k);
         return;
     }
-    /* the runs of pairs that count: along each key's row for dk and dv, down each query's
-       column for dq */
-    for (size_t j = 0; j < nk; j++) {
-        const unsigned char *kj = t->keep + j * QT;
+    /* Non-finite rows: only the runs of pairs that count, along each key's row for dk and dv,
+       down each query's column for dq. */
+    for (size_t j = 0; j < nk; j++)
         for (size_t i = 0; i < nq;) {
-            if (!kj[i]) {
+            if (!pair_counts(p, h, q0, kb->k0, i, j, diag)) {
                 i++;
                 continue;
             }
             const size_t i0 = i;
-            while (i < nq && kj[i]) i++;
+            while (i < nq && pair_counts(p, h, q0, kb->k0, i, j, diag)) i++;
             a->pv_tile(kb->dv + j * bp->dv_stride[2], 0, t->s + j * QT + i0, QT, 1, i - i0,
                        dout + i0 * dos, dos, d_v);
             a->pv_tile(kb->dk + j * bp->dk_stride[2], 0, t->ds + j * QT + i0, QT, 1, i - i0,
                        q + i0 * qs, qs, d_k);
         }
-    }
     for (size_t i = 0; i < nq; i++) {
         float w[SDPA_ATTN_MAX_BLOCK_KV]; /* the column, as a row: pv_tile_t wants whole tiles */
         for (size_t j = 0; j < nk; j++) w[j] = t->ds[j * QT + i];
         for (size_t j = 0; j < nk;) {
-            if (!t->keep[j * QT + i]) {
+            if (!pair_counts(p, h, q0, kb->k0, i, j, diag)) {
                 j++;
                 continue;
             }
             const size_t j0 = j;
-            while (j < nk && t->keep[j * QT + i]) j++;
+            while (j < nk && pair_counts(p, h, q0, kb->k0, i, j, diag)) j++;
             a->pv_tile(dq + i * bp->dq_stride[2], 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks,
                        d_k);
         }
@@ -299,7 +324,7 @@ static void backward_run_all(const backward_problem *bp) {
     run.exp_sum = run.k->exp_sum[kind];
     run.packed = run.a->pack_q && run.a->scores_max && p->d_k <= SDPA_ATTN_PACK_MAX_D &&
                  p->d_v <= SDPA_ATTN_PACK_MAX_D;
-    run.keys = run.packed ? run.a->block_kv : run.a->block_q;
+    run.keys = run.packed ? SDPA_ATTN_MAX_BLOCK_KV : run.a->block_q;
     run.group = p->heads_q / p->heads_kv;
     /* a gradient summed over an axis (stride 0) is written by one task for the whole axis */
     const int all_b = p->batch > 1 && (!bp->dq_stride[0] || !bp->dk_stride[0] || !bp->dv_stride[0]);

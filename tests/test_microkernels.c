@@ -179,6 +179,17 @@ BACKEND_TEST(microkernels, packed_scores) {
         }
         operands_free(&o);
     }
+    /* scores_max also takes SDPA_ATTN_MAX_BLOCK_KV keys (the backward's tiles) */
+    const size_t nqs[] = {1, 8, 31, SDPA_ATTN_MAX_BLOCK_Q}, ds[] = {16, SDPA_ATTN_PACK_MAX_D};
+    for (size_t t = 0; a->scores_max && t < 8; t++) {
+        const shape sh = {nqs[t % 4], SDPA_ATTN_MAX_BLOCK_KV, ds[t / 4]};
+        operands o = operands_alloc(&r, &sh);
+        float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
+        a->pack_q(qt, o.q.p, o.q_stride, sh.nq, sh.d);
+        a->scores_max(st, tile_max, qt, sh.nq, o.k.p, o.k_stride, sh.nk, sh.d, 0.5f);
+        expect_scores(st, LD_Q, 1, &o, &sh, 0.5f, "scores_max");
+        operands_free(&o);
+    }
 }
 
 /* acc[i] += sum_j p[i][j] v_j, within the dot's bound; nothing past the rows written. The

@@ -20,12 +20,15 @@
  *                                              time per step, compute and communication
  *   ring_attention --single --threads 2 ...    the same problem in one process, for comparison
  * --help lists every option. */
+/* clock_gettime and CLOCK_PROCESS_CPUTIME_ID under strict C11 */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bounds.h" /* tests/bounds.h: the accuracy bound the tests use */
 #include "sdpa.h"
@@ -147,7 +150,9 @@ typedef struct ring {
     size_t v_offset;            /* where V starts in it */
     float *out, *lse;           /* the running result: out in q's layout, lse[b][h][row] */
     float *part_out, *part_lse; /* one step's partial */
-    double *t_compute, *t_wait; /* seconds per step */
+    double *t_compute, *t_wait; /* seconds per step, wall clock */
+    double *t_cpu;              /* seconds per step of the rank's CPU time, all its threads */
+    int poll;                   /* MPI_Testall between a step's calls (--no-poll: 0) */
 } ring;
 
 /* Partial attention of local query rows [q0, q0 + nq) against key rows [k0, k0 + nk) of the K/V
@@ -189,7 +194,7 @@ static void attend(ring *R, const float *kv, size_t q0, size_t nq, size_t k0, si
                                                     R->part_lse + lo + j * R->s.rows, nq, p->d_v,
                                                     sh->out_stride[2], sh->out_stride[2]),
                            "sdpa_attention_merge_f32");
-            if (n_req) {
+            if (n_req && R->poll) {
                 int done;
                 check_mpi(MPI_Testall(n_req, req, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
             }
@@ -216,6 +221,13 @@ static void step_compute(ring *R, const float *kv, int src, int n_req, MPI_Reque
         /* chunk r precedes both of src's; chunk 2P-1-r follows both */
         attend(R, kv, c, c, 0, n, 0, n_req, req);
     }
+}
+
+/* CPU time, not the wall clock: what the work costs, whatever else runs on the rank's core. */
+static double cpu_seconds(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts)) return 0;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* The ring: P steps. At step i this rank holds the K/V shard of rank (r - i) mod P. It posts
@@ -245,9 +257,10 @@ static void run_ring(ring *R) {
                 "MPI_Isend");
             n_req = 2;
         }
-        double t0 = MPI_Wtime();
+        double c0 = cpu_seconds(), t0 = MPI_Wtime();
         step_compute(R, held, (r - i + P) % P, n_req, req);
         double t1 = MPI_Wtime();
+        R->t_cpu[i] = cpu_seconds() - c0;
         if (n_req) check_mpi(MPI_Waitall(n_req, req, MPI_STATUSES_IGNORE), "MPI_Waitall");
         R->t_compute[i] = t1 - t0;
         R->t_wait[i] = MPI_Wtime() - t1;
@@ -255,11 +268,14 @@ static void run_ring(ring *R) {
     }
 }
 
+static int no_poll; /* --no-poll */
+
 static void ring_init(ring *R, const problem *p, int rank, int size) {
     memset(R, 0, sizeof *R);
     R->p = p;
     R->s.rank = rank;
     R->s.size = size;
+    R->poll = !no_poll;
     size_t parts = p->shard == SHARD_ZIGZAG ? 2 * (size_t)size : (size_t)size;
     if (p->len == 0 || p->len % parts)
         die("bad --len", p->shard == SHARD_ZIGZAG
@@ -283,6 +299,7 @@ static void ring_init(ring *R, const problem *p, int rank, int size) {
     R->part_lse = xmalloc(p->batch * p->heads_q * n * sizeof(float), "lse");
     R->t_compute = xmalloc((size_t)size * sizeof(double), "times");
     R->t_wait = xmalloc((size_t)size * sizeof(double), "times");
+    R->t_cpu = xmalloc((size_t)size * sizeof(double), "times");
     fill(p, &R->s, rank, 0, R->q, R->shard.q_stride, p->heads_q, n, p->d_k);
     fill(p, &R->s, rank, 1, R->kv_own, R->shard.k_stride, p->heads_kv, n, p->d_k);
     fill(p, &R->s, rank, 2, R->kv_own + R->v_offset, R->shard.v_stride, p->heads_kv, n, p->d_v);
@@ -299,6 +316,7 @@ static void ring_free(ring *R) {
     free(R->part_lse);
     free(R->t_compute);
     free(R->t_wait);
+    free(R->t_cpu);
 }
 
 /* ---- Checking: every rank against one process's sdpa_mha_f32 of the whole problem ---- */
@@ -413,11 +431,15 @@ static double gflop(const problem *p) {
     return pairs * (double)(p->batch * p->heads_q) * 2.0 * (double)(p->d_k + p->d_v) * 1e-9;
 }
 
+/* Per step and rank, the run with the median total: compute (wall), its CPU time, wait. */
+enum { STEP_VALUES = 3 };
+
 static void bench(const problem *p, int reps, int rank, int size) {
     ring R;
     ring_init(&R, p, rank, size);
+    size_t per_run = STEP_VALUES * (size_t)size;
     double *total = xmalloc((size_t)reps * sizeof(double), "times");
-    double *steps = xmalloc((size_t)reps * 2 * (size_t)size * sizeof(double), "times");
+    double *steps = xmalloc((size_t)reps * per_run * sizeof(double), "times");
     for (int rep = 0; rep < reps; rep++) {
         check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
         double t0 = MPI_Wtime();
@@ -427,21 +449,21 @@ static void bench(const problem *p, int reps, int rank, int size) {
         check_mpi(MPI_Allreduce(&t, &total[rep], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
                   "MPI_Allreduce");
         for (int i = 0; i < size; i++) {
-            steps[(size_t)rep * 2 * (size_t)size + 2 * (size_t)i] = R.t_compute[i];
-            steps[(size_t)rep * 2 * (size_t)size + 2 * (size_t)i + 1] = R.t_wait[i];
+            double *x = steps + (size_t)rep * per_run + STEP_VALUES * (size_t)i;
+            x[0] = R.t_compute[i];
+            x[1] = R.t_cpu[i];
+            x[2] = R.t_wait[i];
         }
     }
-    /* the step times of the run with the median total */
     double *sorted = xmalloc((size_t)reps * sizeof(double), "times");
     memcpy(sorted, total, (size_t)reps * sizeof(double));
     double med = median(sorted, reps);
     int pick = 0;
     for (int rep = 0; rep < reps; rep++)
         if (fabs(total[rep] - med) < fabs(total[pick] - med)) pick = rep;
-    double *all =
-        rank == 0 ? xmalloc(2 * (size_t)size * (size_t)size * sizeof(double), "times") : NULL;
-    check_mpi(MPI_Gather(steps + (size_t)pick * 2 * (size_t)size, 2 * size, MPI_DOUBLE, all,
-                         2 * size, MPI_DOUBLE, 0, MPI_COMM_WORLD),
+    double *all = rank == 0 ? xmalloc(per_run * (size_t)size * sizeof(double), "times") : NULL;
+    check_mpi(MPI_Gather(steps + (size_t)pick * per_run, (int)per_run, MPI_DOUBLE, all,
+                         (int)per_run, MPI_DOUBLE, 0, MPI_COMM_WORLD),
               "MPI_Gather");
 
     /* The transfer alone: one shift of a K/V shard round the ring, nothing computed. */
@@ -468,25 +490,29 @@ static void bench(const problem *p, int reps, int rank, int size) {
         printf("ring attention, P = %d ranks, %zu threads each, backend %s\n", size,
                sdpa_num_threads(), sdpa_backend());
         printf("%s; %zu rows a rank\n", problem_name(p, name, sizeof name), R.s.rows);
-        printf("step  rank  compute ms  wait ms   (the run with the median total)\n");
-        double sum_c = 0, sum_w = 0, max_c = 0;
+        printf("step  rank  compute ms  (cpu ms)  wait ms   (the run with the median total)\n");
+        double sum[STEP_VALUES] = {0}, max_cpu = 0;
         for (int i = 0; i < size; i++)
             for (int j = 0; j < size; j++) {
-                double c = all[2 * (size_t)j * (size_t)size + 2 * (size_t)i];
-                double w = all[2 * (size_t)j * (size_t)size + 2 * (size_t)i + 1];
-                printf("%4d  %4d  %10.2f  %7.2f\n", i, j, c * 1e3, w * 1e3);
-                sum_c += c;
-                sum_w += w;
+                const double *x = all + (size_t)j * per_run + STEP_VALUES * (size_t)i;
+                printf("%4d  %4d  %10.2f  %8.2f  %7.2f\n", i, j, x[0] * 1e3, x[1] * 1e3,
+                       x[2] * 1e3);
+                for (int k = 0; k < STEP_VALUES; k++) sum[k] += x[k];
             }
         for (int j = 0; j < size; j++) {
-            double c = 0;
-            for (int i = 0; i < size; i++) c += all[2 * (size_t)j * (size_t)size + 2 * (size_t)i];
-            max_c = fmax(max_c, c);
-            printf("rank %d: compute %.2f ms in all\n", j, c * 1e3);
+            double c = 0, cpu = 0;
+            for (int i = 0; i < size; i++) {
+                c += all[(size_t)j * per_run + STEP_VALUES * (size_t)i];
+                cpu += all[(size_t)j * per_run + STEP_VALUES * (size_t)i + 1];
+            }
+            max_cpu = fmax(max_cpu, cpu);
+            printf("rank %d: compute %.2f ms (cpu %.2f) in all\n", j, c * 1e3, cpu * 1e3);
         }
-        printf("compute %.2f ms and wait %.2f ms a step, mean over steps and ranks\n",
-               sum_c / size / size * 1e3, sum_w / size / size * 1e3);
-        printf("busiest rank's compute / mean rank's compute: %.3f\n", max_c / (sum_c / size));
+        double steps_all = (double)size * size;
+        printf("a step, mean over steps and ranks: compute %.2f ms (cpu %.2f), wait %.2f ms\n",
+               sum[0] / steps_all * 1e3, sum[1] / steps_all * 1e3, sum[2] / steps_all * 1e3);
+        /* CPU time, so that a neighbour's job on one rank's core does not pass for imbalance */
+        printf("imbalance: busiest rank's cpu / mean rank's cpu %.3f\n", max_cpu / (sum[1] / size));
         printf("whole run: median %.2f ms of %d (min %.2f), %.1f GFLOP/s\n", med * 1e3, reps,
                sorted[0] * 1e3, gflop(p) / med);
         if (size > 1)
@@ -551,6 +577,8 @@ static void usage(void) {
            "                    zigzag balances causal work, and needs N divisible by 2P)\n"
            "  --threads T       sdpa threads per rank (default: the library's, the CPUs a rank\n"
            "                    may run on)\n"
+           "  --no-poll         no MPI_Testall between a step's sdpa calls: the transfer then\n"
+           "                    waits for the end of the step's compute\n"
            "  --reps R          timed runs (default 5)\n"
            "  --seed S          inputs' seed (default 1)\n");
 }
@@ -595,6 +623,8 @@ int main(int argc, char **argv) {
             mode = SINGLE;
         else if (!strcmp(a, "--causal"))
             p.causal = 1;
+        else if (!strcmp(a, "--no-poll"))
+            no_poll = 1;
         else if (!strcmp(a, "--batch"))
             p.batch = parse_size(a, next), i++;
         else if (!strcmp(a, "--heads-q"))

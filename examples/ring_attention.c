@@ -360,10 +360,12 @@ static double check_rows(const ring *R, double *max_err_out) {
     return 2.0 * bound_attention(max_v);
 }
 
-static const char *problem_name(const problem *p, char *buf, size_t n) {
+/* sharded: name the sharding too (not for the one-process run) */
+static const char *problem_name(const problem *p, int sharded, char *buf, size_t n) {
     snprintf(buf, n, "batch %zu, heads %zu/%zu, len %zu, d %zu/%zu, %s, %s", p->batch, p->heads_q,
              p->heads_kv, p->len, p->d_k, p->d_v, p->bshd ? "bshd" : "bhsd",
              !p->causal                 ? "full"
+             : !sharded                 ? "causal"
              : p->shard == SHARD_ZIGZAG ? "causal zigzag"
                                         : "causal contiguous");
     return buf;
@@ -381,7 +383,7 @@ static int ring_check(const problem *p, int rank, int size, int verbose) {
     if (rank == 0 && (verbose || !ok)) {
         char name[160];
         printf("%s  P=%d %s: max |error| %.3g, %.3f of the bound\n", ok ? "ok  " : "FAIL", size,
-               problem_name(p, name, sizeof name), all[1], all[0]);
+               problem_name(p, 1, name, sizeof name), all[1], all[0]);
     }
     ring_free(&R);
     return ok;
@@ -492,7 +494,7 @@ static void bench(const problem *p, int reps, int rank, int size) {
         char name[160];
         printf("ring attention, P = %d ranks, %zu threads each, backend %s\n", size,
                sdpa_num_threads(), sdpa_backend());
-        printf("%s; %zu rows a rank\n", problem_name(p, name, sizeof name), R.s.rows);
+        printf("%s; %zu rows a rank\n", problem_name(p, 1, name, sizeof name), R.s.rows);
         printf("step  rank  compute ms  (cpu ms)  wait ms   (the run with the median total)\n");
         double sum[STEP_VALUES] = {0}, max_cpu = 0;
         for (int i = 0; i < size; i++)
@@ -555,7 +557,7 @@ static void single(const problem *p, int reps) {
     double med = median(t, reps);
     char name[160];
     printf("one process, %zu threads, backend %s\n%s\n", sdpa_num_threads(), sdpa_backend(),
-           problem_name(p, name, sizeof name));
+           problem_name(p, 0, name, sizeof name));
     printf("whole run: median %.2f ms of %d (min %.2f), %.1f GFLOP/s; cpu, all threads, median "
            "%.2f ms\n",
            med * 1e3, reps, t[0] * 1e3, gflop(p) / med, median(cpu, reps) * 1e3);

@@ -8,13 +8,14 @@
  * the whole sequence. sdpa has no networking of its own: this file is all of it.
  *
  * Causal attention skips (query shard, key shard) pairs above the diagonal. With contiguous
- * shards that leaves rank r with r + 1 shards of work and rank P - 1 bounds the run; the zigzag
- * assignment (the ring-attention literature's load balancing) gives rank r chunks r and
- * 2P - 1 - r of 2P equal chunks, so that every rank does the same work at every step.
+ * shards that leaves rank r with r full blocks and half of one, and rank P - 1 bounds the run
+ * (--bench prints the imbalance); the zigzag assignment (the ring-attention literature's load
+ * balancing) gives rank r chunks r and 2P - 1 - r of 2P equal chunks, so that every rank does
+ * the same work at every step.
  *
  * Build: mpicc -I tests examples/ring_attention.c $(pkg-config --cflags --libs sdpa) -lm
  * (or meson: examples/ring_attention, built when MPI is found).
- *   mpirun -np 4 ring_attention --selftest     every layout, head grouping, sharding and mask,
+ *   mpirun -np 4 ring_attention --selftest     every layout, head grouping and causal mode,
  *                                              each rank checking its rows against one process
  *   mpirun -np 2 ring_attention --bench --heads-q 8 --heads-kv 8 --len 8192 --d 128
  *                                              time per step, compute and communication
@@ -22,6 +23,7 @@
  * --help lists every option. */
 /* clock_gettime and CLOCK_PROCESS_CPUTIME_ID under strict C11 */
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -289,7 +291,8 @@ static void ring_init(ring *R, const problem *p, int rank, int size) {
     size_t out_floats = p->batch * p->heads_q * n * p->d_v;
     R->v_offset = p->batch * p->heads_kv * n * p->d_k;
     R->kv_floats = R->v_offset + p->batch * p->heads_kv * n * p->d_v;
-    if (R->kv_floats > INT32_MAX) die("bad size", "a K/V shard over 2^31 floats: use more ranks");
+    /* MPI counts are ints */
+    if (R->kv_floats > INT_MAX) die("bad size", "a K/V shard over 2^31 floats: use more ranks");
     R->q = xmalloc(q_floats * sizeof(float), "q");
     R->kv_own = xmalloc(R->kv_floats * sizeof(float), "k/v");
     for (int i = 0; i < 2; i++) R->kv[i] = xmalloc(R->kv_floats * sizeof(float), "k/v");
@@ -608,7 +611,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     /* errors come back as codes, so that check_mpi can say which call failed */
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN),
+              "MPI_Comm_set_errhandler");
+    if (provided < MPI_THREAD_FUNNELED) die("MPI_Init_thread", "no MPI_THREAD_FUNNELED");
     int size;
     check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
@@ -622,7 +627,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
             if (world_rank == 0) usage();
-            MPI_Finalize();
+            check_mpi(MPI_Finalize(), "MPI_Finalize");
             return 0;
         } else if (!strcmp(a, "--selftest"))
             mode = SELFTEST;

@@ -413,7 +413,9 @@ static int selftest(uint64_t seed, int rank, int size) {
                 failed += !ring_check(&p, rank, size, 1);
                 n++;
             }
-    if (rank == 0) printf("%d of %d cases within the bound on %d ranks\n", n - failed, n, size);
+    if (rank == 0)
+        printf("%d of %d cases within the bound on %d rank%s\n", n - failed, n, size,
+               size == 1 ? "" : "s");
     return failed == 0;
 }
 

@@ -54,7 +54,8 @@ typedef struct shape {
 } shape;
 
 typedef struct problem {
-    const shape *s;
+    const shape *s; /* &own */
+    shape own;
     sdpa_mha_desc desc;
     float *q, *k, *v, *mask, *out, *lse;
     size_t n_out, n_lse;
@@ -62,7 +63,15 @@ typedef struct problem {
 
 static void problem_make(problem *p, const shape *s, uint64_t seed) {
     memset(p, 0, sizeof *p);
-    p->s = s;
+    p->own = *s;
+    /* emulated (qemu's FMA is some 10x slower than its other float operations): fewer rows, still
+       several blocks of them, and fewer keys, still over 1100 (a masked head hides a chunk) */
+    if (test_quick() && p->own.len_q > 160) {
+        if (p->own.len_kv == p->own.len_q) p->own.len_kv = 160;
+        p->own.len_q = 160;
+    }
+    if (test_quick() && p->own.len_kv > 1700) p->own.len_kv = 1700;
+    p->s = s = &p->own;
     rng r = rng_seed(seed);
     cr_assert_eq((s->bshd ? sdpa_mha_desc_bshd : sdpa_mha_desc_dense)(
                      &p->desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->d, s->d,
@@ -204,7 +213,8 @@ static void restore_threads(void) {
 }
 
 BACKEND_TEST(parallel, bitwise_identical_at_every_thread_count_and_scheduler) {
-    static const size_t THREADS[] = {2, 3, 4, 7, 8, 16};
+    static const size_t THREADS[] = {2, 3, 16, 4, 7, 8}; /* emulated: the first three */
+    const size_t n_threads = test_quick() ? 3 : sizeof THREADS / sizeof THREADS[0];
     for (size_t si = 0; si < N_SHAPES; si++) {
         problem p;
         problem_make(&p, &SHAPES[si], 100 + si);
@@ -214,7 +224,7 @@ BACKEND_TEST(parallel, bitwise_identical_at_every_thread_count_and_scheduler) {
         cr_assert(out && lse);
         memcpy(out, p.out, p.n_out * sizeof(float));
         memcpy(lse, p.lse, p.n_lse * sizeof(float));
-        for (size_t t = 0; t < sizeof THREADS / sizeof THREADS[0]; t++) {
+        for (size_t t = 0; t < n_threads; t++) {
             cr_assert_eq(sdpa_set_num_threads(THREADS[t]), SDPA_OK);
             cr_assert_eq(sdpa_num_threads(), THREADS[t]);
             problem_run(&p);

@@ -36,7 +36,7 @@
 
 #define N_WORKERS 8
 #define ITERATIONS                                                                                 \
-    1000 /* per worker; a tenth under emulation (the races are native's and TSan's job) */
+    1000 /* per worker; a fortieth under emulation (the races are native's and TSan's job) */
 #define N      1000
 #define N_KEYS 48
 #define D      64
@@ -162,7 +162,7 @@ static void *worker(void *arg) {
     shared *s = arg;
     static _Thread_local results got; /* large: not on a thread's stack */
     pthread_barrier_wait(&s->start);
-    const int iterations = test_quick() ? ITERATIONS / 10 : ITERATIONS;
+    const int iterations = test_quick() ? ITERATIONS / 40 : ITERATIONS;
     for (int it = 0; it < iterations; it++) {
         if (compute_all(&got)) fail(s, "a call returned an error");
         const char *bad = mismatch(s->want, &got);

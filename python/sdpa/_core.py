@@ -36,7 +36,8 @@ def np_arg(x, name):
     last axis not contiguous, a negative stride, or a stride or address that is not a whole
     number of elements, which numpy's aligned flag reports)."""
     if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
+        want = "a NumPy array or a torch tensor" if name == "q" else "a NumPy array, as q is"
+        raise TypeError(f"{name}: expected {want}, got {type(x).__name__}")
     st = x.strides
     if st and ((st[-1] != x.itemsize and x.shape[-1] > 1) or min(st) < 0 or not x.flags.aligned):
         return np.ascontiguousarray(x)
@@ -47,7 +48,7 @@ def torch_arg(x, name):
     """(tensor, the tuple _ext reads): the tensor itself, or a contiguous copy when its last axis
     is not contiguous."""
     if not is_tensor(x):
-        raise TypeError(f"{name}: expected a torch tensor like q, got {type(x).__name__}")
+        raise TypeError(f"{name}: expected a torch tensor, as q is, got {type(x).__name__}")
     t = _torch_types.get(x.dtype)
     if t is None:
         raise TypeError(f"{name}: dtype {x.dtype} is not float32, float16 or bfloat16")

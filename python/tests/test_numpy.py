@@ -323,8 +323,10 @@ def test_dtype_errors(rng):
         sdpa.attention(q.astype(np.float64), k, v)
     with pytest.raises(TypeError, match="one dtype"):
         sdpa.attention(q, k, v.astype(np.float16))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="q: expected a NumPy array or a torch tensor"):
         sdpa.attention(q.tolist(), k, v)
+    with pytest.raises(TypeError, match="v: expected a NumPy array, as q is"):
+        sdpa.attention(q, k, v.tolist())
     with pytest.raises(TypeError, match="neither bool nor floating"):
         sdpa.attention(q, k, v, mask=np.zeros((5, 7), dtype=np.int32))
 

@@ -114,8 +114,10 @@ def test_strided_tensors_are_read_in_place(gen):
 
 def test_errors(gen):
     q, k, v = randn(gen, 1, 2, 3, 8), randn(gen, 1, 2, 4, 8), randn(gen, 1, 2, 4, 8)
-    with pytest.raises(TypeError, match="torch tensor"):
+    with pytest.raises(TypeError, match="k: expected a torch tensor, as q is"):
         sdpa.attention(q, k.numpy(), v.numpy())
+    with pytest.raises(TypeError, match="k: expected a NumPy array, as q is"):
+        sdpa.attention(q.numpy(), k, v)
     with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
         sdpa.attention(q.double(), k, v)
     with pytest.raises(TypeError, match="float32, float16 or bfloat16"):

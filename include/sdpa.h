@@ -276,7 +276,14 @@ SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const f
  *     |error dv_jc| <= 1e-5 sum_i P_ij |dout_ic|,
  *     |error dk_jc| <= 1e-5 |scale| sum_i E_ij |q_ic|,
  *     |error dq_ic| <= 1e-5 |scale| sum_j E_ij |k_jc|,
- * each plus 1e-30. ---- */
+ * each plus 1e-30 (measured worst, over every backend and both exp modes: 1.5e-6 for dv, 2.4e-7
+ * for dk and dq, in those units). With another scale the bounds grow with the scores, whose
+ * rounding moves P: times max(1, |scale| sqrt(d_k)), their standard deviation for unit-normal
+ * q and k.
+ * Memory and threads: nothing is allocated; each task's tiles are on its thread's stack (about
+ * 50 KiB). A task is one (batch, kv head), or the whole batch or head axis when a gradient is
+ * summed over it, so a call has batch * heads_kv tasks at most: a single head runs on one
+ * thread. ---- */
 
 /* Gradients of out = attention(q, k, v) given dout. Written, not accumulated. Strides in floats,
  * [batch][head][row] as in sdpa_mha_desc; rows contiguous. */
@@ -371,7 +378,8 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
                                               const float *lse_b, size_t rows, size_t d_v,
                                               size_t out_stride, size_t out_b_stride);
 
-/* ---- Threads. An attention call (sdpa_attention_f32, sdpa_mha_f32, sdpa_mha) splits its work
+/* ---- Threads. An attention call (sdpa_attention_f32, sdpa_mha_f32, sdpa_mha, and the backward,
+ *      sdpa_mha_backward_f32, whose tasks its own section states) splits its work
  *      into tasks by the shape alone, never by the thread count, and runs them on the built-in
  *      pool or on the host's parallel_for, so its results are bitwise identical for every
  *      thread count, 1 included, and every scheduler.

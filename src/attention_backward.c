@@ -68,6 +68,7 @@ typedef struct key_block {
     const float *k, *v;
     float *dk, *dv;
     size_t k0, nk;
+    int k_finite; /* its k rows hold no inf or NaN: 1, 0, or -1 until a tile needs to know */
 } key_block;
 
 /* The stack tiles of a task. */
@@ -101,7 +102,7 @@ static inline int pair_counts(const attention_problem *p, const head *h, size_t 
 }
 
 /* The tile of nq query rows from q0 of head h against key block kb. */
-static void backward_tile(const backward_run *run, tiles *t, const head *h, const key_block *kb,
+static void backward_tile(const backward_run *run, tiles *t, const head *h, key_block *kb,
                           size_t q0, size_t nq) {
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
@@ -213,8 +214,8 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, cons
                         t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
         }
     }
-    if (clean || (rows_finite(q, nq, qs, d_k) && rows_finite(dout, nq, dos, d_v) &&
-                  rows_finite(kb->k, nk, ks, d_k))) {
+    if (!clean && kb->k_finite < 0) kb->k_finite = rows_finite(kb->k, kb->nk, ks, d_k);
+    if (clean || (kb->k_finite && rows_finite(q, nq, qs, d_k) && rows_finite(dout, nq, dos, d_v))) {
         a->pv_tile(kb->dv, bp->dv_stride[2], t->s, QT, nk, nq, dout, dos, d_v);
         a->pv_tile(kb->dk, bp->dk_stride[2], t->ds, QT, nk, nq, q, qs, d_k);
         a->pv_tile_t(dq, bp->dq_stride[2], t->ds, QT, nq, nk, kb->k, ks, d_k);
@@ -268,6 +269,7 @@ static void backward_kv_head(const backward_run *run, tiles *t, size_t b, size_t
         kb.v = v + k0 * p->v_stride[2];
         kb.dk = dk + k0 * bp->dk_stride[2];
         kb.dv = dv + k0 * bp->dv_stride[2];
+        kb.k_finite = -1;
         /* causal: rows before k0 + len_q - len_kv do not see the block */
         size_t first = 0;
         if (p->causal && k0 + p->len_q > p->len_kv) first = k0 + p->len_q - p->len_kv;

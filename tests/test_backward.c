@@ -4,6 +4,7 @@
  * K/V, causal with len_q != len_kv, masks with -inf and fully masked rows, the special-value
  * rules, the argument checks (nothing written on error), and the same bits at every thread
  * count and under a host's scheduler. */
+#include <fenv.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -453,6 +454,47 @@ Test(backward, plugin_table) {
     const sdpa_api *api = sdpa_get_api(SDPA_ABI_VERSION);
     cr_assert(api && SDPA_API_HAS(api, mha_backward_f32));
     cr_assert_eq(api->mha_backward_f32, sdpa_mha_backward_f32);
+}
+
+/* ---- the floating-point environment ---- */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+/* rounding, FTZ, DAZ and the exception masks (not the sticky flags) */
+static uint64_t control_word(void) { return _mm_getcsr() & 0xffc0u; }
+#elif defined(__aarch64__)
+static uint64_t control_word(void) {
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    return fpcr;
+}
+#else
+static uint64_t control_word(void) { return 0; }
+#endif
+
+/* Under each directed rounding mode and with FTZ/DAZ the bounds hold and the control word is the
+ * caller's after the call. */
+BACKEND_TEST(backward, any_rounding_mode_and_ftz) {
+    static const struct {
+        int round, ftz;
+    } ENVS[] = {{FE_UPWARD, 0}, {FE_DOWNWARD, 0}, {FE_TOWARDZERO, 0}, {FE_TONEAREST, 1}};
+    rng r = rng_seed(2409);
+    const bw_case c = {1, 4, 2, 45, 150, 40, 24, 1, 0, 1, 0, 0};
+    for (size_t e = 0; e < sizeof ENVS / sizeof ENVS[0]; e++) {
+        bw_data x;
+        cr_assert_eq(fesetround(ENVS[e].round), 0);
+        set_ftz_daz(ENVS[e].ftz);
+        const uint64_t before = control_word();
+        bw_setup(&r, &c, &x);
+        const sdpa_status st = bw_run(&x);
+        const uint64_t after = control_word();
+        fesetround(FE_TONEAREST);
+        set_ftz_daz(0);
+        cr_assert_eq(st, SDPA_OK);
+        cr_assert_eq(after, before, "environment %zu: the control word changed", e);
+        bw_check(&x);
+        bw_free(&x);
+    }
 }
 
 /* ---- threads ---- */

@@ -518,6 +518,9 @@ BACKEND_TEST(backward, same_bits_at_any_thread_count) {
         {2, 4, 2, 70, 90, 32, 32, 1, 0, 0, 0, 0},
         {3, 2, 1, 40, 100, 24, 40, 0, 1, 1, 0, 0},
         {3, 4, 2, 30, 60, 16, 16, 1, 0, 0, 1, 0},
+        /* one unit: its keys in chunks, dq summed from partials */
+        {1, 2, 1, 70, 1500, 32, 24, 1, 0, 0, 0, 0},
+        {1, 1, 1, 40, 1100, 20, 20, 0, 0, 1, 0, 0},
     };
     for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
         bw_data x;

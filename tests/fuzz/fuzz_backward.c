@@ -45,7 +45,8 @@ typedef struct bcase {
 static size_t pick_len(fuzz_reader *r) {
     uint8_t b = fuzz_u8(r);
     if (b < 16) return b % 3;
-    if (b >= 250) return 120 + (size_t)b % 6 * 7; /* more than one tile of keys */
+    if (b >= 254) return 1000 + (size_t)b % 2 * 99; /* key chunks (few heads) */
+    if (b >= 250) return 120 + (size_t)b % 6 * 7;   /* more than one tile of keys */
     return (size_t)b % 41;
 }
 

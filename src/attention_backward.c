@@ -12,8 +12,9 @@
  *     dK  += dS^T Q               pv_tile
  *     dQ  += dS K                 pv_tile_t (the weights key-major)
  * dK and dV are added into their output rows, which stay in cache through the query blocks; dQ
- * into its rows, block of keys after block of keys. No len_q x len_kv matrix is formed and
- * nothing is allocated: a tile and its operands live on the stack (about 52 KiB).
+ * into its rows, block of keys after block of keys. No len_q x len_kv matrix is formed: a tile
+ * and its operands live on the stack (about 50 KiB), and only key chunks (below) use the
+ * workspace.
  *
  * A pair (query row, key) that must not count (causal, a mask entry of -inf, a row with lse
  * -inf, which saw no key) gets P = dS = 0 exactly. pv_tile forms every product, so a tile with
@@ -23,8 +24,9 @@
  *
  * Threads: a task owns the dk and dv rows of one (batch, kv head) and the dq rows of the query
  * heads that read it, zeroes them and adds into them in a fixed order; where a gradient's batch
- * or head stride is 0 (summed over that axis) one task takes the whole axis. Tasks are cut by
- * the shape alone, so the bits never depend on the thread count or the scheduler. */
+ * or head stride is 0 (summed over that axis) one task takes the whole axis; a call with few
+ * such units also cuts their keys into chunks ("key chunks" below). Tasks are cut by the shape
+ * alone, so the bits never depend on the thread count or the scheduler. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>

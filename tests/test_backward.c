@@ -458,20 +458,6 @@ Test(backward, plugin_table) {
 
 /* ---- the floating-point environment ---- */
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-/* rounding, FTZ, DAZ and the exception masks (not the sticky flags) */
-static uint64_t control_word(void) { return _mm_getcsr() & 0xffc0u; }
-#elif defined(__aarch64__)
-static uint64_t control_word(void) {
-    uint64_t fpcr;
-    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
-    return fpcr;
-}
-#else
-static uint64_t control_word(void) { return 0; }
-#endif
-
 /* Under each directed rounding mode and with FTZ/DAZ the bounds hold and the control word is the
  * caller's after the call. */
 BACKEND_TEST(backward, any_rounding_mode_and_ftz) {
@@ -484,10 +470,10 @@ BACKEND_TEST(backward, any_rounding_mode_and_ftz) {
         bw_data x;
         cr_assert_eq(fesetround(ENVS[e].round), 0);
         set_ftz_daz(ENVS[e].ftz);
-        const uint64_t before = control_word();
+        const uint64_t before = fp_control_word();
         bw_setup(&r, &c, &x);
         const sdpa_status st = bw_run(&x);
-        const uint64_t after = control_word();
+        const uint64_t after = fp_control_word();
         fesetround(FE_TONEAREST);
         set_ftz_daz(0);
         cr_assert_eq(st, SDPA_OK);

@@ -18,7 +18,8 @@ typedef struct bw_case {
     size_t batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v;
     int causal, bshd;
     int masked;       /* a random mask with -inf entries, and its row 0 all -inf */
-    int kv_broadcast; /* one k and v for the batch (batch stride 0), and so one dk and dv */
+    int kv_broadcast; /* 1: one k and v for the batch (batch stride 0); 2: for the kv heads (head
+                         stride 0); 3: both. dk and dv alike, so summed over that axis */
     float scale;      /* SDPA_DEFAULT_SCALE or another */
 } bw_case;
 
@@ -53,7 +54,8 @@ static void bw_setup(rng *r, const bw_case *c, bw_data *x) {
                      desc, c->batch, c->heads_q, c->heads_kv, c->len_q, c->len_kv, c->d_k, c->d_v,
                      c->scale, c->causal ? SDPA_CAUSAL : 0),
                  SDPA_OK);
-    if (c->kv_broadcast) desc->k_stride[0] = desc->v_stride[0] = 0;
+    if (c->kv_broadcast & 1) desc->k_stride[0] = desc->v_stride[0] = 0;
+    if (c->kv_broadcast & 2) desc->k_stride[1] = desc->v_stride[1] = 0;
     x->n_q = extent(desc->q_stride, c->batch, c->heads_q, c->len_q, c->d_k);
     x->n_out = extent(desc->out_stride, c->batch, c->heads_q, c->len_q, c->d_v);
     x->n_k = extent(desc->k_stride, c->batch, c->heads_kv, c->len_kv, c->d_k);
@@ -140,7 +142,8 @@ static void bw_check(const bw_data *x) {
     const bw_case *c = &x->c;
     const sdpa_mha_desc *desc = &x->desc;
     const sdpa_mha_grads *g = &x->grads;
-    const size_t group = c->heads_q / c->heads_kv, nb_kv = c->kv_broadcast ? 1 : c->batch;
+    const size_t group = c->heads_q / c->heads_kv, nb_kv = c->kv_broadcast & 1 ? 1 : c->batch;
+    const size_t nh_kv = c->kv_broadcast & 2 ? 1 : c->heads_kv;
     const size_t kd = c->len_kv * c->d_k, vd = c->len_kv * c->d_v;
     double *dk_sum = calloc(nb_kv * c->heads_kv * kd + 1, sizeof(double));
     double *tk_sum = calloc(nb_kv * c->heads_kv * kd + 1, sizeof(double));
@@ -154,7 +157,7 @@ static void bw_check(const bw_data *x) {
     const double scale = c->scale == 0.0f ? 1.0 / sqrt((double)c->d_k) : (double)c->scale;
     for (size_t b = 0; b < c->batch; b++)
         for (size_t h = 0; h < c->heads_q; h++) {
-            const size_t hk = h / group, bk = c->kv_broadcast ? 0 : b;
+            const size_t hk = h / group, bk = c->kv_broadcast & 1 ? 0 : b;
             double *q = head_rows(x->q + b * desc->q_stride[0] + h * desc->q_stride[1],
                                   desc->q_stride[2], c->len_q, c->d_k);
             double *k = head_rows(x->k + b * desc->k_stride[0] + hk * desc->k_stride[1],
@@ -170,7 +173,7 @@ static void bw_check(const bw_data *x) {
                 for (size_t col = 0; col < c->d_k; col++)
                     expect_close("dq", c, b, h, i, col, got_q[i * g->dq_stride[2] + col],
                                  dq[i * c->d_k + col], tq[i * c->d_k + col]);
-            const size_t at = bk * c->heads_kv + hk;
+            const size_t at = bk * c->heads_kv + (c->kv_broadcast & 2 ? 0 : hk);
             for (size_t e = 0; e < kd; e++) {
                 dk_sum[at * kd + e] += dk[e];
                 tk_sum[at * kd + e] += tk[e];
@@ -185,7 +188,7 @@ static void bw_check(const bw_data *x) {
             free(go);
         }
     for (size_t b = 0; b < nb_kv; b++)
-        for (size_t hk = 0; hk < c->heads_kv; hk++) {
+        for (size_t hk = 0; hk < nh_kv; hk++) {
             const size_t at = b * c->heads_kv + hk;
             const float *got_k = x->dk + b * g->dk_stride[0] + hk * g->dk_stride[1];
             const float *got_v = x->dv + b * g->dv_stride[0] + hk * g->dv_stride[1];
@@ -233,6 +236,7 @@ BACKEND_TEST(backward, small_shapes) {
         {2, 2, 2, 31, 47, 16, 16, 0, 0, 1, 0, 0},     {1, 2, 1, 45, 45, 20, 12, 1, 0, 1, 0, 0},
         {3, 2, 1, 20, 70, 24, 24, 1, 0, 0, 1, 0},     {2, 4, 2, 17, 33, 130, 136, 1, 0, 0, 0, 0},
         {1, 1, 1, 64, 128, 64, 64, 0, 0, 0, 0, 2.0f}, {1, 1, 1, 96, 96, 40, 40, 1, 0, 1, 0, -0.5f},
+        {2, 6, 3, 21, 40, 16, 24, 0, 1, 0, 2, 0},     {2, 4, 2, 19, 50, 24, 16, 1, 0, 1, 3, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&r, &cases[i]);
 }

@@ -347,7 +347,8 @@ static void backward_task(void *arg, size_t index) {
  * partials of chunks c >= 1 in a stack tile, added in chunk order. Every dk and dv row gets the
  * same tiles in the same order (query heads, then blocks of rows), and every dq row the same
  * partials, so the bits are those of the parallel path, at any thread count. Units own no
- * summed axis (task_b = task_h = 1), and d_k is at most CHUNK_MAX_D (the stack tile). */
+ * summed axis (task_b = task_h = 1, and dq not summed over query heads), and d_k is at most
+ * CHUNK_MAX_D (the stack tile). */
 #define CHUNK_KEYS   512
 #define CHUNK_TASKS  16
 #define CHUNK_MAX_D  256
@@ -431,8 +432,10 @@ static void chunk_unit_serial(const chunked *ch, size_t u) {
 static size_t chunks_for(const backward_run *run, size_t n_units) {
     const attention_problem *p = &run->bp->fwd;
     const size_t pieces = (p->len_kv + CHUNK_KEYS - 1) / CHUNK_KEYS;
-    if (run->task_b != 1 || run->task_h != 1 || p->d_k > CHUNK_MAX_D || pieces < 2 ||
-        n_units >= CHUNK_TASKS)
+    /* a unit's dq rows summed over its query heads (a head stride of 0) would take every
+       head's partials in another order on the two paths */
+    if (run->task_b != 1 || run->task_h != 1 || (p->heads_q > 1 && !run->bp->dq_stride[1]) ||
+        p->d_k > CHUNK_MAX_D || pieces < 2 || n_units >= CHUNK_TASKS)
         return 0;
     size_t n = (CHUNK_TASKS + n_units - 1) / n_units;
     if (n > pieces) n = pieces;

@@ -255,6 +255,58 @@ BACKEND_TEST(backward, long_and_wide) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&r, &cases[i]);
 }
 
+/* One q for every query head (head stride 0), and so one dq summed over them: MQA over enough
+ * keys for key chunks, at 1 and 2 threads. */
+BACKEND_TEST(backward, dq_summed_over_broadcast_q) {
+    enum { HQ = 3, LQ = 40, LK = 1100, D = 16 };
+    rng r = rng_seed(2410);
+    float *q = alloc_floats(LQ * D), *k = alloc_floats(LK * D), *v = alloc_floats(LK * D);
+    float *out = alloc_floats(HQ * LQ * D), *dout = alloc_floats(HQ * LQ * D);
+    float *dq = alloc_floats(LQ * D), *dq1 = alloc_floats(LQ * D), *dk = alloc_floats(LK * D);
+    float *dv = alloc_floats(LK * D), *lse = alloc_floats(HQ * LQ);
+    fill_normal(&r, q, LQ * D);
+    fill_normal(&r, k, LK * D);
+    fill_normal(&r, v, LK * D);
+    fill_normal(&r, dout, HQ * LQ * D);
+    sdpa_mha_desc d;
+    sdpa_mha_desc_dense(&d, 1, HQ, 1, LQ, LK, D, D, SDPA_DEFAULT_SCALE, SDPA_CAUSAL);
+    d.q_stride[1] = 0;
+    d.lse = lse;
+    d.lse_stride[0] = HQ * LQ;
+    d.lse_stride[1] = LQ;
+    cr_assert_eq(sdpa_mha_f32(&d, out, q, k, v), SDPA_OK);
+    sdpa_mha_grads g = {sizeof g, 0, dq, dk, dv, {LQ * D, 0, D}, {0}, {0}, dout, {0}};
+    memcpy(g.dk_stride, d.k_stride, sizeof g.dk_stride);
+    memcpy(g.dv_stride, d.v_stride, sizeof g.dv_stride);
+    memcpy(g.dout_stride, d.out_stride, sizeof g.dout_stride);
+    sdpa_set_num_threads(1);
+    cr_assert_eq(sdpa_mha_backward_f32(&d, &g, q, k, v, out), SDPA_OK);
+    memcpy(dq1, dq, LQ * D * sizeof(float));
+    sdpa_set_num_threads(2);
+    cr_assert_eq(sdpa_mha_backward_f32(&d, &g, q, k, v, out), SDPA_OK);
+    sdpa_set_num_threads(0);
+    cr_assert(memcmp(dq, dq1, LQ * D * sizeof(float)) == 0, "2 threads: other bits");
+    double *qd = head_rows(q, D, LQ, D), *kd = head_rows(k, D, LK, D), *vd = head_rows(v, D, LK, D);
+    double *want = calloc(LQ * D, sizeof(double)), *terms = calloc(LQ * D, sizeof(double));
+    double *gq = malloc(LQ * D * sizeof(double)), *tq = malloc(LQ * D * sizeof(double));
+    double *gk = malloc(LK * D * sizeof(double)), *gv = malloc(LK * D * sizeof(double));
+    cr_assert(want && terms && gq && tq && gk && gv);
+    for (size_t h = 0; h < HQ; h++) {
+        double *go = head_rows(dout + h * LQ * D, D, LQ, D);
+        ref_attention_grads(gq, gk, gv, NULL, tq, NULL, NULL, qd, kd, vd, go, NULL, LQ, LK, D, D,
+                            1.0 / sqrt((double)D), 1);
+        for (size_t e = 0; e < LQ * D; e++) want[e] += gq[e], terms[e] += tq[e];
+        free(go);
+    }
+    for (size_t e = 0; e < LQ * D; e++)
+        cr_assert(fabs(dq[e] - want[e]) <= 1e-5 * terms[e] + 1e-30, "dq[%zu] %.9g, want %.9g", e,
+                  dq[e], want[e]);
+    float *all[] = {q, k, v, out, dout, dq, dq1, dk, dv, lse};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+    double *alld[] = {qd, kd, vd, want, terms, gq, tq, gk, gv};
+    for (size_t i = 0; i < sizeof alld / sizeof alld[0]; i++) free(alld[i]);
+}
+
 /* ---- the reference itself ---- */
 
 static double loss(double *out, const double *q, const double *k, const double *v,

@@ -282,9 +282,10 @@ SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const f
  * Memory and threads: each task's tiles are on its thread's stack (about 50 KiB; 82 KiB on one
  * thread with key chunks). A unit is one (batch, kv head), or the whole batch or head axis when
  * a gradient is summed over it; its task owns the unit's dk and dv rows and the dq rows of the
- * query heads that read it, and nothing is allocated. A call with fewer than 16 units, at least
- * 1024 keys, d_k <= 256 and no summed axis also cuts each unit's keys into chunks of 512-key
- * pieces (as many as give about 16 tasks): a task then owns its chunk's dk and dv rows, and the
+ * query heads that read it, and nothing is allocated. A call with fewer than 16 units, more
+ * than 512 keys, d_k <= 256 and no summed axis (dq summed over query heads included) also cuts
+ * each unit's keys into chunks of whole 512-key pieces (as many as give about 16 tasks, within
+ * 16 MiB of partials): a task then owns its chunk's dk and dv rows, and the
  * dq sums of chunks after the first wait in the split-KV workspace (Threads below: it grows to
  * the largest call, at most 16 MiB here, and is kept) until they are added in chunk order.
  * With one thread, or when the workspace is busy or cannot grow, the call runs on its own

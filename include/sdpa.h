@@ -284,12 +284,12 @@ SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const f
  * a gradient is summed over it; its task owns the unit's dk and dv rows and the dq rows of the
  * query heads that read it, and nothing is allocated. A call with fewer than 16 units, more
  * than 512 keys, d_k <= 256 and no summed axis (dq summed over query heads included) also cuts
- * each unit's keys into chunks of whole 512-key pieces (as many as give about 16 tasks, within
- * 16 MiB of partials): a task then owns its chunk's dk and dv rows, and the
- * dq sums of chunks after the first wait in the split-KV workspace (Threads below: it grows to
- * the largest call, at most 16 MiB here, and is kept) until they are added in chunk order.
- * With one thread, or when the workspace is busy or cannot grow, the call runs on its own
- * thread, with the same sums in the same order and nothing allocated. ---- */
+ * each unit's keys into chunks of whole 512-key pieces, as many as give about 16 tasks: a task
+ * then owns its chunk's dk and dv rows, and the dq sums of the chunks after the first wait in
+ * the split-KV workspace (Threads below: it grows to the largest call and is kept; the
+ * backward asks for at most 16 MiB, fewer chunks where more would need more) until they are
+ * added in chunk order. With one thread, or when the workspace is busy or cannot grow, the call
+ * runs on its own thread, with the same sums in the same order and nothing allocated. ---- */
 
 /* Gradients of out = attention(q, k, v) given dout. Written, not accumulated. Strides in floats,
  * [batch][head][row] as in sdpa_mha_desc; rows contiguous. */

@@ -92,6 +92,20 @@ static int parse_shape(const char *text, att_shape *s) {
     return 1;
 }
 
+/* (query, key) pairs computed per head: causal skips the keys a row does not see */
+static double pairs_of(const att_shape *s) {
+    double pairs = 0;
+    for (size_t i = 0; i < s->len_q; i++) {
+        double seen = (double)s->len_kv;
+        if (s->flags & SDPA_CAUSAL) {
+            seen = (double)(i + 1 + s->len_kv) - (double)s->len_q;
+            seen = seen < 0 ? 0 : seen > (double)s->len_kv ? (double)s->len_kv : seen;
+        }
+        pairs += seen;
+    }
+    return pairs;
+}
+
 typedef struct att_state {
     const att_shape *shape;
     sdpa_mha_desc desc;
@@ -142,14 +156,7 @@ static void attention_prepare(job *j) {
     sdpa_mha_desc_dense(&st->desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->d,
                         s->d, SDPA_DEFAULT_SCALE, s->flags);
     st->desc.q_type = s->q_type, st->desc.kv_type = s->kv_type, st->desc.out_type = s->out_type;
-    for (size_t i = 0; i < s->len_q; i++) {
-        double seen = (double)s->len_kv;
-        if (s->flags & SDPA_CAUSAL) {
-            seen = (double)(i + 1 + s->len_kv) - (double)s->len_q;
-            seen = seen < 0 ? 0 : seen > (double)s->len_kv ? (double)s->len_kv : seen;
-        }
-        st->pairs += seen;
-    }
+    st->pairs = pairs_of(s);
     /* ns/elem is per (query, key) pair of every head */
     j->n = (size_t)st->pairs * s->batch * s->heads_q;
     sdpa_set_exp_mode("fast");
@@ -287,14 +294,7 @@ static void backward_prepare(job *j) {
     memcpy(g->dk_stride, d->k_stride, sizeof g->dk_stride);
     memcpy(g->dv_stride, d->v_stride, sizeof g->dv_stride);
     memcpy(g->dout_stride, d->out_stride, sizeof g->dout_stride);
-    for (size_t i = 0; i < s->len_q; i++) {
-        double seen = (double)s->len_kv;
-        if (s->flags & SDPA_CAUSAL) {
-            seen = (double)(i + 1 + s->len_kv) - (double)s->len_q;
-            seen = seen < 0 ? 0 : seen > (double)s->len_kv ? (double)s->len_kv : seen;
-        }
-        st->pairs += seen;
-    }
+    st->pairs = pairs_of(s);
     j->n = (size_t)st->pairs * s->batch * s->heads_q;
     sdpa_set_exp_mode("fast");
     use_scalar();

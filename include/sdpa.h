@@ -253,9 +253,8 @@ SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const f
  *     any gradient through the pair. A key that no row sees has dk and dv rows of zeros.
  *   - Otherwise NaN and inf propagate as in the sums above: an lse of NaN (a NaN output row)
  *     gives a NaN dq row and NaN in dk and dv of the keys the row sees.
- *   - Results are bitwise the same at every thread count and scheduler (Threads below): each
- *     task owns the dk and dv rows of its (batch, kv head) and the dq rows of the query heads
- *     that read it, and adds into them in a fixed order. A call allocates nothing.
+ *   - Results are bitwise the same at every thread count and scheduler (Threads below): every
+ *     gradient is summed in an order fixed by the shape (Memory and threads, below).
  * Errors (checked before any work; on error nothing is written):
  *   every error of sdpa_mha_f32 for desc, q, k, v and out (out is read here, as an input);
  *   SDPA_ERR_NULL  grads == NULL; with query rows (batch, heads_q, len_q > 0): desc->lse, out,
@@ -280,10 +279,17 @@ SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const f
  * for dk and dq, in those units). With another scale the bounds grow with the scores, whose
  * rounding moves P: times max(1, |scale| sqrt(d_k)), their standard deviation for unit-normal
  * q and k.
- * Memory and threads: nothing is allocated; each task's tiles are on its thread's stack (about
- * 50 KiB). A task is one (batch, kv head), or the whole batch or head axis when a gradient is
- * summed over it, so a call has batch * heads_kv tasks at most: a single head runs on one
- * thread. ---- */
+ * Memory and threads: each task's tiles are on its thread's stack (about 50 KiB; 82 KiB on one
+ * thread with key chunks). A unit is one (batch, kv head), or the whole batch or head axis when
+ * a gradient is summed over it; its task owns the unit's dk and dv rows and the dq rows of the
+ * query heads that read it, and nothing is allocated. A call with fewer than 16 units, more
+ * than 512 keys, d_k <= 256 and no summed axis (dq summed over query heads included) also cuts
+ * each unit's keys into chunks of whole 512-key pieces, as many as give about 16 tasks: a task
+ * then owns its chunk's dk and dv rows, and the dq sums of the chunks after the first wait in
+ * the split-KV workspace (Threads below: it grows to the largest call and is kept; the
+ * backward asks for at most 16 MiB, fewer chunks where more would need more) until they are
+ * added in chunk order. With one thread, or when the workspace is busy or cannot grow, the call
+ * runs on its own thread, with the same sums in the same order and nothing allocated. ---- */
 
 /* Gradients of out = attention(q, k, v) given dout. Written, not accumulated. Strides in floats,
  * [batch][head][row] as in sdpa_mha_desc; rows contiguous. */

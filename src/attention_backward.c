@@ -12,8 +12,9 @@
  *     dK  += dS^T Q               pv_tile
  *     dQ  += dS K                 pv_tile_t (the weights key-major)
  * dK and dV are added into their output rows, which stay in cache through the query blocks; dQ
- * into its rows, block of keys after block of keys. No len_q x len_kv matrix is formed and
- * nothing is allocated: a tile and its operands live on the stack (about 52 KiB).
+ * into its rows, block of keys after block of keys. No len_q x len_kv matrix is formed: a tile
+ * and its operands live on the stack (about 50 KiB), and only key chunks (below) use the
+ * workspace.
  *
  * A pair (query row, key) that must not count (causal, a mask entry of -inf, a row with lse
  * -inf, which saw no key) gets P = dS = 0 exactly. pv_tile forms every product, so a tile with
@@ -23,8 +24,9 @@
  *
  * Threads: a task owns the dk and dv rows of one (batch, kv head) and the dq rows of the query
  * heads that read it, zeroes them and adds into them in a fixed order; where a gradient's batch
- * or head stride is 0 (summed over that axis) one task takes the whole axis. Tasks are cut by
- * the shape alone, so the bits never depend on the thread count or the scheduler. */
+ * or head stride is 0 (summed over that axis) one task takes the whole axis; a call with few
+ * such units also cuts their keys into chunks ("key chunks" below). Tasks are cut by the shape
+ * alone, so the bits never depend on the thread count or the scheduler. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -57,10 +59,12 @@ typedef struct backward_run {
     size_t tasks_b, tasks_h; /* tasks along each axis */
 } backward_run;
 
-/* One query head's views. */
+/* One query head's views; dq is where its dq rows from dq_first on are summed (dq_row floats
+ * apart): the output rows (dq_first 0), or a key chunk's partial (below). */
 typedef struct head {
     const float *q, *out, *dout, *lse, *mask;
     float *dq;
+    size_t dq_row, dq_first;
 } head;
 
 /* One block of keys: its rows of k and v, and of dk and dv. */
@@ -111,7 +115,7 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, key_
     const size_t qs = p->q_stride[2], os = p->out_stride[2], dos = bp->dout_stride[2];
     const size_t ks = p->k_stride[2], vs = p->v_stride[2];
     const float *q = h->q + q0 * qs, *dout = h->dout + q0 * dos;
-    float *dq = h->dq + q0 * bp->dq_stride[2];
+    float *dq = h->dq + (q0 - h->dq_first) * h->dq_row;
     float lse[QT], dd[QT], zero[SDPA_ATTN_MAX_BLOCK_KV];
 
     /* causal: row q0 + i sees key k0 + j when k0 + j <= q0 + i + len_kv - len_q, that is
@@ -218,7 +222,7 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, key_
     if (clean || (kb->k_finite && rows_finite(q, nq, qs, d_k) && rows_finite(dout, nq, dos, d_v))) {
         a->pv_tile(kb->dv, bp->dv_stride[2], t->s, QT, nk, nq, dout, dos, d_v);
         a->pv_tile(kb->dk, bp->dk_stride[2], t->ds, QT, nk, nq, q, qs, d_k);
-        a->pv_tile_t(dq, bp->dq_stride[2], t->ds, QT, nq, nk, kb->k, ks, d_k);
+        a->pv_tile_t(dq, h->dq_row, t->ds, QT, nq, nk, kb->k, ks, d_k);
         return;
     }
     /* Non-finite rows: only the runs of pairs that count, along each key's row for dk and dv,
@@ -246,54 +250,70 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, key_
             }
             const size_t j0 = j;
             while (j < nk && pair_counts(p, h, q0, kb->k0, i, j, diag)) j++;
-            a->pv_tile(dq + i * bp->dq_stride[2], 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks,
-                       d_k);
+            a->pv_tile(dq + i * h->dq_row, 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks, d_k);
         }
     }
 }
 
-/* Everything that reads kv head hk of batch entry b. */
-static void backward_kv_head(const backward_run *run, tiles *t, size_t b, size_t hk) {
+/* Query head g of kv head hk of batch entry b, its dq rows summed into the output. */
+static void head_of(const backward_run *run, size_t b, size_t hk, size_t g, head *h) {
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
-    const float *k = (const float *)p->k + b * p->k_stride[0] + hk * p->k_stride[1];
-    const float *v = (const float *)p->v + b * p->v_stride[0] + hk * p->v_stride[1];
-    float *dk = bp->dk + b * bp->dk_stride[0] + hk * bp->dk_stride[1];
-    float *dv = bp->dv + b * bp->dv_stride[0] + hk * bp->dv_stride[1];
-    const float *q = p->q, *out = p->out; /* f32 views (checked) */
-    for (size_t k0 = 0; k0 < p->len_kv; k0 += run->keys) {
+    const size_t hq = hk * run->group + g;
+    h->q = (const float *)p->q + b * p->q_stride[0] + hq * p->q_stride[1];
+    h->out = (const float *)p->out + b * p->out_stride[0] + hq * p->out_stride[1];
+    h->dout = bp->dout + b * bp->dout_stride[0] + hq * bp->dout_stride[1];
+    h->lse = p->lse + b * p->lse_stride[0] + hq * p->lse_stride[1];
+    h->mask = p->mask ? p->mask + b * p->mask_stride[0] + hq * p->mask_stride[1] : NULL;
+    h->dq = bp->dq + b * bp->dq_stride[0] + hq * bp->dq_stride[1];
+    h->dq_row = bp->dq_stride[2];
+    h->dq_first = 0;
+}
+
+/* The block of keys from k0 of kv head hk of batch entry b. */
+static void key_block_of(const backward_run *run, size_t b, size_t hk, size_t k0, key_block *kb) {
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    kb->k0 = k0;
+    kb->nk = p->len_kv - k0 < run->keys ? p->len_kv - k0 : run->keys;
+    kb->k = (const float *)p->k + b * p->k_stride[0] + hk * p->k_stride[1] + k0 * p->k_stride[2];
+    kb->v = (const float *)p->v + b * p->v_stride[0] + hk * p->v_stride[1] + k0 * p->v_stride[2];
+    kb->dk = bp->dk + b * bp->dk_stride[0] + hk * bp->dk_stride[1] + k0 * bp->dk_stride[2];
+    kb->dv = bp->dv + b * bp->dv_stride[0] + hk * bp->dv_stride[1] + k0 * bp->dv_stride[2];
+    kb->k_finite = -1;
+}
+
+/* The keys [k_begin, k_end) of kv head hk of batch entry b against every row of its query
+ * heads, block of keys by block of keys; the dq rows of query head g go to the output or, with
+ * partial, to partial + g len_q d_k (dense rows). */
+static void backward_keys(const backward_run *run, tiles *t, size_t b, size_t hk, size_t k_begin,
+                          size_t k_end, float *partial) {
+    const attention_problem *p = &run->bp->fwd;
+    for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
         key_block kb;
-        kb.k0 = k0;
-        kb.nk = p->len_kv - k0 < run->keys ? p->len_kv - k0 : run->keys;
-        kb.k = k + k0 * p->k_stride[2];
-        kb.v = v + k0 * p->v_stride[2];
-        kb.dk = dk + k0 * bp->dk_stride[2];
-        kb.dv = dv + k0 * bp->dv_stride[2];
-        kb.k_finite = -1;
+        key_block_of(run, b, hk, k0, &kb);
         /* causal: rows before k0 + len_q - len_kv do not see the block */
         size_t first = 0;
         if (p->causal && k0 + p->len_q > p->len_kv) first = k0 + p->len_q - p->len_kv;
         if (first >= p->len_q) break;
         for (size_t g = 0; g < run->group; g++) {
-            const size_t hq = hk * run->group + g;
             head h;
-            h.q = q + b * p->q_stride[0] + hq * p->q_stride[1];
-            h.out = out + b * p->out_stride[0] + hq * p->out_stride[1];
-            h.dout = bp->dout + b * bp->dout_stride[0] + hq * bp->dout_stride[1];
-            h.lse = p->lse + b * p->lse_stride[0] + hq * p->lse_stride[1];
-            h.mask = p->mask ? p->mask + b * p->mask_stride[0] + hq * p->mask_stride[1] : NULL;
-            h.dq = bp->dq + b * bp->dq_stride[0] + hq * bp->dq_stride[1];
+            head_of(run, b, hk, g, &h);
+            if (partial) {
+                h.dq = partial + g * p->len_q * p->d_k;
+                h.dq_row = p->d_k;
+            }
             for (size_t q0 = first / QT * QT; q0 < p->len_q; q0 += QT)
                 backward_tile(run, t, &h, &kb, q0, p->len_q - q0 < QT ? p->len_q - q0 : QT);
         }
     }
 }
 
-static void zero_rows(float *x, const size_t stride[3], size_t b, size_t h, size_t rows,
+static void zero_rows(float *x, const size_t stride[3], size_t b, size_t h, size_t r0, size_t rows,
                       size_t row) {
     if (!rows) return; /* x may be NULL then */
     float *base = x + b * stride[0] + h * stride[1];
-    for (size_t r = 0; r < rows; r++) memset(base + r * stride[2], 0, row * sizeof(float));
+    for (size_t r = r0; r < r0 + rows; r++) memset(base + r * stride[2], 0, row * sizeof(float));
 }
 
 /* Task index: its batch entries and kv heads, zeroed, then summed into. */
@@ -305,14 +325,123 @@ static void backward_task(void *arg, size_t index) {
     tiles t;
     for (size_t b = b0; b < b0 + run->task_b; b++)
         for (size_t hk = h0; hk < h0 + run->task_h; hk++) {
-            zero_rows(bp->dk, bp->dk_stride, b, hk, p->len_kv, p->d_k);
-            zero_rows(bp->dv, bp->dv_stride, b, hk, p->len_kv, p->d_v);
+            zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
+            zero_rows(bp->dv, bp->dv_stride, b, hk, 0, p->len_kv, p->d_v);
             for (size_t g = 0; g < run->group; g++)
-                zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, p->len_q, p->d_k);
+                zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, 0, p->len_q, p->d_k);
         }
     if (!p->len_q || !p->len_kv) return;
     for (size_t b = b0; b < b0 + run->task_b; b++)
-        for (size_t hk = h0; hk < h0 + run->task_h; hk++) backward_kv_head(run, &t, b, hk);
+        for (size_t hk = h0; hk < h0 + run->task_h; hk++)
+            backward_keys(run, &t, b, hk, 0, p->len_kv, NULL);
+}
+
+/* ---- key chunks ----
+ *
+ * A call with few (batch, kv head) units (one head, say) also cuts each unit's keys into chunks
+ * of whole CHUNK_KEYS pieces, as many as give about CHUNK_TASKS tasks. Task (unit, chunk c)
+ * writes the dk and dv rows of its keys, and its share of dq: chunk 0 into the output rows,
+ * chunk c >= 1 into a partial of the workspace; the partials are then added to dq in chunk
+ * order. Without the workspace (another call holds it), the unit runs on the calling thread in
+ * another order with the same sums: each block of 32 query rows takes its chunks in turn, the
+ * partials of chunks c >= 1 in a stack tile, added in chunk order. Every dk and dv row gets the
+ * same tiles in the same order (query heads, then blocks of rows), and every dq row the same
+ * partials, so the bits are those of the parallel path, at any thread count. Units own no
+ * summed axis (task_b = task_h = 1, and dq not summed over query heads), and d_k is at most
+ * CHUNK_MAX_D (the stack tile). */
+#define CHUNK_KEYS   512
+#define CHUNK_TASKS  16
+#define CHUNK_MAX_D  256
+#define CHUNK_FLOATS ((size_t)1 << 22) /* at most this workspace (16 MiB): else no chunks */
+
+typedef struct chunked {
+    const backward_run *run;
+    size_t n_chunks, chunk_keys;
+    size_t part; /* floats of one (unit, chunk >= 1) partial: group * len_q * d_k */
+    float *ws;   /* the partials, unit by unit, chunks 1.. in order */
+} chunked;
+
+static void chunk_task(void *arg, size_t index) {
+    const chunked *ch = arg;
+    const backward_run *run = ch->run;
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const size_t u = index / ch->n_chunks, c = index % ch->n_chunks;
+    const size_t b = u / run->tasks_h, hk = u % run->tasks_h;
+    const size_t k_begin = c * ch->chunk_keys;
+    const size_t k_end =
+        k_begin + ch->chunk_keys < p->len_kv ? k_begin + ch->chunk_keys : p->len_kv;
+    float *partial = c ? ch->ws + (u * (ch->n_chunks - 1) + c - 1) * ch->part : NULL;
+    tiles t;
+    zero_rows(bp->dk, bp->dk_stride, b, hk, k_begin, k_end - k_begin, p->d_k);
+    zero_rows(bp->dv, bp->dv_stride, b, hk, k_begin, k_end - k_begin, p->d_v);
+    if (partial)
+        memset(partial, 0, ch->part * sizeof(float));
+    else
+        for (size_t g = 0; g < run->group; g++)
+            zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, 0, p->len_q, p->d_k);
+    backward_keys(run, &t, b, hk, k_begin, k_end, partial);
+}
+
+/* rows x d floats: dst (dst_row apart) += src (src_row apart) */
+static void add_rows(float *dst, size_t dst_row, const float *src, size_t src_row, size_t rows,
+                     size_t d) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < d; c++) dst[r * dst_row + c] += src[r * src_row + c];
+}
+
+/* Unit u on the calling thread, query block by query block (see above). */
+static void chunk_unit_serial(const chunked *ch, size_t u) {
+    const backward_run *run = ch->run;
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const size_t b = u / run->tasks_h, hk = u % run->tasks_h;
+    tiles t;
+    float acc[QT * CHUNK_MAX_D];
+    zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
+    zero_rows(bp->dv, bp->dv_stride, b, hk, 0, p->len_kv, p->d_v);
+    for (size_t g = 0; g < run->group; g++) {
+        head h;
+        head_of(run, b, hk, g, &h);
+        zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, 0, p->len_q, p->d_k);
+        for (size_t q0 = 0; q0 < p->len_q; q0 += QT) {
+            const size_t nq = p->len_q - q0 < QT ? p->len_q - q0 : QT;
+            for (size_t c = 0; c < ch->n_chunks; c++) {
+                head hc = h;
+                if (c) { /* the chunk's partial of these rows */
+                    memset(acc, 0, nq * p->d_k * sizeof(float));
+                    hc.dq = acc;
+                    hc.dq_row = p->d_k;
+                    hc.dq_first = q0;
+                }
+                const size_t k_begin = c * ch->chunk_keys;
+                const size_t k_end =
+                    k_begin + ch->chunk_keys < p->len_kv ? k_begin + ch->chunk_keys : p->len_kv;
+                for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
+                    key_block kb;
+                    key_block_of(run, b, hk, k0, &kb);
+                    backward_tile(run, &t, &hc, &kb, q0, nq);
+                }
+                if (c) add_rows(h.dq + q0 * h.dq_row, h.dq_row, acc, p->d_k, nq, p->d_k);
+            }
+        }
+    }
+}
+
+/* The chunks of a call with few units, or 0 (no chunks). */
+static size_t chunks_for(const backward_run *run, size_t n_units) {
+    const attention_problem *p = &run->bp->fwd;
+    const size_t pieces = (p->len_kv + CHUNK_KEYS - 1) / CHUNK_KEYS;
+    /* a unit's dq rows summed over its query heads (a head stride of 0) would take every
+       head's partials in another order on the two paths */
+    if (run->task_b != 1 || run->task_h != 1 || (p->heads_q > 1 && !run->bp->dq_stride[1]) ||
+        p->d_k > CHUNK_MAX_D || pieces < 2 || n_units >= CHUNK_TASKS)
+        return 0;
+    size_t n = (CHUNK_TASKS + n_units - 1) / n_units;
+    if (n > pieces) n = pieces;
+    const size_t part = run->group * p->len_q * p->d_k;
+    while (n > 1 && (n - 1) * n_units > CHUNK_FLOATS / part) n--;
+    return n > 1 ? n : 0;
 }
 
 static void backward_run_all(const backward_problem *bp) {
@@ -336,16 +465,40 @@ static void backward_run_all(const backward_problem *bp) {
     run.task_h = all_h ? p->heads_kv : 1;
     run.tasks_b = p->batch / run.task_b;
     run.tasks_h = p->heads_kv / run.task_h;
-    const size_t n_tasks = run.tasks_b * run.tasks_h;
+    const size_t n_units = run.tasks_b * run.tasks_h;
     /* four products of len_q x len_kv pairs over d, and the scores */
     const double work = (double)p->batch * (double)p->heads_q * (double)p->len_q *
                         (double)p->len_kv * (double)(2 * p->d_k + 3 * p->d_v);
     const size_t threads = sdpa_threads_for_call();
-    if (threads > 1 && n_tasks > 1 && work >= (double)SDPA_PARALLEL_MIN_WORK) {
-        sdpa_parallel_run(backward_task, &run, n_tasks, threads);
+    const int parallel = threads > 1 && work >= (double)SDPA_PARALLEL_MIN_WORK;
+    const size_t n_chunks = p->len_q ? chunks_for(&run, n_units) : 0;
+    if (n_chunks) {
+        chunked ch = {&run, n_chunks, 0, run.group * p->len_q * p->d_k, NULL};
+        ch.chunk_keys = (p->len_kv + CHUNK_KEYS - 1) / CHUNK_KEYS;
+        ch.chunk_keys = (ch.chunk_keys + n_chunks - 1) / n_chunks * CHUNK_KEYS;
+        if (parallel && (ch.ws = sdpa_workspace_acquire(n_units * (n_chunks - 1) * ch.part))) {
+            sdpa_parallel_run(chunk_task, &ch, n_units * n_chunks, threads);
+            for (size_t u = 0; u < n_units; u++)
+                for (size_t g = 0; g < run.group; g++) {
+                    head h;
+                    head_of(&run, u / run.tasks_h, u % run.tasks_h, g, &h);
+                    for (size_t c = 1; c < n_chunks; c++)
+                        add_rows(h.dq, h.dq_row,
+                                 ch.ws + (u * (n_chunks - 1) + c - 1) * ch.part +
+                                     g * p->len_q * p->d_k,
+                                 p->d_k, p->len_q, p->d_k);
+                }
+            sdpa_workspace_release();
+            return;
+        }
+        for (size_t u = 0; u < n_units; u++) chunk_unit_serial(&ch, u);
         return;
     }
-    for (size_t i = 0; i < n_tasks; i++) backward_task(&run, i);
+    if (parallel && n_units > 1) {
+        sdpa_parallel_run(backward_task, &run, n_units, threads);
+        return;
+    }
+    for (size_t i = 0; i < n_units; i++) backward_task(&run, i);
 }
 
 SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa_mha_grads *grads,

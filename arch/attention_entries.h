@@ -41,6 +41,12 @@ static void ISA_NAME(pv_tile)(float *acc, size_t ld_acc, const float *p, size_t 
     isa_pv(&o);
 }
 
+static void ISA_NAME(pv_tile_t)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                                size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    const pv_operands o = {acc, ld_acc, p, 1, ld_p, NULL, nq, nk, v, v_stride, d_v};
+    isa_pv(&o);
+}
+
 #ifdef SDPA_ARCH_ATTENTION_PACKED_H
 
 static void ISA_NAME(pack_q)(float *qt, const float *q, size_t q_stride, size_t nq, size_t d) {
@@ -92,6 +98,7 @@ const sdpa_attention_kernels ISA_NAME(sdpa_attention_kernels) = {
     .block_kv = BLOCK_KV,
     .scores_tile = ISA_NAME(scores_tile),
     .pv_tile = ISA_NAME(pv_tile),
+    .pv_tile_t = ISA_NAME(pv_tile_t),
 #ifdef SDPA_ARCH_ATTENTION_PACKED_H
 #ifdef ISA_EXP_TILE
     .exp_tile = {ISA_NAME(exp_tile_fast), ISA_NAME(exp_tile_sleef)},

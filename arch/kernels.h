@@ -42,6 +42,13 @@ typedef struct sdpa_attention_kernels {
        the keys that must not count instead of passing them a zero weight */
     void (*pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq, size_t nk,
                     const float *v, size_t v_stride, size_t d_v);
+    /* pv_tile with the weights key-major: acc[i * ld_acc + c] += sum_j p[j * ld_p + i] *
+       v[j * v_stride + c], every product formed as in pv_tile; any nq and nk. p is 64-byte
+       aligned and ld_p a multiple of 16, as in a key-major tile (sse loads four rows' weights
+       with one aligned load). The backward's dQ += dS K, from the dS^T tile that its dK and dV
+       products read row by row. */
+    void (*pv_tile_t)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq, size_t nk,
+                      const float *v, size_t v_stride, size_t d_v);
     /* optional (NULL: the driver calls exp_sum row by row): s[i * ld_s + j] =
        exp(s[i * ld_s + j] - shift[i]), the difference rounded to float, and sums[i] = the sum of
        row i after, for i < nq, j < nk; one call for a whole tile keeps many independent exps in
@@ -65,7 +72,8 @@ typedef struct sdpa_attention_kernels {
        of nq queries (qt from pack_q) against nk keys that every one of them sees, with no mask,
        in two halves around the driver's bookkeeping (the new maxima m_new[i] = max(m[i],
        tile_max[i]), the check that they are finite, and the update of m and l).
-       scores_max: st[j * SDPA_ATTN_MAX_BLOCK_Q + i] = s_ij = scale * dot(q_i, k_j), the dot
+       scores_max (nk up to SDPA_ATTN_MAX_BLOCK_KV, which the backward's tiles take):
+       st[j * SDPA_ATTN_MAX_BLOCK_Q + i] = s_ij = scale * dot(q_i, k_j), the dot
        finished before the multiply (as scores_packed), for j < nk, i < nq (key-major, as a
        packed GEMM leaves it; the rows past nq are the backend's own business), and
        tile_max[i] = max_j s_ij for i < nq, the max of the scaled scores (a negative scale

@@ -1,4 +1,5 @@
-/* The attention op of the benchmark: sdpa_mha on shapes in the benchdnn style, f32 or 16-bit. */
+/* The attention ops of the benchmark: sdpa_mha on shapes in the benchdnn style, f32 or 16-bit,
+ * and the backward pass, sdpa_mha_backward_f32, on the same shapes in f32. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -91,6 +92,20 @@ static int parse_shape(const char *text, att_shape *s) {
     return 1;
 }
 
+/* (query, key) pairs computed per head: causal skips the keys a row does not see */
+static double pairs_of(const att_shape *s) {
+    double pairs = 0;
+    for (size_t i = 0; i < s->len_q; i++) {
+        double seen = (double)s->len_kv;
+        if (s->flags & SDPA_CAUSAL) {
+            seen = (double)(i + 1 + s->len_kv) - (double)s->len_q;
+            seen = seen < 0 ? 0 : seen > (double)s->len_kv ? (double)s->len_kv : seen;
+        }
+        pairs += seen;
+    }
+    return pairs;
+}
+
 typedef struct att_state {
     const att_shape *shape;
     sdpa_mha_desc desc;
@@ -141,14 +156,7 @@ static void attention_prepare(job *j) {
     sdpa_mha_desc_dense(&st->desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->d,
                         s->d, SDPA_DEFAULT_SCALE, s->flags);
     st->desc.q_type = s->q_type, st->desc.kv_type = s->kv_type, st->desc.out_type = s->out_type;
-    for (size_t i = 0; i < s->len_q; i++) {
-        double seen = (double)s->len_kv;
-        if (s->flags & SDPA_CAUSAL) {
-            seen = (double)(i + 1 + s->len_kv) - (double)s->len_q;
-            seen = seen < 0 ? 0 : seen > (double)s->len_kv ? (double)s->len_kv : seen;
-        }
-        st->pairs += seen;
-    }
+    st->pairs = pairs_of(s);
     /* ns/elem is per (query, key) pair of every head */
     j->n = (size_t)st->pairs * s->batch * s->heads_q;
     sdpa_set_exp_mode("fast");
@@ -238,3 +246,113 @@ int attention_set_shape(size_t index, const char *text) {
 }
 
 void attention_use_shapes(size_t n) { n_attention_shapes = n; }
+
+/* ---- backward: sdpa_mha_backward_f32 on the f32 values of an attention shape ----
+ * The forward (untimed, in prepare) gives out and lse; the upstream gradient is uniform in
+ * [-1, 1). The reference is the scalar backend's gradients. */
+
+typedef struct bwd_state {
+    const att_shape *shape;
+    sdpa_mha_desc desc;
+    sdpa_mha_grads grads;
+    float *q, *k, *v, *out, *dout, *lse;
+    size_t n_q, n_kv;
+    double pairs;
+    float ref_max; /* max |reference gradient| */
+} bwd_state;
+
+static void backward_prepare(job *j) {
+    bwd_state *st = calloc(1, sizeof *st);
+    if (!st) exit(2);
+    const att_shape *s = st->shape = &attention_shapes[j->n - 1];
+    j->extra = st;
+    /* the shape's name without its types, which the backward does not take */
+    char kv[24] = "";
+    if (s->heads_kv != s->heads_q) snprintf(kv, sizeof kv, "kv%zu", s->heads_kv);
+    snprintf(j->size_label, sizeof j->size_label, "b%zuh%zu%sq%zuk%zud%zu%s", s->batch, s->heads_q,
+             kv, s->len_q, s->len_kv, s->d, s->flags & SDPA_CAUSAL ? "causal" : "");
+    st->n_q = s->batch * s->heads_q * s->len_q * s->d;
+    st->n_kv = s->batch * s->heads_kv * s->len_kv * s->d;
+    st->q = xalloc(st->n_q), st->k = xalloc(st->n_kv), st->v = xalloc(st->n_kv);
+    st->out = xalloc(st->n_q), st->dout = xalloc(st->n_q);
+    st->lse = xalloc(s->batch * s->heads_q * s->len_q);
+    fill(st->q, st->n_q, -1, 1), fill(st->k, st->n_kv, -1, 1), fill(st->v, st->n_kv, -1, 1);
+    fill(st->dout, st->n_q, -1, 1);
+    /* dq, dk, dv one after another in y (and ref) */
+    j->y_len = st->n_q + 2 * st->n_kv;
+    j->y = xalloc(j->y_len), j->ref = xalloc(j->y_len);
+    sdpa_mha_desc *d = &st->desc;
+    sdpa_mha_desc_dense(d, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->d, s->d,
+                        SDPA_DEFAULT_SCALE, s->flags);
+    d->lse = st->lse;
+    d->lse_stride[0] = s->heads_q * s->len_q;
+    d->lse_stride[1] = s->len_q;
+    sdpa_mha_grads *g = &st->grads;
+    g->struct_size = sizeof *g;
+    g->dout = st->dout;
+    memcpy(g->dq_stride, d->q_stride, sizeof g->dq_stride);
+    memcpy(g->dk_stride, d->k_stride, sizeof g->dk_stride);
+    memcpy(g->dv_stride, d->v_stride, sizeof g->dv_stride);
+    memcpy(g->dout_stride, d->out_stride, sizeof g->dout_stride);
+    st->pairs = pairs_of(s);
+    j->n = (size_t)st->pairs * s->batch * s->heads_q;
+    sdpa_set_exp_mode("fast");
+    use_scalar();
+    g->dq = j->ref, g->dk = j->ref + st->n_q, g->dv = j->ref + st->n_q + st->n_kv;
+    if (sdpa_mha_f32(d, st->out, st->q, st->k, st->v) != SDPA_OK ||
+        sdpa_mha_backward_f32(d, g, st->q, st->k, st->v, st->out) != SDPA_OK) {
+        fprintf(stderr, "bench: sdpa_mha_backward_f32 refused %s\n", s->name);
+        exit(2);
+    }
+    for (size_t i = 0; i < j->y_len; i++)
+        st->ref_max = fabsf(j->ref[i]) > st->ref_max ? fabsf(j->ref[i]) : st->ref_max;
+    g->dq = j->y, g->dk = j->y + st->n_q, g->dv = j->y + st->n_q + st->n_kv;
+}
+
+static void backward_run(enum kind kind, job *j, size_t iters) {
+    bwd_state *st = j->extra;
+    if (kind != KIND_SDPA) return;
+    for (size_t i = 0; i < iters; i++)
+        sdpa_mha_backward_f32(&st->desc, &st->grads, st->q, st->k, st->v, st->out);
+    j->sink += j->y[0];
+}
+
+/* Each gradient within 1e-4 of the largest against the scalar backend's: the backends sum in
+ * other orders (sdpa.h states each output's bound against the exact gradient). */
+static int backward_verify(const job *j, int exp_index) {
+    (void)exp_index;
+    const bwd_state *st = j->extra;
+    for (size_t i = 0; i < j->y_len; i++)
+        if (!(fabs((double)j->y[i] - j->ref[i]) <= 1e-4 * st->ref_max)) return 0;
+    return 1;
+}
+
+/* Five products of two flops per (query, key) pair and column (FlashAttention-2's count); Q, K,
+ * V, out, dout read and dQ, dK, dV written. */
+static void backward_cost(const job *j, double *flops, double *bytes, double *working_set) {
+    const bwd_state *st = j->extra;
+    const att_shape *s = st->shape;
+    *flops = 10 * (double)(s->batch * s->heads_q) * st->pairs * (double)s->d;
+    *bytes = *working_set = 4.0 * (4 * (double)st->n_q + 4 * (double)st->n_kv);
+}
+
+static void backward_release(job *j) {
+    bwd_state *st = j->extra;
+    free(st->q), free(st->k), free(st->v), free(st->out), free(st->dout), free(st->lse), free(st);
+}
+
+/* The f32 prefill shapes of the attention op (1-based indices), every type ignored. */
+const op_def BACKWARD_OP = {
+    .name = "backward",
+    .sizes = {4, 5, 6, 7, 8},
+    .smoke_sizes = {ATT_SMOKE_FIRST},
+    .peers = {KIND_NONE, KIND_NONE},
+    .exp_modes = 1,
+    .plot_unit = "GFLOP/s",
+    .shaped = 1,
+    .prepare = backward_prepare,
+    .run = backward_run,
+    .verify = backward_verify,
+    .cost = backward_cost,
+    .release = backward_release,
+};

@@ -1,6 +1,6 @@
-/* sdpa bench: a quick timing of dot, softmax and the fused attention (f32, and over f16 and bf16
- * K/V) on every backend this CPU runs, with the speedup over scalar. The full benchmark is
- * bench/. */
+/* sdpa bench: a quick timing of dot, softmax, the fused attention (f32, and over f16 and bf16
+ * K/V) and its backward pass on every backend this CPU runs, with the speedup over scalar. The
+ * full benchmark is bench/. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +24,27 @@ typedef struct bench_data {
     sdpa_dtype kv_type; /* f32: sdpa_attention_f32 over k, v; else sdpa_mha over k16, v16 */
     float *q, *k, *v, *out;
     uint16_t *k16, *v16;
+    /* backward: the upstream gradient, the forward's lse, the gradients */
+    float *dout, *lse, *dq, *dk, *dv;
 } bench_data;
 
-enum { KERNEL_DOT, KERNEL_SOFTMAX, KERNEL_ATTENTION };
-static const char *const KERNEL_NAMES[] = {"dot", "softmax", "attention"};
+enum { KERNEL_DOT, KERNEL_SOFTMAX, KERNEL_ATTENTION, KERNEL_BACKWARD };
+static const char *const KERNEL_NAMES[] = {"dot", "softmax", "attention", "backward"};
+
+/* One dense head of bd's shape, with lse, and its gradients' views. */
+static void backward_views(const bench_data *bd, sdpa_mha_desc *desc, sdpa_mha_grads *g) {
+    api->mha_desc_dense(desc, 1, 1, 1, bd->lq, bd->lkv, bd->d, bd->d, SDPA_DEFAULT_SCALE,
+                        bd->flags);
+    desc->lse = bd->lse;
+    desc->lse_stride[0] = desc->lse_stride[1] = bd->lq;
+    memset(g, 0, sizeof *g);
+    g->struct_size = sizeof *g;
+    g->dq = bd->dq, g->dk = bd->dk, g->dv = bd->dv, g->dout = bd->dout;
+    memcpy(g->dq_stride, desc->q_stride, sizeof g->dq_stride);
+    memcpy(g->dk_stride, desc->k_stride, sizeof g->dk_stride);
+    memcpy(g->dv_stride, desc->v_stride, sizeof g->dv_stride);
+    memcpy(g->dout_stride, desc->out_stride, sizeof g->dout_stride);
+}
 
 static void run_once(int kernel, bench_data *bd) {
     float r;
@@ -46,6 +63,13 @@ static void run_once(int kernel, bench_data *bd) {
             api->mha(&desc, bd->out, bd->q, bd->k16, bd->v16);
         }
         break;
+    case KERNEL_BACKWARD: {
+        sdpa_mha_desc desc;
+        sdpa_mha_grads g;
+        backward_views(bd, &desc, &g);
+        api->mha_backward_f32(&desc, &g, bd->q, bd->k, bd->v, bd->out);
+        break;
+    }
     }
 }
 
@@ -83,24 +107,28 @@ static double row_flops(const bench_row *row) {
     if (row->kernel == KERNEL_SOFTMAX) return 0; /* not a flop-bound kernel: ns/element */
     double pairs = (double)row->lq * (double)row->lkv;
     if (row->flags & SDPA_CAUSAL) pairs = (double)row->lq * ((double)row->lq + 1) / 2;
-    return 4.0 * pairs * (double)row->d; /* Q K^T and P V */
+    /* Q K^T and P V; the backward's five products (FlashAttention-2's count) */
+    return (row->kernel == KERNEL_BACKWARD ? 10.0 : 4.0) * pairs * (double)row->d;
 }
 
 int cmd_bench(int json) {
     static const size_t SIZES[] = {256, 4096, 65536};
     static const struct {
+        int kernel;
         size_t lq, lkv, d;
         uint32_t flags;
         sdpa_dtype kv_type;
-    } SHAPES[] = {{1, 4096, 128, 0, SDPA_F32},
-                  {1, 4096, 128, 0, SDPA_F16},
-                  {1, 4096, 128, 0, SDPA_BF16},
-                  {256, 256, 64, 0, SDPA_F32},
-                  {256, 256, 64, SDPA_CAUSAL, SDPA_F32}};
+    } SHAPES[] = {{KERNEL_ATTENTION, 1, 4096, 128, 0, SDPA_F32},
+                  {KERNEL_ATTENTION, 1, 4096, 128, 0, SDPA_F16},
+                  {KERNEL_ATTENTION, 1, 4096, 128, 0, SDPA_BF16},
+                  {KERNEL_ATTENTION, 256, 256, 64, 0, SDPA_F32},
+                  {KERNEL_ATTENTION, 256, 256, 64, SDPA_CAUSAL, SDPA_F32},
+                  {KERNEL_BACKWARD, 256, 256, 64, 0, SDPA_F32},
+                  {KERNEL_BACKWARD, 256, 256, 64, SDPA_CAUSAL, SDPA_F32}};
     static const char *const TYPE_TAGS[] = {"", " kvf16", " kvbf16"};
     enum {
         N_SIZES = 3,
-        N_SHAPES = 5,
+        N_SHAPES = 7,
         ROWS = 2 * N_SIZES + N_SHAPES,
         QMAX = 256 * 128,
         KMAX = 4096 * 128
@@ -118,9 +146,15 @@ int cmd_bench(int json) {
                      .v = malloc(KMAX * 4),
                      .out = malloc(QMAX * 4),
                      .k16 = malloc(KMAX * 2),
-                     .v16 = malloc(KMAX * 2)};
+                     .v16 = malloc(KMAX * 2),
+                     .dout = malloc(QMAX * 4),
+                     .lse = malloc(256 * 4),
+                     .dq = malloc(QMAX * 4),
+                     .dk = malloc(KMAX * 4),
+                     .dv = malloc(KMAX * 4)};
     int status = 0;
-    if (!bd.a || !bd.b || !bd.y || !bd.q || !bd.k || !bd.v || !bd.out || !bd.k16 || !bd.v16) {
+    if (!bd.a || !bd.b || !bd.y || !bd.q || !bd.k || !bd.v || !bd.out || !bd.k16 || !bd.v16 ||
+        !bd.dout || !bd.lse || !bd.dq || !bd.dk || !bd.dv) {
         fprintf(stderr, "sdpa bench: out of memory\n");
         status = 1;
         goto done;
@@ -131,8 +165,11 @@ int cmd_bench(int json) {
     fill(&r, bd.q, QMAX, -1, 1);
     fill(&r, bd.k, KMAX, -1, 1);
     fill(&r, bd.v, KMAX, -1, 1);
-    /* a library without the 16-bit types times f32 rows only */
+    fill(&r, bd.dout, QMAX, -1, 1);
+    /* a library without the 16-bit types times f32 rows only; one without the backward, no
+       backward rows */
     const int typed = SDPA_API_HAS(api, mha) && SDPA_API_HAS(api, convert);
+    const int backward = SDPA_API_HAS(api, mha_backward_f32);
 
     bench_row rows[ROWS];
     int n_rows = 0;
@@ -145,13 +182,15 @@ int cmd_bench(int json) {
             snprintf(row->label, sizeof row->label, "n=%zu", row->n);
         } else {
             int sh = i - 2 * N_SIZES;
-            row->kernel = KERNEL_ATTENTION;
+            row->kernel = SHAPES[sh].kernel;
             row->lq = SHAPES[sh].lq;
             row->lkv = SHAPES[sh].lkv;
             row->d = SHAPES[sh].d;
             row->flags = SHAPES[sh].flags;
             row->kv_type = SHAPES[sh].kv_type;
-            if (row->kv_type != SDPA_F32 && !typed) continue;
+            if ((row->kv_type != SDPA_F32 && !typed) ||
+                (row->kernel == KERNEL_BACKWARD && !backward))
+                continue;
             snprintf(row->label, sizeof row->label, "q%zuk%zud%zu%s%s", row->lq, row->lkv, row->d,
                      row->flags & SDPA_CAUSAL ? " causal" : "", TYPE_TAGS[row->kv_type]);
         }
@@ -180,6 +219,12 @@ int cmd_bench(int json) {
                 api->convert(bd.k16, bd.kv_type, bd.k, SDPA_F32, KMAX);
                 api->convert(bd.v16, bd.kv_type, bd.v, SDPA_F32, KMAX);
             }
+            if (rows[i].kernel == KERNEL_BACKWARD) { /* the forward's out and lse, untimed */
+                sdpa_mha_desc desc;
+                sdpa_mha_grads g;
+                backward_views(&bd, &desc, &g);
+                api->mha_f32(&desc, bd.out, bd.q, bd.k, bd.v);
+            }
             ns[i][b] = time_kernel(rows[i].kernel, &bd);
         }
     }
@@ -201,7 +246,7 @@ int cmd_bench(int json) {
             const bench_row *row = &rows[i];
             for (size_t b = 0; b < n_backends; b++) {
                 printf("    {\"kernel\": \"%s\", ", KERNEL_NAMES[row->kernel]);
-                if (row->kernel == KERNEL_ATTENTION)
+                if (row->kernel >= KERNEL_ATTENTION)
                     printf("\"len_q\": %zu, \"len_kv\": %zu, \"d\": %zu, \"causal\": %s, "
                            "\"kv_type\": \"%s\", ",
                            row->lq, row->lkv, row->d, row->flags & SDPA_CAUSAL ? "true" : "false",
@@ -221,7 +266,9 @@ int cmd_bench(int json) {
         printf("sdpa bench: best of 5 runs; dot and attention in GFLOP/s, softmax in ns per\n"
                "element; in parentheses the speedup over scalar. Attention is the fused\n"
                "sdpa_attention_f32, shapes q<len_q>k<len_kv>d<d_k = d_v>, scale 1/sqrt(d); kvf16\n"
-               "and kvbf16 rows are sdpa_mha over K and V of that type.\n\n");
+               "and kvbf16 rows are sdpa_mha over K and V of that type; backward is\n"
+               "sdpa_mha_backward_f32 (dQ, dK, dV; 10 len_q len_kv d flops, causal: the pairs "
+               "seen).\n\n");
         printf("  %-10s %-18s", "kernel", "size");
         for (size_t b = 0; b < n_backends; b++) printf(" %17s", names[b]);
         printf("\n");
@@ -248,5 +295,10 @@ done:
     free(bd.out);
     free(bd.k16);
     free(bd.v16);
+    free(bd.dout);
+    free(bd.lse);
+    free(bd.dq);
+    free(bd.dk);
+    free(bd.dv);
     return status;
 }

@@ -1,4 +1,4 @@
-/* sdpa demo: why attention divides its scores by sqrt(d_k), in five sections, each computed
+/* sdpa demo: why attention divides its scores by sqrt(d_k), in six sections, each computed
  * by the library's kernels. */
 #include <errno.h>
 #include <limits.h>
@@ -371,6 +371,137 @@ static void demo_attention(rng *r) {
     printf("\n  The fused output and weights V agree to %.1e (largest difference).\n", worst);
 }
 
+static int compare_doubles(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* A standard normal, by Box-Muller from two uniforms. */
+static float normal(rng *r) {
+    const double u = 1.0 - uniform01(r), v = uniform01(r);
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* The plot of section 6: |dL/dQ| and the median |dL/dZ_i| against d_k, scaled and not, on log axes.
+ */
+static int plot_gradients(const char *file, const size_t *dims, const double norms[][4], size_t n) {
+    FILE *g = popen("gnuplot", "w");
+    if (!g) {
+        fprintf(stderr, "sdpa demo: cannot run gnuplot: %s\n", strerror(errno));
+        return 1;
+    }
+    fprintf(g, "set terminal pngcairo size 800,600\nset output '");
+    for (const char *c = file; *c; c++) fprintf(g, *c == '\'' ? "''" : "%c", *c);
+    fprintf(g, "'\nset logscale xy\nset xlabel 'd_k'\nset ylabel 'norm'\n"
+               "set title 'Gradients through attention, from the backward pass'\n"
+               "set xrange [12:1400]\nset key below\nplot");
+    static const char *const titles[4] = {"|dL/dQ|, Q K^T", "|dL/dQ|, Q K^T / sqrt(d_k)",
+                                          "median |dL/dZ_i|, Q K^T",
+                                          "median |dL/dZ_i|, Q K^T / sqrt(d_k)"};
+    for (int t = 0; t < 4; t++)
+        fprintf(g, "%s '-' using 1:2 with linespoints lw 2 dt %d title '%s'", t ? "," : "",
+                t < 2 ? 1 : 2, titles[t]);
+    fprintf(g, "\n");
+    for (int t = 0; t < 4; t++) {
+        for (size_t c = 0; c < n; c++) fprintf(g, "%zu %g\n", dims[c], norms[c][t]);
+        fprintf(g, "e\n");
+    }
+    if (pclose(g) != 0) {
+        fprintf(stderr, "sdpa demo: gnuplot failed to write %s\n", file);
+        return 1;
+    }
+    printf("\n  wrote %s\n", file);
+    return 0;
+}
+
+/* 6. The same at the level of attention: dL/dQ from the library's fused backward pass, and
+ * dL/dZ at the softmax's input Z (the scaled scores), row by row with its softmax backward. */
+static int demo_attention_gradient(rng *r, const char *plot_file) {
+    heading("6. Gradients through attention");
+    if (!SDPA_API_HAS(api, mha_backward_f32)) {
+        printf("  (this library has no backward pass: sdpa_mha_backward_f32 needs ABI 1.2)\n");
+        return 0;
+    }
+    enum { T = 64, N_D = 4, D_MAX = 1024 };
+    static const size_t DK[N_D] = {16, 64, 256, 1024};
+    printf("  One head of %d queries and %d keys; q, k, v with unit-normal components and an\n"
+           "  upstream gradient G = dL/d out with rows of unit norm (so that G . v does not grow\n"
+           "  with d_k). dL/dQ from sdpa_mha_backward_f32; dL/dZ_i, the gradient at row i of the\n"
+           "  softmax's input Z (the scaled scores), from sdpa_softmax_backward_f32, its median\n"
+           "  over the rows; and the rows whose largest weight exceeds 0.99.\n\n",
+           T, T);
+    printf("  %6s %19s %19s %21s\n", "", "|dL/dQ|", "median |dL/dZ_i|", "saturated rows");
+    printf("  %6s %9s %9s %9s %9s %10s %10s\n", "d_k", "raw", "scaled", "raw", "scaled", "raw",
+           "scaled");
+    /* q, k, v, G, out, dq, dk, dv, then lse and a row's z, weights, dP and dZ */
+    float *buf = malloc(((size_t)8 * T * D_MAX + 5 * T) * sizeof(float));
+    if (!buf) {
+        fprintf(stderr, "sdpa demo: out of memory\n");
+        return 1;
+    }
+    double norms[N_D][4];
+    for (size_t c = 0; c < N_D; c++) {
+        const size_t d = DK[c], n = (size_t)T * d;
+        float *q = buf, *k = q + n, *v = k + n, *g = v + n, *out = g + n, *dq = out + n,
+              *dk = dq + n, *dv = dk + n, *lse = dv + n, *z = lse + T, *w = z + T, *dp = w + T,
+              *dz = dp + T;
+        for (size_t i = 0; i < 4 * n; i++) q[i] = normal(r);
+        for (size_t i = 0; i < n; i++) g[i] /= (float)sqrt((double)d);
+        double frac[2];
+        for (int scaled = 0; scaled < 2; scaled++) {
+            const float s = scaled ? (float)(1.0 / sqrt((double)d)) : 1.0f;
+            sdpa_mha_desc desc;
+            api->mha_desc_dense(&desc, 1, 1, 1, T, T, d, d, s, 0);
+            desc.lse = lse;
+            desc.lse_stride[0] = desc.lse_stride[1] = T;
+            sdpa_mha_grads gr = {sizeof gr, 0,         dq,        dk, dv,
+                                 {n, n, d}, {n, n, d}, {n, n, d}, g,  {n, n, d}};
+            if (api->mha_f32(&desc, out, q, k, v) != SDPA_OK ||
+                api->mha_backward_f32(&desc, &gr, q, k, v, out) != SDPA_OK) {
+                fprintf(stderr, "sdpa demo: the attention calls failed\n");
+                free(buf);
+                return 1;
+            }
+            double sum_q = 0.0, row_z[T];
+            for (size_t i = 0; i < n; i++) sum_q += (double)dq[i] * dq[i];
+            size_t saturated = 0;
+            for (size_t i = 0; i < T; i++) {
+                api->scores_f32(z, q + i * d, k, T, d, d, s);
+                api->softmax_f32(w, z, T, 1.0f);
+                api->scores_f32(dp, g + i * d, v, T, d, d, 1.0f); /* dL/dw = G_i . v_j */
+                api->softmax_backward_f32(dz, w, dp, T, 1.0f);
+                float top = 0.0f;
+                double sum_z = 0.0;
+                for (size_t j = 0; j < T; j++) {
+                    top = w[j] > top ? w[j] : top;
+                    sum_z += (double)dz[j] * dz[j];
+                }
+                row_z[i] = sqrt(sum_z);
+                saturated += top > 0.99f;
+            }
+            qsort(row_z, T, sizeof row_z[0], compare_doubles);
+            norms[c][scaled] = sqrt(sum_q);
+            norms[c][2 + scaled] = 0.5 * (row_z[T / 2 - 1] + row_z[T / 2]);
+            frac[scaled] = (double)saturated / T;
+        }
+        printf("  %6zu %9.3g %9.3g %9.3g %9.3g %9.0f%% %9.0f%%\n", d, norms[c][0], norms[c][1],
+               norms[c][2], norms[c][3], 100 * frac[0], 100 * frac[1]);
+    }
+    free(buf);
+    printf("\n  Unscaled, the scores' spread grows like sqrt(d_k): ever more rows put all their\n"
+           "  weight on one key, where the softmax's gradient vanishes: what passes through it,\n"
+           "  dL/dZ_i, collapses for the typical row. dL/dQ = scale dL/dZ K also carries\n"
+           "  |k| ~ sqrt(d_k) and the rows not yet saturated, which hide the collapse in its\n"
+           "  norm. Divided by sqrt(d_k), no row saturates and both hold.\n");
+    if (!plot_file) return 0;
+    /* next to the plot of section 2: FILE.png gives FILE-gradients.png */
+    char file[PATH_MAX];
+    const char *dot = strrchr(plot_file, '.');
+    const int stem = dot && !strchr(dot, '/') ? (int)(dot - plot_file) : (int)strlen(plot_file);
+    snprintf(file, sizeof file, "%.*s-gradients.png", stem, plot_file);
+    return plot_gradients(file, DK, norms, N_D);
+}
+
 int cmd_demo(uint64_t seed, const size_t *dims, size_t n_dims, const char *plot_file) {
     printf("sdpa demo: why attention divides its scores by sqrt(d_k)\n");
     printf("(library %s, backend %s, seed %llu)\n", api->version(), api->backend(),
@@ -381,5 +512,5 @@ int cmd_demo(uint64_t seed, const size_t *dims, size_t n_dims, const char *plot_
     demo_softmax();
     if (demo_gradient(&r, dims, n_dims)) return 1;
     demo_attention(&r);
-    return 0;
+    return demo_attention_gradient(&r, plot_file);
 }

@@ -157,15 +157,17 @@ static const char HELP_DEMO[] =
     "Usage: sdpa demo [--seed N] [--dims LIST] [--backend NAME] [--plot FILE.png]\n"
     "                 [--threads N]\n"
     "\n"
-    "Five short sections on why attention divides Q K^T by sqrt(d_k): dot products grow with\n"
-    "d, their variance grows linearly with d, softmax saturates, its gradient vanishes, and a\n"
-    "small attention with and without the scaling. Everything is computed by the library.\n"
+    "Six short sections on why attention divides Q K^T by sqrt(d_k): dot products grow with\n"
+    "d, their variance grows linearly with d, softmax saturates, its gradient vanishes, a\n"
+    "small attention with and without the scaling, and the gradient through attention (its\n"
+    "backward pass) as d_k grows. Everything is computed by the library.\n"
     "\n"
     "  --seed N          random seed (default 1)\n"
     "  --dims LIST       dimensions for sections 2 and 4, comma-separated, at most 8\n"
     "                    (default 3,10,100,1000)\n"
     "  --backend NAME    run on this backend:" BACKEND_NAMES "\n"
-    "  --plot FILE.png   also draw the distributions of section 2 with gnuplot\n"
+    "  --plot FILE.png   also draw the distributions of section 2 with gnuplot, and\n"
+    "                    section 6 in FILE-gradients.png\n"
     "  --threads N       threads per attention call (0: the default)\n";
 
 static const char HELP_BENCH[] =

@@ -227,6 +227,87 @@ typedef struct sdpa_mha_desc {
 SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const float *q,
                                   const float *k, const float *v);
 
+/* ---- Backward: the gradients of out = attention(q, k, v) with respect to q, k and v, given the
+ *      upstream gradient dout (of a loss L: dout = dL/dout), in one fused call
+ *      (FlashAttention-2's order: K and V in blocks, the weights P recomputed from the forward's
+ *      log-sum-exp, no len_q x len_kv matrix ever formed).
+ *
+ * With s_ij the scores (scale and mask applied), P_ij = exp(s_ij - lse_i), dP_ij = dout_i . v_j,
+ * D_i = dout_i . out_i and dS_ij = P_ij (dP_ij - D_i):
+ *     dv_j = sum_i P_ij dout_i,   dk_j = scale sum_i dS_ij q_i,   dq_i = scale sum_j dS_ij k_j,
+ * the sums over the pairs (i, j) where row i sees key j. The mask gets no gradient.
+ *
+ * Semantics:
+ *   - desc is the forward call's descriptor (sdpa_mha_desc v2, every type SDPA_F32), and desc->lse
+ *     holds what that call wrote; q, k, v, out are its inputs and its output. The gradients are
+ *     those of that forward only as far as lse and out are that call's.
+ *   - dq, dk, dv are written, not accumulated: every element of their views is written.
+ *   - GQA and broadcasting: dk and dv of a kv head are summed over the query heads that share it.
+ *     A batch or head stride of 0 in dq, dk or dv sums the gradient over that axis (the layout
+ *     of the gradient of a K or V broadcast with such a stride); any other stride gives each
+ *     element its own gradient.
+ *   - A row that saw no key (lse_i = -inf: causal with len_q > len_kv, a mask row of -inf,
+ *     len_kv == 0) contributes nothing: its dq row is zeros and it adds nothing to dk or dv.
+ *   - A key that row i does not see (causal, or a mask entry of -inf) gets exactly nothing from
+ *     that row, and NaN or inf in that key's k or v, or in that row's q or dout, does not reach
+ *     any gradient through the pair. A key that no row sees has dk and dv rows of zeros.
+ *   - Otherwise NaN and inf propagate as in the sums above: an lse of NaN (a NaN output row)
+ *     gives a NaN dq row and NaN in dk and dv of the keys the row sees.
+ *   - Results are bitwise the same at every thread count and scheduler (Threads below): every
+ *     gradient is summed in an order fixed by the shape (Memory and threads, below).
+ * Errors (checked before any work; on error nothing is written):
+ *   every error of sdpa_mha_f32 for desc, q, k, v and out (out is read here, as an input);
+ *   SDPA_ERR_NULL  grads == NULL; with query rows (batch, heads_q, len_q > 0): desc->lse, out,
+ *                  grads->dout or grads->dq NULL; with keys (batch, heads_q, len_kv > 0):
+ *                  grads->dk or grads->dv NULL;
+ *   SDPA_ERR_ARG   grads->struct_size smaller than this struct, grads->reserved not 0, a
+ *                  descriptor shorter than v2 (it has no lse), a type other than SDPA_F32;
+ *   SDPA_ERR_SIZE  with keys, d_k or d_v zero; a row stride of dq, dk, dv or dout smaller than
+ *                  its row where the view has more than one row; a view past PTRDIFF_MAX bytes;
+ *                  dq, dk or dv rows that share a float other than through a batch or head
+ *                  stride of 0; dq, dk or dv whose extent (first to last element) meets that of
+ *                  another gradient or of q, k, v, out, dout, lse or the mask (interleaved
+ *                  layouts, such as one packed qkv gradient tensor, are rejected).
+ * Accuracy (unit-normal q, k, v, dout and the default scale, len_q, len_kv <= 4096, d <= 256;
+ * measured in the test suite on every backend against a double-precision evaluation of the
+ * formulas above, with P from double scores), per output, with E_ij = P_ij (|dP_ij| + |D_i| +
+ * sum_c |dout_ic v_jc| + sum_c |dout_ic out_ic|) the size of dS_ij's terms:
+ *     |error dv_jc| <= 1e-5 sum_i P_ij |dout_ic|,
+ *     |error dk_jc| <= 1e-5 |scale| sum_i E_ij |q_ic|,
+ *     |error dq_ic| <= 1e-5 |scale| sum_j E_ij |k_jc|,
+ * each plus 1e-30 (measured worst, over every backend and both exp modes: 1.5e-6 for dv, 2.4e-7
+ * for dk and dq, in those units). With another scale the bounds grow with the scores, whose
+ * rounding moves P: times max(1, |scale| sqrt(d_k)), their standard deviation for unit-normal
+ * q and k.
+ * Memory and threads: each task's tiles are on its thread's stack (about 50 KiB; 82 KiB on one
+ * thread with key chunks). A unit is one (batch, kv head), or the whole batch or head axis when
+ * a gradient is summed over it; its task owns the unit's dk and dv rows and the dq rows of the
+ * query heads that read it, and nothing is allocated. A call with fewer than 16 units, more
+ * than 512 keys, d_k <= 256 and no summed axis (dq summed over query heads included) also cuts
+ * each unit's keys into chunks of whole 512-key pieces, as many as give about 16 tasks: a task
+ * then owns its chunk's dk and dv rows, and the dq sums of the chunks after the first wait in
+ * the split-KV workspace (Threads below: it grows to the largest call and is kept; the
+ * backward asks for at most 16 MiB, fewer chunks where more would need more) until they are
+ * added in chunk order. With one thread, or when the workspace is busy or cannot grow, the call
+ * runs on its own thread, with the same sums in the same order and nothing allocated. ---- */
+
+/* Gradients of out = attention(q, k, v) given dout. Written, not accumulated. Strides in floats,
+ * [batch][head][row] as in sdpa_mha_desc; rows contiguous. */
+typedef struct sdpa_mha_grads {
+    uint32_t struct_size; /* sizeof(sdpa_mha_grads) as the caller compiled it */
+    uint32_t reserved;    /* 0 */
+    float *dq, *dk, *dv;  /* laid out like q, k, v */
+    size_t dq_stride[3], dk_stride[3], dv_stride[3];
+    const float *dout; /* laid out like out */
+    size_t dout_stride[3];
+} sdpa_mha_grads;
+
+/* desc: the descriptor of the forward call, with desc->lse holding what that call wrote.
+ * q, k, v, out: the forward's inputs and output. */
+SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa_mha_grads *grads,
+                                           const float *q, const float *k, const float *v,
+                                           const float *out);
+
 /* ---- 16-bit types. f16 is IEEE binary16; bf16 is the upper half of a binary32. ---- */
 typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype;
 
@@ -303,7 +384,8 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
                                               const float *lse_b, size_t rows, size_t d_v,
                                               size_t out_stride, size_t out_b_stride);
 
-/* ---- Threads. An attention call (sdpa_attention_f32, sdpa_mha_f32, sdpa_mha) splits its work
+/* ---- Threads. An attention call (sdpa_attention_f32, sdpa_mha_f32, sdpa_mha, and the backward,
+ *      sdpa_mha_backward_f32, whose tasks its own section states) splits its work
  *      into tasks by the shape alone, never by the thread count, and runs them on the built-in
  *      pool or on the host's parallel_for, so its results are bitwise identical for every
  *      thread count, 1 included, and every scheduler.
@@ -406,6 +488,10 @@ typedef struct sdpa_api {
     sdpa_status (*attention_merge_f32)(float *out, float *lse, const float *out_b,
                                        const float *lse_b, size_t rows, size_t d_v,
                                        size_t out_stride, size_t out_b_stride);
+    /* ABI 1.2 */
+    sdpa_status (*mha_backward_f32)(const sdpa_mha_desc *desc, const sdpa_mha_grads *grads,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out);
     /* New functions go here, at the end, and nowhere else. */
 } sdpa_api;
 

@@ -318,10 +318,6 @@ static const void *element(const void *base, size_t index, uint32_t t) {
 #define SPLIT_TASKS   128
 #define SPLIT_MAX_Q   16
 #define SPLIT_MAX_D_V 256
-/* Below this much work (work_of) a call runs on the caller's thread and never touches the pool:
-   it is some 40 us on one AVX-512 core, where sharing it with a thread that must first be woken
-   (10 to 30 us) stops paying. */
-#define PARALLEL_MIN_WORK (1u << 21)
 
 typedef struct plan {
     attention_run run; /* with no wide tiles: a task that needs them makes its own */
@@ -572,7 +568,7 @@ static void attention_run_all(const attention_problem *p) {
     pl.workspace = NULL;
 
     const size_t threads = sdpa_threads_for_call();
-    const int parallel = threads > 1 && work_of(p, pl.n_units) >= (double)PARALLEL_MIN_WORK;
+    const int parallel = threads > 1 && work_of(p, pl.n_units) >= (double)SDPA_PARALLEL_MIN_WORK;
     if (pl.n_chunks == 1) {
         if (parallel && pl.n_units > 1) {
             sdpa_parallel_run(unit_task, &pl, pl.n_units, threads);

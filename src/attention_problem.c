@@ -3,6 +3,7 @@
 #include "attention_problem.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "sizes.h"
@@ -88,6 +89,99 @@ sdpa_status sdpa_problem_check(attention_problem *p, uint32_t flags) {
     if (p->scale == SDPA_DEFAULT_SCALE && p->d_k) p->scale = (float)(1.0 / sqrt((double)p->d_k));
     p->causal = (flags & SDPA_CAUSAL) != 0;
     return SDPA_OK;
+}
+
+/* ---- the backward ---- */
+
+/* the whole sdpa_mha_grads of the first release */
+#define GRADS_V1_SIZE (offsetof(sdpa_mha_grads, dout_stride) + 3 * sizeof(size_t))
+
+/* A gradient view of d0 x d1 x d2 rows: its row stride, its extent, and rows that share a float
+ * only through a batch or head stride of 0 (an axis the gradient is summed over). */
+static int grad_view_ok(const size_t stride[3], size_t d0, size_t d1, size_t d2, size_t row) {
+    if (d2 > 1 && stride[2] < row) return 0;
+    if (!sdpa_view_fits(stride, d0, d1, d2, row)) return 0;
+    const size_t dims[3] = {stride[0] ? d0 : 1, stride[1] ? d1 : 1, d2};
+    return view_is_disjoint(stride, dims, row);
+}
+
+/* The bytes from a view's first element to one past its last (empty for no rows). Only called
+ * on views whose extent was checked to fit. */
+typedef struct extent {
+    uintptr_t lo, hi;
+} extent;
+
+static extent extent_of(const void *base, const size_t stride[3], size_t d0, size_t d1, size_t d2,
+                        size_t row) {
+    extent e = {0, 0};
+    if (!base || !d0 || !d1 || !d2 || !row) return e;
+    const size_t end = (d0 - 1) * stride[0] + (d1 - 1) * stride[1] + (d2 - 1) * stride[2] + row;
+    e.lo = (uintptr_t)base;
+    e.hi = e.lo + end * sizeof(float);
+    return e;
+}
+
+static int meet(extent a, extent b) { return a.lo < b.hi && b.lo < a.hi; }
+
+sdpa_status sdpa_backward_problem(backward_problem *bp, const sdpa_mha_desc *desc,
+                                  const sdpa_mha_grads *grads, const float *q, const float *k,
+                                  const float *v, const float *out) {
+    attention_problem *p = &bp->fwd;
+    sdpa_status st = sdpa_problem_from_desc(p, desc, (void *)(uintptr_t)out, q, k, v, 0);
+    if (st != SDPA_OK) return st;
+    if (!grads) return SDPA_ERR_NULL;
+    if (grads->struct_size < GRADS_V1_SIZE || grads->reserved || !DESC_HAS(desc, lse_stride))
+        return SDPA_ERR_ARG;
+    bp->dq = grads->dq;
+    bp->dk = grads->dk;
+    bp->dv = grads->dv;
+    bp->dout = grads->dout;
+    for (int i = 0; i < 3; i++) {
+        bp->dq_stride[i] = grads->dq_stride[i];
+        bp->dk_stride[i] = grads->dk_stride[i];
+        bp->dv_stride[i] = grads->dv_stride[i];
+        bp->dout_stride[i] = grads->dout_stride[i];
+    }
+    const size_t b = p->batch, hq = p->heads_q, hk = p->heads_kv;
+    const int rows = sdpa_problem_has_rows(p), keys = b && hq && p->len_kv;
+    if (rows && (!p->lse || !bp->dout || !bp->dq)) return SDPA_ERR_NULL;
+    if (keys && (!bp->dk || !bp->dv)) return SDPA_ERR_NULL;
+    st = check(p, desc->flags);
+    if (st == SDPA_OK) st = check_lse(p);
+    if (st != SDPA_OK) return st;
+    if (keys && (!p->d_k || !p->d_v)) return SDPA_ERR_SIZE;
+    if (rows && ((p->len_q > 1 && bp->dout_stride[2] < p->d_v) ||
+                 !sdpa_view_fits(bp->dout_stride, b, hq, p->len_q, p->d_v) ||
+                 !grad_view_ok(bp->dq_stride, b, hq, p->len_q, p->d_k)))
+        return SDPA_ERR_SIZE;
+    if (keys && (!grad_view_ok(bp->dk_stride, b, hk, p->len_kv, p->d_k) ||
+                 !grad_view_ok(bp->dv_stride, b, hk, p->len_kv, p->d_v)))
+        return SDPA_ERR_SIZE;
+    /* what is written, against everything else: the views below all fit (checked above) */
+    const size_t nq = rows ? p->len_q : 0, nk = keys ? p->len_kv : 0;
+    const size_t lse_stride[3] = {p->lse_stride[0], p->lse_stride[1], 1};
+    const extent written[3] = {
+        extent_of(bp->dq, bp->dq_stride, b, hq, nq, p->d_k),
+        extent_of(bp->dk, bp->dk_stride, b, hk, nk, p->d_k),
+        extent_of(bp->dv, bp->dv_stride, b, hk, nk, p->d_v),
+    };
+    const int reads = rows && keys;
+    const extent read[7] = {
+        extent_of(p->q, p->q_stride, b, hq, reads ? nq : 0, p->d_k),
+        extent_of(p->k, p->k_stride, b, hk, reads ? nk : 0, p->d_k),
+        extent_of(p->v, p->v_stride, b, hk, reads ? nk : 0, p->d_v),
+        extent_of(p->out, p->out_stride, b, hq, nq, p->d_v),
+        extent_of(bp->dout, bp->dout_stride, b, hq, nq, p->d_v),
+        extent_of(p->lse, lse_stride, b, hq, 1, nq),
+        extent_of(p->mask, p->mask_stride, b, hq, reads ? nq : 0, nk),
+    };
+    for (int w = 0; w < 3; w++) {
+        for (int o = w + 1; o < 3; o++)
+            if (meet(written[w], written[o])) return SDPA_ERR_SIZE;
+        for (int r = 0; r < 7; r++)
+            if (meet(written[w], read[r])) return SDPA_ERR_SIZE;
+    }
+    return sdpa_problem_check(p, desc->flags);
 }
 
 void sdpa_problem_single(attention_problem *p, void *out, const float *q, const float *k,

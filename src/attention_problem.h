@@ -1,5 +1,5 @@
 /* Internal: the problem an attention call states, from its arguments or its descriptor, and
- * the one check every attention entry point (forward, and later backward) runs before any work.
+ * the one check every attention entry point (forward and backward) runs before any work.
  * Strides are in elements; [b][h][r][c] of a view X is X[b s0 + h s1 + r s2 + c]. */
 #ifndef SDPA_SRC_ATTENTION_PROBLEM_H
 #define SDPA_SRC_ATTENTION_PROBLEM_H
@@ -44,6 +44,20 @@ sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *de
 /* Every rule of sdpa.h's attention errors, in one place; on SDPA_OK the scale is resolved and
  * causal set from flags. */
 sdpa_status sdpa_problem_check(attention_problem *p, uint32_t flags);
+
+/* The backward's problem: the forward's (out read, as an input) and the gradients' views. */
+typedef struct backward_problem {
+    attention_problem fwd;
+    float *dq, *dk, *dv;
+    const float *dout;
+    size_t dq_stride[3], dk_stride[3], dv_stride[3], dout_stride[3];
+} backward_problem;
+
+/* The descriptor's and grads' problem, and every rule of sdpa.h's backward errors; on SDPA_OK
+ * the scale is resolved and causal set, as sdpa_problem_check does. */
+sdpa_status sdpa_backward_problem(backward_problem *bp, const sdpa_mha_desc *desc,
+                                  const sdpa_mha_grads *grads, const float *q, const float *k,
+                                  const float *v, const float *out);
 
 /* There is at least one output row. */
 static inline int sdpa_problem_has_rows(const attention_problem *p) {

@@ -37,6 +37,8 @@ static const sdpa_api API_V1 = {
     .num_threads = sdpa_num_threads,
     .set_parallel_for = sdpa_set_parallel_for,
     .attention_merge_f32 = sdpa_attention_merge_f32,
+    /* ABI 1.2 */
+    .mha_backward_f32 = sdpa_mha_backward_f32,
 };
 
 /* Major version 1 is the only one this library serves; every 1.x table is a prefix-compatible

@@ -7,6 +7,11 @@
 
 #include "sdpa.h"
 
+/* Below this many multiply-adds a call runs on the caller's thread and never touches the pool:
+ * it is some 40 us on one AVX-512 core, where sharing it with a thread that must first be woken
+ * (10 to 30 us) stops paying. */
+#define SDPA_PARALLEL_MIN_WORK (1u << 21)
+
 /* The threads a call that starts now may use: sdpa_num_threads(), or 1 on a thread that is
  * running one of sdpa's tasks (a nested call) and after the library's destructor ran. */
 size_t sdpa_threads_for_call(void);

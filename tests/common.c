@@ -170,3 +170,15 @@ void set_ftz_daz(int on) {
 #else
 void set_ftz_daz(int on) { (void)on; }
 #endif
+
+#if defined(__x86_64__) || defined(__i386__)
+uint64_t fp_control_word(void) { return _mm_getcsr() & 0xffc0u; }
+#elif defined(__aarch64__)
+uint64_t fp_control_word(void) {
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    return fpcr;
+}
+#else
+uint64_t fp_control_word(void) { return 0; }
+#endif

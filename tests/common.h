@@ -63,6 +63,10 @@ extern const size_t N_TEST_SIZES;
  * FPCR.FZ on AArch64. */
 void set_ftz_daz(int on);
 
+/* The floating-point control bits: MXCSR's exception masks, rounding, FTZ and DAZ on x86-64 (not
+ * its sticky exception flags, which any arithmetic sets), FPCR on AArch64; 0 elsewhere. */
+uint64_t fp_control_word(void);
+
 /* A recognisable bit pattern to check that outputs were not written on error. */
 #define SENTINEL 12345.678f
 

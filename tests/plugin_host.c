@@ -162,6 +162,30 @@ static int run_kernels(const sdpa_api *api, const problem *p, int quiet) {
         EXPECT(fabs(att[i] - p->att[i]) <= bound_attention(p->v_max),
                "mha[%zu] %.9g, expected %.9g", i, att[i], p->att[i]);
     EXPECT(api->mha_f32(NULL, att, p->a, p->k, p->v) == SDPA_ERR_NULL, "mha(NULL desc) status");
+
+    /* the backward through the table, for L = |out|^2 / 2 (dout = out): every row sees a key,
+       and its weights sum to 1, so sum_j dv_j = sum_i dout_i */
+    if (SDPA_API_HAS(api, mha_backward_f32)) {
+        float lse[LQ], dq[LQ * D], dk[N_KEYS * D], dv[N_KEYS * D];
+        desc.lse = lse;
+        desc.lse_stride[0] = desc.lse_stride[1] = LQ;
+        EXPECT(api->mha_f32(&desc, att, p->a, p->k, p->v) == SDPA_OK, "mha with lse status");
+        sdpa_mha_grads g = {
+            sizeof g,           0, dq, dk, dv, {LQ * D, LQ * D, D}, {0, 0, D}, {0, 0, D}, att,
+            {LQ * D, LQ * D, D}};
+        EXPECT(api->mha_backward_f32(&desc, &g, p->a, p->k, p->v, att) == SDPA_OK,
+               "mha_backward status");
+        for (size_t c = 0; c < D; c++) {
+            double sum_dv = 0, sum_dout = 0, size = 0;
+            for (size_t j = 0; j < N_KEYS; j++) sum_dv += dv[j * D + c];
+            for (size_t i = 0; i < LQ; i++)
+                sum_dout += att[i * D + c], size += fabs(att[i * D + c]);
+            EXPECT(fabs(sum_dv - sum_dout) <= 1e-5 * size + 1e-30,
+                   "backward: sum of dv[.][%zu] %.9g, of dout %.9g", c, sum_dv, sum_dout);
+        }
+        EXPECT(api->mha_backward_f32(&desc, NULL, p->a, p->k, p->v, att) == SDPA_ERR_NULL,
+               "mha_backward(NULL grads) status");
+    }
 #undef EXPECT
     return bad;
 }
@@ -204,6 +228,7 @@ static void check_table(const sdpa_api *api, get_api_fn get) {
     CHECK(SDPA_API_HAS(api, set_exp_mode), "SDPA_API_HAS(set_exp_mode)");
     CHECK(SDPA_API_HAS(api, mha_desc_set_mask),
           "SDPA_API_HAS(mha_desc_set_mask): attention in the table");
+    CHECK(SDPA_API_HAS(api, mha_backward_f32), "SDPA_API_HAS(mha_backward_f32): ABI 1.2");
     CHECK(get(SDPA_ABI_VERSION) == api, "sdpa_get_api returns one table");
     CHECK(get(0) == NULL, "sdpa_get_api(0) must be NULL");
     CHECK(get(SDPA_ABI_VERSION + 1) == NULL, "sdpa_get_api(%u) must be NULL", SDPA_ABI_VERSION + 1);

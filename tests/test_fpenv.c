@@ -15,21 +15,6 @@
 #include "checks.h"
 #include "common.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-/* The control bits: exception masks, rounding, FTZ, DAZ (not the sticky exception flags,
- * which any arithmetic sets). */
-static uint64_t control_word(void) { return _mm_getcsr() & 0xffc0u; }
-#elif defined(__aarch64__)
-static uint64_t control_word(void) {
-    uint64_t fpcr;
-    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
-    return fpcr;
-}
-#else
-static uint64_t control_word(void) { return 0; }
-#endif
-
 typedef struct environment {
     const char *name;
     int round;
@@ -49,8 +34,8 @@ static const environment ENVIRONMENTS[] = {
 /* Asserts that the environment is the one the test set, after a call. */
 static void assert_unchanged(uint64_t before, int round, const char *env, const char *call) {
     cr_assert_eq(fegetround(), round, "%s: %s changed the rounding mode", env, call);
-    cr_assert_eq(control_word(), before, "%s: %s changed the control word %#llx -> %#llx", env,
-                 call, (unsigned long long)before, (unsigned long long)control_word());
+    cr_assert_eq(fp_control_word(), before, "%s: %s changed the control word %#llx -> %#llx", env,
+                 call, (unsigned long long)before, (unsigned long long)fp_control_word());
 }
 
 static void restore_default(void) {
@@ -64,7 +49,7 @@ static void every_entry_point(const environment *env) {
     rng r = rng_seed(200);
     cr_assert_eq(fesetround(env->round), 0);
     set_ftz_daz(env->ftz_daz);
-    uint64_t before = control_word();
+    uint64_t before = fp_control_word();
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         size_t n = sizes[s];
         float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)),

@@ -179,13 +179,27 @@ BACKEND_TEST(microkernels, packed_scores) {
         }
         operands_free(&o);
     }
+    /* scores_max also takes SDPA_ATTN_MAX_BLOCK_KV keys (the backward's tiles) */
+    const size_t nqs[] = {1, 8, 31, SDPA_ATTN_MAX_BLOCK_Q}, ds[] = {16, SDPA_ATTN_PACK_MAX_D};
+    for (size_t t = 0; a->scores_max && t < 8; t++) {
+        const shape sh = {nqs[t % 4], SDPA_ATTN_MAX_BLOCK_KV, ds[t / 4]};
+        operands o = operands_alloc(&r, &sh);
+        float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
+        a->pack_q(qt, o.q.p, o.q_stride, sh.nq, sh.d);
+        a->scores_max(st, tile_max, qt, sh.nq, o.k.p, o.k_stride, sh.nk, sh.d, 0.5f);
+        expect_scores(st, LD_Q, 1, &o, &sh, 0.5f, "scores_max");
+        operands_free(&o);
+    }
 }
 
-/* acc[i] += sum_j p[i][j] v_j, within the dot's bound; nothing past the rows written. */
-BACKEND_TEST(microkernels, pv_tile) {
+/* acc[i] += sum_j p[i][j] v_j, within the dot's bound; nothing past the rows written. The
+ * weights row-major (pv_tile) or key-major in an aligned tile (pv_tile_t). */
+static void check_pv(int keymajor) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());
     const sdpa_attention_kernels *a = k->attention;
-    rng r = rng_seed(13);
+    const char *name = keymajor ? "pv_tile_t" : "pv_tile";
+    static _Alignas(64) float pt[SDPA_ATTN_MAX_BLOCK_KV * LD_Q];
+    rng r = rng_seed(keymajor ? 14 : 13);
     const size_t n = shapes_of(a, MAX_D, shapes);
     enum { LD_ACC = MAX_D + BORDER };
     static float acc[(SDPA_ATTN_MAX_BLOCK_Q + 1) * LD_ACC], acc0[SDPA_ATTN_MAX_BLOCK_Q * LD_ACC];
@@ -198,7 +212,13 @@ BACKEND_TEST(microkernels, pv_tile) {
                 acc[i * LD_ACC + c] = acc0[i * LD_ACC + c] = (float)rng_uniform(&r, -1, 1);
         for (size_t i = 0; i < sh->nq; i++)
             for (size_t j = 0; j < sh->nk; j++) s_tile[i * LD_S + j] = (float)rng_uniform(&r, 0, 1);
-        a->pv_tile(acc, LD_ACC, s_tile, LD_S, sh->nq, sh->nk, o.v.p, o.v_stride, sh->d);
+        if (keymajor) {
+            for (size_t i = 0; i < sh->nq; i++)
+                for (size_t j = 0; j < sh->nk; j++) pt[j * LD_Q + i] = s_tile[i * LD_S + j];
+            a->pv_tile_t(acc, LD_ACC, pt, LD_Q, sh->nq, sh->nk, o.v.p, o.v_stride, sh->d);
+        } else {
+            a->pv_tile(acc, LD_ACC, s_tile, LD_S, sh->nq, sh->nk, o.v.p, o.v_stride, sh->d);
+        }
         for (size_t i = 0; i < sh->nq; i++) {
             for (size_t c = 0; c < sh->d; c++) {
                 double want = acc0[i * LD_ACC + c], terms = fabs(want);
@@ -208,17 +228,20 @@ BACKEND_TEST(microkernels, pv_tile) {
                     terms += fabs(pv);
                 }
                 cr_assert(fabs(acc[i * LD_ACC + c] - want) <= bound_dot(terms),
-                          "pv_tile nq %zu nk %zu d_v %zu: acc[%zu][%zu] %.9g want %.9g", sh->nq,
+                          "%s nq %zu nk %zu d_v %zu: acc[%zu][%zu] %.9g want %.9g", name, sh->nq,
                           sh->nk, sh->d, i, c, acc[i * LD_ACC + c], want);
             }
             for (size_t c = sh->d; c < sh->d + BORDER; c++)
-                cr_assert_eq(acc[i * LD_ACC + c], SENTINEL, "pv_tile wrote past a row");
+                cr_assert_eq(acc[i * LD_ACC + c], SENTINEL, "%s wrote past a row", name);
         }
         for (size_t c = 0; c < LD_ACC; c++)
-            cr_assert_eq(acc[sh->nq * LD_ACC + c], SENTINEL, "pv_tile wrote past the rows");
+            cr_assert_eq(acc[sh->nq * LD_ACC + c], SENTINEL, "%s wrote past the rows", name);
         operands_free(&o);
     }
 }
+
+BACKEND_TEST(microkernels, pv_tile) { check_pv(0); }
+BACKEND_TEST(microkernels, pv_tile_t) { check_pv(1); }
 
 /* exp(s - shift), the difference rounded to float as the kernels' contract has it, within the
  * exp's bound (3 ULP fast, 1 ULP sleef; a little more with the shift folded in), and the row
@@ -498,7 +521,7 @@ BACKEND_TEST(microkernels, table_obeys_its_rules) {
     const sdpa_attention_kernels *a = k->attention;
     cr_assert(a->block_q >= 1 && a->block_q <= SDPA_ATTN_MAX_BLOCK_Q);
     cr_assert(a->block_kv >= 1 && a->block_kv <= SDPA_ATTN_MAX_BLOCK_KV);
-    cr_assert(a->scores_tile && a->pv_tile);
+    cr_assert(a->scores_tile && a->pv_tile && a->pv_tile_t);
     cr_assert(!a->exp_tile[0] == !a->exp_tile[1], "exp_tile: both kinds or neither");
     cr_assert(!a->pack_q == !a->scores_packed, "pack_q and scores_packed: both or neither");
     cr_assert(!a->scores_max == !a->exp_pv[0] && !a->exp_pv[0] == !a->exp_pv[1],

@@ -160,11 +160,30 @@ static void pv_tile_scalar(float *acc, size_t ld_acc, const float *p, size_t ld_
     }
 }
 
+/* The same with p[j * ld_p + i]: a key's row of v against every output row, two keys a pass. */
+static void pv_tile_t_scalar(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                             size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    for (size_t i = 0; i < nq; i++) {
+        float *o = acc + i * ld_acc;
+        size_t j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            const float p0 = p[j * ld_p + i], p1 = p[(j + 1) * ld_p + i];
+            const float *v0 = v + j * v_stride, *v1 = v0 + v_stride;
+            for (size_t c = 0; c < d_v; c++) o[c] = (o[c] + p0 * v0[c]) + p1 * v1[c];
+        }
+        if (j < nk) {
+            const float p0 = p[j * ld_p + i], *v0 = v + j * v_stride;
+            for (size_t c = 0; c < d_v; c++) o[c] += p0 * v0[c];
+        }
+    }
+}
+
 static const sdpa_attention_kernels attention_scalar = {
     .block_q = 16,
     .block_kv = 64,
     .scores_tile = scores_tile_scalar,
     .pv_tile = pv_tile_scalar,
+    .pv_tile_t = pv_tile_t_scalar,
 };
 
 const sdpa_kernels sdpa_kernels_scalar = {

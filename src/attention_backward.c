@@ -1,0 +1,513 @@
+/* The backward pass of attention (sdpa.h, sdpa_mha_backward_f32), one driver for every backend.
+ *
+ * FlashAttention-2's order: for each block of keys, every block of query rows that sees it. A
+ * tile is key-major, st[key][query] with SDPA_ATTN_MAX_BLOCK_Q queries a key, the layout the
+ * packed forward's scores_max leaves, so that the three products that need a transposed operand
+ * read it as it is:
+ *     S^T  = scale K Q^T          scores_max (packed Q) or scores_tile (K rows as the queries)
+ *     dP^T = V dO^T               the same, with scale 1
+ *     P^T  = exp(S^T - lse)       exp_tile, or exp_sum key by key
+ *     dS^T = scale P^T (dP^T - D) here, D_i = dO_i . O_i
+ *     dV  += P^T dO               pv_tile (rows: keys)
+ *     dK  += dS^T Q               pv_tile
+ *     dQ  += dS K                 pv_tile_t (the weights key-major)
+ * dK and dV are added into their output rows, which stay in cache through the query blocks; dQ
+ * into its rows, block of keys after block of keys. No len_q x len_kv matrix is formed: a tile
+ * and its operands live on the stack (about 50 KiB), and only key chunks (below) use the
+ * workspace.
+ *
+ * A pair (query row, key) that must not count (causal, a mask entry of -inf, a row with lse
+ * -inf, which saw no key) gets P = dS = 0 exactly. pv_tile forms every product, so a tile with
+ * such pairs takes the whole-tile products only when every row it multiplies (q, dout, k) is
+ * finite, where 0 * x is 0; otherwise it sums the runs of pairs that count, so that NaN in a
+ * removed key's k or v, or in a removed row's q or dout, reaches nothing.
+ *
+ * Threads: a task owns the dk and dv rows of one (batch, kv head) and the dq rows of the query
+ * heads that read it, zeroes them and adds into them in a fixed order; where a gradient's batch
+ * or head stride is 0 (summed over that axis) one task takes the whole axis; a call with few
+ * such units also cuts their keys into chunks ("key chunks" below). Tasks are cut by the shape
+ * alone, so the bits never depend on the thread count or the scheduler. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention_problem.h"
+#include "dispatch.h"
+#include "sdpa.h"
+#include "threads.h"
+
+#if defined(__AVX__) || defined(__SSE4_1__)
+#error "src/attention_backward.c must be compiled for the baseline ISA, without -m flags"
+#endif
+
+#define QT SDPA_ATTN_MAX_BLOCK_Q /* queries a tile: the columns of the key-major tiles */
+
+/* Kernels and constants of one call. */
+typedef struct backward_run {
+    const backward_problem *bp;
+    const sdpa_kernels *k;
+    const sdpa_attention_kernels *a;
+    int packed;  /* pack_q and scores_max for S^T and dP^T (d_k, d_v <= SDPA_ATTN_PACK_MAX_D) */
+    size_t keys; /* keys a tile: SDPA_ATTN_MAX_BLOCK_KV packed (the more keys, the fewer times
+                    each block of queries is packed and its D formed), else block_q (the rows
+                    of scores_tile, which here are keys) */
+    void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
+    float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
+    size_t group;            /* query heads per kv head */
+    size_t task_b, task_h;   /* batch entries and kv heads a task owns: 1, or the whole axis */
+    size_t tasks_b, tasks_h; /* tasks along each axis */
+} backward_run;
+
+/* One query head's views; dq is where its dq rows from dq_first on are summed (dq_row floats
+ * apart): the output rows (dq_first 0), or a key chunk's partial (below). */
+typedef struct head {
+    const float *q, *out, *dout, *lse, *mask;
+    float *dq;
+    size_t dq_row, dq_first;
+} head;
+
+/* One block of keys: its rows of k and v, and of dk and dv. */
+typedef struct key_block {
+    const float *k, *v;
+    float *dk, *dv;
+    size_t k0, nk;
+    int k_finite; /* its k rows hold no inf or NaN: 1, 0, or -1 until a tile needs to know */
+} key_block;
+
+/* The stack tiles of a task. */
+typedef struct tiles {
+    _Alignas(64) float qt[SDPA_ATTN_PACK_MAX_D * QT];
+    _Alignas(64) float s[SDPA_ATTN_MAX_BLOCK_KV * QT];  /* S^T, then P^T */
+    _Alignas(64) float ds[SDPA_ATTN_MAX_BLOCK_KV * QT]; /* dP^T, then dS^T */
+} tiles;
+
+/* No inf or NaN in n rows of `row` floats: the exponent bits of every float, OR-ed (integer
+ * operations, which the compiler vectorizes where isfinite would branch per float). */
+static int rows_finite(const float *x, size_t n, size_t stride, size_t row) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float *r = x + i * stride;
+        for (size_t c = 0; c < row; c++) {
+            uint32_t u;
+            memcpy(&u, r + c, sizeof u);
+            bad |= (u & 0x7f800000u) + 0x00800000u; /* bit 31 set: exponent all ones */
+        }
+    }
+    return !(bad >> 31);
+}
+
+/* Pair (row i, key j) of the tile counts: seen under causality (j < i + diag), by a live row,
+ * not removed by the mask. */
+static inline int pair_counts(const attention_problem *p, const head *h, size_t q0, size_t k0,
+                              size_t i, size_t j, ptrdiff_t diag) {
+    if ((ptrdiff_t)j >= diag + (ptrdiff_t)i || h->lse[q0 + i] == -INFINITY) return 0;
+    return !p->mask || h->mask[(q0 + i) * p->mask_stride[2] + k0 + j] != -INFINITY;
+}
+
+/* The tile of nq query rows from q0 of head h against key block kb. */
+static void backward_tile(const backward_run *run, tiles *t, const head *h, key_block *kb,
+                          size_t q0, size_t nq) {
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const sdpa_attention_kernels *a = run->a;
+    const size_t d_k = p->d_k, d_v = p->d_v;
+    const size_t qs = p->q_stride[2], os = p->out_stride[2], dos = bp->dout_stride[2];
+    const size_t ks = p->k_stride[2], vs = p->v_stride[2];
+    const float *q = h->q + q0 * qs, *dout = h->dout + q0 * dos;
+    float *dq = h->dq + (q0 - h->dq_first) * h->dq_row;
+    float lse[QT], dd[QT], zero[SDPA_ATTN_MAX_BLOCK_KV];
+
+    /* causal: row q0 + i sees key k0 + j when k0 + j <= q0 + i + len_kv - len_q, that is
+       j < i + diag (sizes fit ptrdiff_t: checked); the keys past what the last row sees are
+       left out of the tile */
+    size_t nk = kb->nk;
+    ptrdiff_t diag = PTRDIFF_MAX / 2;
+    if (p->causal) {
+        diag = (ptrdiff_t)(q0 + p->len_kv + 1) - (ptrdiff_t)(p->len_q + kb->k0);
+        const ptrdiff_t last = diag + (ptrdiff_t)nq - 1;
+        if (last <= 0) return;
+        if ((size_t)last < nk) nk = (size_t)last;
+    }
+
+    /* the rows: a row whose lse is -inf saw no key and counts nowhere */
+    size_t live = 0;
+    for (size_t i = 0; i < QT; i++) {
+        lse[i] = 0.0f;
+        dd[i] = 0.0f;
+        if (i >= nq) continue;
+        lse[i] = h->lse[q0 + i];
+        if (lse[i] == -INFINITY) { /* exp(s - inf) = 0; the pair is zeroed below anyway */
+            lse[i] = INFINITY;
+            continue;
+        }
+        live++;
+        dd[i] = run->k->dot(dout + i * dos, h->out + (q0 + i) * os, d_v);
+    }
+    if (!live) return;
+
+    /* which pairs count: all, unless the causal diagonal, the mask or a dead row says not */
+    int clean = live == nq;
+    if (diag < (ptrdiff_t)nk) clean = 0;
+    if (p->mask)
+        for (size_t i = 0; i < nq && clean; i++) {
+            const float *mr = h->mask + (q0 + i) * p->mask_stride[2] + kb->k0;
+            for (size_t j = 0; j < nk; j++)
+                if (mr[j] == -INFINITY) {
+                    clean = 0;
+                    break;
+                }
+        }
+
+    /* S^T and dP^T, key-major; columns past nq hold zeros */
+    if (run->packed) {
+        float tile_max[QT];
+        a->pack_q(t->qt, q, qs, nq, d_k);
+        a->scores_max(t->s, tile_max, t->qt, nq, kb->k, ks, nk, d_k, p->scale);
+        a->pack_q(t->qt, dout, dos, nq, d_v);
+        a->scores_max(t->ds, tile_max, t->qt, nq, kb->v, vs, nk, d_v, 1.0f);
+    } else {
+        a->scores_tile(t->s, QT, kb->k, ks, nk, q, qs, nq, d_k, p->scale);
+        a->scores_tile(t->ds, QT, kb->v, vs, nk, dout, dos, nq, d_v, 1.0f);
+    }
+    if (nq < QT)
+        for (size_t j = 0; j < nk; j++) {
+            memset(t->s + j * QT + nq, 0, (QT - nq) * sizeof(float));
+            memset(t->ds + j * QT + nq, 0, (QT - nq) * sizeof(float));
+        }
+    if (p->mask)
+        for (size_t i = 0; i < nq; i++) {
+            const float *mr = h->mask + (q0 + i) * p->mask_stride[2] + kb->k0;
+            for (size_t j = 0; j < nk; j++) t->s[j * QT + i] += mr[j];
+        }
+
+    /* P^T = exp(S^T - lse), each difference rounded to float as the forward's */
+    for (size_t j = 0; j < nk; j++) {
+        float *sj = t->s + j * QT;
+        for (size_t i = 0; i < QT; i++) sj[i] -= lse[i];
+    }
+    if (run->exp_tile) {
+        float sums[SDPA_ATTN_MAX_BLOCK_KV];
+        memset(zero, 0, nk * sizeof(float));
+        run->exp_tile(t->s, QT, nk, QT, zero, sums);
+    } else {
+        for (size_t j = 0; j < nk; j++) run->exp_sum(t->s + j * QT, t->s + j * QT, QT, 1.0f, 0.0f);
+    }
+    /* dS^T = scale P^T (dP^T - D) */
+    const float scale = p->scale;
+    for (size_t j = 0; j < nk; j++) {
+        const float *pj = t->s + j * QT;
+        float *dj = t->ds + j * QT;
+        for (size_t i = 0; i < QT; i++) dj[i] = scale * (pj[i] * (dj[i] - dd[i]));
+    }
+
+    if (!clean) {
+        /* P = dS = 0 exactly where the pair does not count; under causality alone, the rows
+           before a key's first */
+        if (!p->mask && live == nq) {
+            for (size_t j = 0; j < nk; j++) {
+                const ptrdiff_t first = (ptrdiff_t)j - diag + 1;
+                const size_t n = first <= 0 ? 0 : (size_t)first < nq ? (size_t)first : nq;
+                memset(t->s + j * QT, 0, n * sizeof(float));
+                memset(t->ds + j * QT, 0, n * sizeof(float));
+            }
+        } else {
+            for (size_t j = 0; j < nk; j++)
+                for (size_t i = 0; i < nq; i++)
+                    if (!pair_counts(p, h, q0, kb->k0, i, j, diag))
+                        t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
+        }
+    }
+    if (!clean && kb->k_finite < 0) kb->k_finite = rows_finite(kb->k, kb->nk, ks, d_k);
+    if (clean || (kb->k_finite && rows_finite(q, nq, qs, d_k) && rows_finite(dout, nq, dos, d_v))) {
+        a->pv_tile(kb->dv, bp->dv_stride[2], t->s, QT, nk, nq, dout, dos, d_v);
+        a->pv_tile(kb->dk, bp->dk_stride[2], t->ds, QT, nk, nq, q, qs, d_k);
+        a->pv_tile_t(dq, h->dq_row, t->ds, QT, nq, nk, kb->k, ks, d_k);
+        return;
+    }
+    /* Non-finite rows: only the runs of pairs that count, along each key's row for dk and dv,
+       down each query's column for dq. */
+    for (size_t j = 0; j < nk; j++)
+        for (size_t i = 0; i < nq;) {
+            if (!pair_counts(p, h, q0, kb->k0, i, j, diag)) {
+                i++;
+                continue;
+            }
+            const size_t i0 = i;
+            while (i < nq && pair_counts(p, h, q0, kb->k0, i, j, diag)) i++;
+            a->pv_tile(kb->dv + j * bp->dv_stride[2], 0, t->s + j * QT + i0, QT, 1, i - i0,
+                       dout + i0 * dos, dos, d_v);
+            a->pv_tile(kb->dk + j * bp->dk_stride[2], 0, t->ds + j * QT + i0, QT, 1, i - i0,
+                       q + i0 * qs, qs, d_k);
+        }
+    for (size_t i = 0; i < nq; i++) {
+        float w[SDPA_ATTN_MAX_BLOCK_KV]; /* the column, as a row: pv_tile_t wants whole tiles */
+        for (size_t j = 0; j < nk; j++) w[j] = t->ds[j * QT + i];
+        for (size_t j = 0; j < nk;) {
+            if (!pair_counts(p, h, q0, kb->k0, i, j, diag)) {
+                j++;
+                continue;
+            }
+            const size_t j0 = j;
+            while (j < nk && pair_counts(p, h, q0, kb->k0, i, j, diag)) j++;
+            a->pv_tile(dq + i * h->dq_row, 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks, d_k);
+        }
+    }
+}
+
+/* Query head g of kv head hk of batch entry b, its dq rows summed into the output. */
+static void head_of(const backward_run *run, size_t b, size_t hk, size_t g, head *h) {
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const size_t hq = hk * run->group + g;
+    h->q = (const float *)p->q + b * p->q_stride[0] + hq * p->q_stride[1];
+    h->out = (const float *)p->out + b * p->out_stride[0] + hq * p->out_stride[1];
+    h->dout = bp->dout + b * bp->dout_stride[0] + hq * bp->dout_stride[1];
+    h->lse = p->lse + b * p->lse_stride[0] + hq * p->lse_stride[1];
+    h->mask = p->mask ? p->mask + b * p->mask_stride[0] + hq * p->mask_stride[1] : NULL;
+    h->dq = bp->dq + b * bp->dq_stride[0] + hq * bp->dq_stride[1];
+    h->dq_row = bp->dq_stride[2];
+    h->dq_first = 0;
+}
+
+/* The block of keys from k0 of kv head hk of batch entry b. */
+static void key_block_of(const backward_run *run, size_t b, size_t hk, size_t k0, key_block *kb) {
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    kb->k0 = k0;
+    kb->nk = p->len_kv - k0 < run->keys ? p->len_kv - k0 : run->keys;
+    kb->k = (const float *)p->k + b * p->k_stride[0] + hk * p->k_stride[1] + k0 * p->k_stride[2];
+    kb->v = (const float *)p->v + b * p->v_stride[0] + hk * p->v_stride[1] + k0 * p->v_stride[2];
+    kb->dk = bp->dk + b * bp->dk_stride[0] + hk * bp->dk_stride[1] + k0 * bp->dk_stride[2];
+    kb->dv = bp->dv + b * bp->dv_stride[0] + hk * bp->dv_stride[1] + k0 * bp->dv_stride[2];
+    kb->k_finite = -1;
+}
+
+/* The keys [k_begin, k_end) of kv head hk of batch entry b against every row of its query
+ * heads, block of keys by block of keys; the dq rows of query head g go to the output or, with
+ * partial, to partial + g len_q d_k (dense rows). */
+static void backward_keys(const backward_run *run, tiles *t, size_t b, size_t hk, size_t k_begin,
+                          size_t k_end, float *partial) {
+    const attention_problem *p = &run->bp->fwd;
+    for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
+        key_block kb;
+        key_block_of(run, b, hk, k0, &kb);
+        /* causal: rows before k0 + len_q - len_kv do not see the block */
+        size_t first = 0;
+        if (p->causal && k0 + p->len_q > p->len_kv) first = k0 + p->len_q - p->len_kv;
+        if (first >= p->len_q) break;
+        for (size_t g = 0; g < run->group; g++) {
+            head h;
+            head_of(run, b, hk, g, &h);
+            if (partial) {
+                h.dq = partial + g * p->len_q * p->d_k;
+                h.dq_row = p->d_k;
+            }
+            for (size_t q0 = first / QT * QT; q0 < p->len_q; q0 += QT)
+                backward_tile(run, t, &h, &kb, q0, p->len_q - q0 < QT ? p->len_q - q0 : QT);
+        }
+    }
+}
+
+static void zero_rows(float *x, const size_t stride[3], size_t b, size_t h, size_t r0, size_t rows,
+                      size_t row) {
+    if (!rows) return; /* x may be NULL then */
+    float *base = x + b * stride[0] + h * stride[1];
+    for (size_t r = r0; r < r0 + rows; r++) memset(base + r * stride[2], 0, row * sizeof(float));
+}
+
+/* Task index: its batch entries and kv heads, zeroed, then summed into. */
+static void backward_task(void *arg, size_t index) {
+    const backward_run *run = arg;
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const size_t b0 = index / run->tasks_h * run->task_b, h0 = index % run->tasks_h * run->task_h;
+    tiles t;
+    for (size_t b = b0; b < b0 + run->task_b; b++)
+        for (size_t hk = h0; hk < h0 + run->task_h; hk++) {
+            zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
+            zero_rows(bp->dv, bp->dv_stride, b, hk, 0, p->len_kv, p->d_v);
+            for (size_t g = 0; g < run->group; g++)
+                zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, 0, p->len_q, p->d_k);
+        }
+    if (!p->len_q || !p->len_kv) return;
+    for (size_t b = b0; b < b0 + run->task_b; b++)
+        for (size_t hk = h0; hk < h0 + run->task_h; hk++)
+            backward_keys(run, &t, b, hk, 0, p->len_kv, NULL);
+}
+
+/* ---- key chunks ----
+ *
+ * A call with few (batch, kv head) units (one head, say) also cuts each unit's keys into chunks
+ * of whole CHUNK_KEYS pieces, as many as give about CHUNK_TASKS tasks. Task (unit, chunk c)
+ * writes the dk and dv rows of its keys, and its share of dq: chunk 0 into the output rows,
+ * chunk c >= 1 into a partial of the workspace; the partials are then added to dq in chunk
+ * order. Without the workspace (another call holds it), the unit runs on the calling thread in
+ * another order with the same sums: each block of 32 query rows takes its chunks in turn, the
+ * partials of chunks c >= 1 in a stack tile, added in chunk order. Every dk and dv row gets the
+ * same tiles in the same order (query heads, then blocks of rows), and every dq row the same
+ * partials, so the bits are those of the parallel path, at any thread count. Units own no
+ * summed axis (task_b = task_h = 1, and dq not summed over query heads), and d_k is at most
+ * CHUNK_MAX_D (the stack tile). */
+#define CHUNK_KEYS   512
+#define CHUNK_TASKS  16
+#define CHUNK_MAX_D  256
+#define CHUNK_FLOATS ((size_t)1 << 22) /* at most this workspace (16 MiB): else no chunks */
+
+typedef struct chunked {
+    const backward_run *run;
+    size_t n_chunks, chunk_keys;
+    size_t part; /* floats of one (unit, chunk >= 1) partial: group * len_q * d_k */
+    float *ws;   /* the partials, unit by unit, chunks 1.. in order */
+} chunked;
+
+static void chunk_task(void *arg, size_t index) {
+    const chunked *ch = arg;
+    const backward_run *run = ch->run;
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const size_t u = index / ch->n_chunks, c = index % ch->n_chunks;
+    const size_t b = u / run->tasks_h, hk = u % run->tasks_h;
+    const size_t k_begin = c * ch->chunk_keys;
+    const size_t k_end =
+        k_begin + ch->chunk_keys < p->len_kv ? k_begin + ch->chunk_keys : p->len_kv;
+    float *partial = c ? ch->ws + (u * (ch->n_chunks - 1) + c - 1) * ch->part : NULL;
+    tiles t;
+    zero_rows(bp->dk, bp->dk_stride, b, hk, k_begin, k_end - k_begin, p->d_k);
+    zero_rows(bp->dv, bp->dv_stride, b, hk, k_begin, k_end - k_begin, p->d_v);
+    if (partial)
+        memset(partial, 0, ch->part * sizeof(float));
+    else
+        for (size_t g = 0; g < run->group; g++)
+            zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, 0, p->len_q, p->d_k);
+    backward_keys(run, &t, b, hk, k_begin, k_end, partial);
+}
+
+/* rows x d floats: dst (dst_row apart) += src (src_row apart) */
+static void add_rows(float *dst, size_t dst_row, const float *src, size_t src_row, size_t rows,
+                     size_t d) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < d; c++) dst[r * dst_row + c] += src[r * src_row + c];
+}
+
+/* Unit u on the calling thread, query block by query block (see above). */
+static void chunk_unit_serial(const chunked *ch, size_t u) {
+    const backward_run *run = ch->run;
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const size_t b = u / run->tasks_h, hk = u % run->tasks_h;
+    tiles t;
+    float acc[QT * CHUNK_MAX_D];
+    zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
+    zero_rows(bp->dv, bp->dv_stride, b, hk, 0, p->len_kv, p->d_v);
+    for (size_t g = 0; g < run->group; g++) {
+        head h;
+        head_of(run, b, hk, g, &h);
+        zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, 0, p->len_q, p->d_k);
+        for (size_t q0 = 0; q0 < p->len_q; q0 += QT) {
+            const size_t nq = p->len_q - q0 < QT ? p->len_q - q0 : QT;
+            for (size_t c = 0; c < ch->n_chunks; c++) {
+                head hc = h;
+                if (c) { /* the chunk's partial of these rows */
+                    memset(acc, 0, nq * p->d_k * sizeof(float));
+                    hc.dq = acc;
+                    hc.dq_row = p->d_k;
+                    hc.dq_first = q0;
+                }
+                const size_t k_begin = c * ch->chunk_keys;
+                const size_t k_end =
+                    k_begin + ch->chunk_keys < p->len_kv ? k_begin + ch->chunk_keys : p->len_kv;
+                for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
+                    key_block kb;
+                    key_block_of(run, b, hk, k0, &kb);
+                    backward_tile(run, &t, &hc, &kb, q0, nq);
+                }
+                if (c) add_rows(h.dq + q0 * h.dq_row, h.dq_row, acc, p->d_k, nq, p->d_k);
+            }
+        }
+    }
+}
+
+/* The chunks of a call with few units, or 0 (no chunks). */
+static size_t chunks_for(const backward_run *run, size_t n_units) {
+    const attention_problem *p = &run->bp->fwd;
+    const size_t pieces = (p->len_kv + CHUNK_KEYS - 1) / CHUNK_KEYS;
+    /* a unit's dq rows summed over its query heads (a head stride of 0) would take every
+       head's partials in another order on the two paths */
+    if (run->task_b != 1 || run->task_h != 1 || (p->heads_q > 1 && !run->bp->dq_stride[1]) ||
+        p->d_k > CHUNK_MAX_D || pieces < 2 || n_units >= CHUNK_TASKS)
+        return 0;
+    size_t n = (CHUNK_TASKS + n_units - 1) / n_units;
+    if (n > pieces) n = pieces;
+    const size_t part = run->group * p->len_q * p->d_k;
+    while (n > 1 && (n - 1) * n_units > CHUNK_FLOATS / part) n--;
+    return n > 1 ? n : 0;
+}
+
+static void backward_run_all(const backward_problem *bp) {
+    const attention_problem *p = &bp->fwd;
+    backward_run run;
+    run.bp = bp;
+    run.k = sdpa_kernels_now();
+    run.a = run.k->attention;
+    const int kind = sdpa_exp_with(run.k);
+    run.exp_tile = run.a->exp_tile[kind];
+    run.exp_sum = run.k->exp_sum[kind];
+    run.packed = run.a->pack_q && run.a->scores_max && p->d_k <= SDPA_ATTN_PACK_MAX_D &&
+                 p->d_v <= SDPA_ATTN_PACK_MAX_D;
+    run.keys = run.packed ? SDPA_ATTN_MAX_BLOCK_KV : run.a->block_q;
+    run.group = p->heads_q / p->heads_kv;
+    /* a gradient summed over an axis (stride 0) is written by one task for the whole axis */
+    const int all_b = p->batch > 1 && (!bp->dq_stride[0] || !bp->dk_stride[0] || !bp->dv_stride[0]);
+    const int all_h = p->heads_kv > 1 && (!bp->dk_stride[1] || !bp->dv_stride[1] ||
+                                          (p->heads_q > 1 && !bp->dq_stride[1]));
+    run.task_b = all_b ? p->batch : 1;
+    run.task_h = all_h ? p->heads_kv : 1;
+    run.tasks_b = p->batch / run.task_b;
+    run.tasks_h = p->heads_kv / run.task_h;
+    const size_t n_units = run.tasks_b * run.tasks_h;
+    /* four products of len_q x len_kv pairs over d, and the scores */
+    const double work = (double)p->batch * (double)p->heads_q * (double)p->len_q *
+                        (double)p->len_kv * (double)(2 * p->d_k + 3 * p->d_v);
+    const size_t threads = sdpa_threads_for_call();
+    const int parallel = threads > 1 && work >= (double)SDPA_PARALLEL_MIN_WORK;
+    const size_t n_chunks = p->len_q ? chunks_for(&run, n_units) : 0;
+    if (n_chunks) {
+        chunked ch = {&run, n_chunks, 0, run.group * p->len_q * p->d_k, NULL};
+        ch.chunk_keys = (p->len_kv + CHUNK_KEYS - 1) / CHUNK_KEYS;
+        ch.chunk_keys = (ch.chunk_keys + n_chunks - 1) / n_chunks * CHUNK_KEYS;
+        if (parallel && (ch.ws = sdpa_workspace_acquire(n_units * (n_chunks - 1) * ch.part))) {
+            sdpa_parallel_run(chunk_task, &ch, n_units * n_chunks, threads);
+            for (size_t u = 0; u < n_units; u++)
+                for (size_t g = 0; g < run.group; g++) {
+                    head h;
+                    head_of(&run, u / run.tasks_h, u % run.tasks_h, g, &h);
+                    for (size_t c = 1; c < n_chunks; c++)
+                        add_rows(h.dq, h.dq_row,
+                                 ch.ws + (u * (n_chunks - 1) + c - 1) * ch.part +
+                                     g * p->len_q * p->d_k,
+                                 p->d_k, p->len_q, p->d_k);
+                }
+            sdpa_workspace_release();
+            return;
+        }
+        for (size_t u = 0; u < n_units; u++) chunk_unit_serial(&ch, u);
+        return;
+    }
+    if (parallel && n_units > 1) {
+        sdpa_parallel_run(backward_task, &run, n_units, threads);
+        return;
+    }
+    for (size_t i = 0; i < n_units; i++) backward_task(&run, i);
+}
+
+SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa_mha_grads *grads,
+                                           const float *q, const float *k, const float *v,
+                                           const float *out) {
+    backward_problem bp;
+    sdpa_status st = sdpa_backward_problem(&bp, desc, grads, q, k, v, out);
+    if (st != SDPA_OK) return st;
+    if (!bp.fwd.batch || !bp.fwd.heads_q || (!bp.fwd.len_q && !bp.fwd.len_kv)) return SDPA_OK;
+    backward_run_all(&bp);
+    return SDPA_OK;
+}

@@ -632,8 +632,7 @@ SDPA_API sdpa_status sdpa_mha(const sdpa_mha_desc *desc, void *out, const void *
 
 /* The extents [a, a + na) and [b, b + nb) floats share a byte. */
 static int overlaps(const float *a, size_t na, const float *b, size_t nb) {
-    const uintptr_t ua = (uintptr_t)a, ub = (uintptr_t)b;
-    return ua < ub + nb * sizeof(float) && ub < ua + na * sizeof(float);
+    return sdpa_bytes_overlap(a, na * sizeof(float), b, nb * sizeof(float));
 }
 
 SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const float *out_b,

@@ -6,15 +6,10 @@
 #include "attention_problem.h"
 #include "dispatch.h"
 #include "sdpa.h"
+#include "sizes.h"
 
 /* f16 <-> bf16 go through float in chunks this long, on the stack */
 #define CHUNK 1024
-
-/* [a, a + a_bytes) and [b, b + b_bytes) share a byte */
-static int overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
-    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return x < y + b_bytes && y < x + a_bytes;
-}
 
 SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *src,
                                   sdpa_dtype src_type, size_t n) {
@@ -24,7 +19,7 @@ SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *sr
     const size_t dst_size = sdpa_type_size(dst_type), src_size = sdpa_type_size(src_type);
     if (n > (size_t)PTRDIFF_MAX / (dst_size > src_size ? dst_size : src_size)) return SDPA_ERR_SIZE;
     const int in_place = dst == src && dst_size == src_size;
-    if (!in_place && overlap(dst, n * dst_size, src, n * src_size)) return SDPA_ERR_ARG;
+    if (!in_place && sdpa_bytes_overlap(dst, n * dst_size, src, n * src_size)) return SDPA_ERR_ARG;
 
     const sdpa_kernels *k = sdpa_kernels_now();
     if (dst_type == src_type) {

@@ -45,4 +45,10 @@ static inline int sdpa_view_fits(const size_t stride[3], size_t d0, size_t d1, s
     return sdpa_view_fits_sized(stride, d0, d1, d2, row, sizeof(float));
 }
 
+/* [a, a + a_bytes) and [b, b + b_bytes) share a byte */
+static inline int sdpa_bytes_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + b_bytes && y < x + a_bytes;
+}
+
 #endif

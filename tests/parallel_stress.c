@@ -118,8 +118,8 @@ static void *caller(void *unused) {
     float *out = malloc((A.n_out > B.n_out ? A.n_out : B.n_out) * sizeof(float));
     float *lse = malloc((A.n_lse > B.n_lse ? A.n_lse : B.n_lse) * sizeof(float));
     REQUIRE(out && lse, "out of memory");
-    const char *quick = getenv("SDPA_TEST_QUICK"); /* emulated: a quarter of the rounds */
-    const int rounds = quick && *quick && *quick != '0' ? ROUNDS / 4 : ROUNDS;
+    const char *quick = getenv("SDPA_TEST_QUICK"); /* emulated: one round (races are native's) */
+    const int rounds = quick && *quick && *quick != '0' ? 1 : ROUNDS;
     for (int i = 0; i < rounds; i++) {
         if (!call_matches(&A, out, lse)) atomic_fetch_add(&failures, 1);
         if (!call_matches(&B, out, lse)) atomic_fetch_add(&failures, 1);

@@ -198,10 +198,18 @@ ALWAYS_INLINE size_t pv_rows(const pv_operands *o, size_t i, int mr, int nv, int
                              int tail_keys) {
     for (; i + mr <= o->nq; i += mr) {
         size_t c = 0;
-        for (; c + nv * W <= o->d_v; c += nv * W)
+        for (; c + nv * W <= o->d_v; c += nv * W) {
+            /* the next rows' block of acc, a cache line at a time: the backward's acc (dk and
+               dv rows, 64 KiB each at d = 128) comes from L2, and its loads at the start of a
+               block would otherwise stall the FMAs */
+            if (i + 2 * mr <= o->nq)
+                for (int r = 0; r < mr; r++)
+                    for (int f = 0; f < nv * W; f += 16)
+                        __builtin_prefetch(o->acc + (i + mr + r) * o->ld_acc + c + f, 1);
             bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row,
                         o->p_key, o->v + c, o->v_stride, o->nk, mr, nv, u,
                         o->alpha ? o->alpha + i : NULL, NULL, NULL);
+        }
         for (; c < o->d_v; c += W) {
             const size_t n = o->d_v - c < W ? o->d_v - c : W;
             const fv_lanes m = fv_first(n);

@@ -196,12 +196,22 @@ ALWAYS_INLINE void pv_vector(const pv_operands *o, size_t i, size_t c, int mr, i
  * step and a partial one a key at a time. Returns the first row not done. */
 ALWAYS_INLINE size_t pv_rows(const pv_operands *o, size_t i, int mr, int nv, int u, int tail_rows,
                              int tail_keys) {
+    const int far = o->nq * o->d_v > 8192;
     for (; i + mr <= o->nq; i += mr) {
         size_t c = 0;
-        for (; c + nv * W <= o->d_v; c += nv * W)
+        for (; c + nv * W <= o->d_v; c += nv * W) {
+            /* the next rows' block of acc, a cache line at a time, where acc is past 32 KiB:
+               the backward's dk and dv rows (64 KiB each at d = 128) come from L2, and their
+               loads at the start of a block would otherwise stall the FMAs; an acc that stays
+               in L1 (the forward's, d = 64) only pays for the prefetches */
+            if (far && i + 2 * mr <= o->nq)
+                for (int r = 0; r < mr; r++)
+                    for (int f = 0; f < nv * W; f += 16)
+                        __builtin_prefetch(o->acc + (i + mr + r) * o->ld_acc + c + f, 1);
             bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row,
                         o->p_key, o->v + c, o->v_stride, o->nk, mr, nv, u,
                         o->alpha ? o->alpha + i : NULL, NULL, NULL);
+        }
         for (; c < o->d_v; c += W) {
             const size_t n = o->d_v - c < W ? o->d_v - c : W;
             const fv_lanes m = fv_first(n);

@@ -342,17 +342,18 @@ static void backward_task(void *arg, size_t index) {
  * of whole CHUNK_KEYS pieces, as many as give about CHUNK_TASKS tasks. Task (unit, chunk c)
  * writes the dk and dv rows of its keys, and its share of dq: chunk 0 into the output rows,
  * chunk c >= 1 into a partial of the workspace; the partials are then added to dq in chunk
- * order. Without the workspace (another call holds it), the unit runs on the calling thread in
- * another order with the same sums: each block of 32 query rows takes its chunks in turn, the
- * partials of chunks c >= 1 in a stack tile, added in chunk order. Every dk and dv row gets the
- * same tiles in the same order (query heads, then blocks of rows), and every dq row the same
- * partials, so the bits are those of the parallel path, at any thread count. Units own no
- * summed axis (task_b = task_h = 1, and dq not summed over query heads), and d_k is at most
- * CHUNK_MAX_D (the stack tile). */
+ * order. On one thread, or without the workspace (another call holds it), the unit runs on the
+ * calling thread in another order with the same sums: each band of query rows takes its chunks
+ * in turn, the partials of chunks c >= 1 in a stack tile, added in chunk order. Every dk and dv
+ * row gets the same tiles in the same order (query heads, then blocks of rows), and every dq row
+ * the same partials, so the bits are those of the parallel path, at any thread count. Units own
+ * no summed axis (task_b = task_h = 1, and dq not summed over query heads), and d_k is at most
+ * CHUNK_MAX_D (a band of at least QT rows in the stack tile). */
 #define CHUNK_KEYS   512
 #define CHUNK_TASKS  16
 #define CHUNK_MAX_D  256
-#define CHUNK_FLOATS ((size_t)1 << 22) /* at most this workspace (16 MiB): else no chunks */
+#define CHUNK_FLOATS ((size_t)1 << 22)      /* at most this workspace (16 MiB): else no chunks */
+#define CHUNK_ACC    (2 * QT * CHUNK_MAX_D) /* the stack tile of the serial order (64 KiB) */
 
 typedef struct chunked {
     const backward_run *run;
@@ -390,29 +391,32 @@ static void add_rows(float *dst, size_t dst_row, const float *src, size_t src_ro
         for (size_t c = 0; c < d; c++) dst[r * dst_row + c] += src[r * src_row + c];
 }
 
-/* Unit u on the calling thread, query block by query block (see above). */
+/* Unit u on the calling thread, a band of query rows at a time (see above): as many rows as
+ * the stack tile holds at d_k, so that each pass over the unit's keys (their k, v, dk and dv
+ * rows, 2 MiB at 1024 keys and d = 128, more than L2) serves that many rows, not 32. */
 static void chunk_unit_serial(const chunked *ch, size_t u) {
     const backward_run *run = ch->run;
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
     const size_t b = u / run->tasks_h, hk = u % run->tasks_h;
+    const size_t band = CHUNK_ACC / p->d_k / QT * QT;
     tiles t;
-    float acc[QT * CHUNK_MAX_D];
+    float acc[CHUNK_ACC];
     zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
     zero_rows(bp->dv, bp->dv_stride, b, hk, 0, p->len_kv, p->d_v);
     for (size_t g = 0; g < run->group; g++) {
         head h;
         head_of(run, b, hk, g, &h);
         zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, 0, p->len_q, p->d_k);
-        for (size_t q0 = 0; q0 < p->len_q; q0 += QT) {
-            const size_t nq = p->len_q - q0 < QT ? p->len_q - q0 : QT;
+        for (size_t r0 = 0; r0 < p->len_q; r0 += band) {
+            const size_t nr = p->len_q - r0 < band ? p->len_q - r0 : band;
             for (size_t c = 0; c < ch->n_chunks; c++) {
                 head hc = h;
                 if (c) { /* the chunk's partial of these rows */
-                    memset(acc, 0, nq * p->d_k * sizeof(float));
+                    memset(acc, 0, nr * p->d_k * sizeof(float));
                     hc.dq = acc;
                     hc.dq_row = p->d_k;
-                    hc.dq_first = q0;
+                    hc.dq_first = r0;
                 }
                 const size_t k_begin = c * ch->chunk_keys;
                 const size_t k_end =
@@ -420,9 +424,10 @@ static void chunk_unit_serial(const chunked *ch, size_t u) {
                 for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
                     key_block kb;
                     key_block_of(run, b, hk, k0, &kb);
-                    backward_tile(run, &t, &hc, &kb, q0, nq);
+                    for (size_t q0 = r0; q0 < r0 + nr; q0 += QT)
+                        backward_tile(run, &t, &hc, &kb, q0, r0 + nr - q0 < QT ? r0 + nr - q0 : QT);
                 }
-                if (c) add_rows(h.dq + q0 * h.dq_row, h.dq_row, acc, p->d_k, nq, p->d_k);
+                if (c) add_rows(h.dq + r0 * h.dq_row, h.dq_row, acc, p->d_k, nr, p->d_k);
             }
         }
     }

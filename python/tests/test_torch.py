@@ -27,6 +27,28 @@ def randn(gen, *shape, dtype=torch.float32):
     return torch.randn(*shape, generator=gen).to(dtype)
 
 
+def scores(q, k, causal, mask, scale):
+    """scale q k^T plus a float mask, -inf where causality or a False bool mask entry removes the
+    key (k has as many heads as q)."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = scale * q @ k.transpose(-1, -2)
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.double()
+    if causal:
+        lq, lkv = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(lq, lkv, dtype=torch.bool).tril(lkv - lq), -math.inf)
+    return s
+
+
+def weights(s):
+    """The softmax of each row of s, zeros for a row that sees no key (as sdpa gives) rather than
+    NaN; the max is only a shift, so it carries no gradient."""
+    m = s.detach().amax(dim=-1, keepdim=True)
+    e = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+    z = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(z > 0, z, torch.ones_like(z))
+
+
 def textbook(q, k, v, causal=False, mask=None, scale=None, layout="bhsd"):
     """softmax(scale q k^T + mask) v by torch operations, differentiable (float64 in, float64
     out); GQA by repeating the kv heads."""
@@ -40,21 +62,7 @@ def textbook(q, k, v, causal=False, mask=None, scale=None, layout="bhsd"):
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = scale * q @ k.transpose(-1, -2)
-    if mask is not None:
-        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.double()
-    if causal:
-        lq, lkv = s.shape[-2:]
-        keep = torch.ones(lq, lkv, dtype=torch.bool).tril(lkv - lq)
-        s = s.masked_fill(~keep, -math.inf)
-    # softmax that gives a row seeing no key zeros (as sdpa does) rather than NaN; the max is
-    # only a shift, so it carries no gradient
-    m = s.detach().amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(s - m)
-    z = e.sum(dim=-1, keepdim=True)
-    out = (e / torch.where(z > 0, z, torch.ones_like(z))) @ v
+    out = weights(scores(q, k, causal, mask, scale)) @ v
     if two_d:
         return out[0, 0]
     return out.transpose(1, 2) if layout == "bshd" else out
@@ -169,16 +177,7 @@ def grad_bounds(q, k, v, dout, causal=False, mask=None, scale=None, layout="bhsd
     hkv, group = k.shape[1], q.shape[1] // k.shape[1]
     kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = scale * q @ kr.transpose(-1, -2)
-    if mask is not None:
-        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.double()
-    if causal:
-        lq, lkv = s.shape[-2:]
-        s = s.masked_fill(~torch.ones(lq, lkv, dtype=torch.bool).tril(lkv - lq), -math.inf)
-    m = s.amax(dim=-1, keepdim=True)
-    e = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
-    z = e.sum(dim=-1, keepdim=True)
-    p = e / torch.where(z > 0, z, torch.ones_like(z))
+    p = weights(scores(q, kr, causal, mask, scale))
     out = p @ vr
     dp = dout @ vr.transpose(-1, -2)
     d_row = (dout * out).sum(-1, keepdim=True)

@@ -139,6 +139,10 @@ void fill_uniform(rng *r, float *x, size_t n, float lo, float hi) {
     for (size_t i = 0; i < n; i++) x[i] = (float)rng_uniform(r, lo, hi);
 }
 
+void fill_normal(rng *r, float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)rng_normal(r);
+}
+
 float *alloc_offset(size_t n, size_t offset, void **base) {
     *base = aligned_alloc(64, ((n + offset) * sizeof(float) + 63) / 64 * 64 + 64);
     cr_assert_not_null(*base);

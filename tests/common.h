@@ -51,6 +51,7 @@ rng rng_seed(uint64_t seed);
 double rng_uniform(rng *r, double lo, double hi);
 double rng_normal(rng *r);
 void fill_uniform(rng *r, float *x, size_t n, float lo, float hi);
+void fill_normal(rng *r, float *x, size_t n); /* unit normal */
 
 /* Aligned allocation plus an offset in floats (0..3) from a 64-byte boundary. */
 float *alloc_offset(size_t n, size_t offset, void **base);

@@ -15,10 +15,6 @@
 static const size_t DIMS[] = {1, 3, 8, 16, 17, 64, 80, 96, 128, 256};
 #define N_DIMS (sizeof DIMS / sizeof DIMS[0])
 
-static void fill_normal(rng *r, float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = (float)rng_normal(r);
-}
-
 static size_t pick(rng *r, size_t lo, size_t hi) { /* uniform in [lo, hi] */
     return lo + (size_t)rng_uniform(r, 0.0, (double)(hi - lo + 1));
 }

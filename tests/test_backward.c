@@ -37,10 +37,6 @@ static float *alloc_floats(size_t n) {
     return p;
 }
 
-static void fill_normal(rng *r, float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = (float)rng_normal(r);
-}
-
 static size_t extent(const size_t stride[3], size_t d0, size_t d1, size_t d2, size_t row) {
     return (d0 - 1) * stride[0] + (d1 - 1) * stride[1] + (d2 - 1) * stride[2] + row;
 }

@@ -87,9 +87,9 @@ static void problem_make(problem *p, const shape *s, uint64_t seed) {
     p->out = malloc(nq * sizeof(float));
     p->lse = malloc(p->n_lse * sizeof(float));
     cr_assert(p->q && p->k && p->v && p->out && p->lse);
-    for (size_t i = 0; i < nq; i++) p->q[i] = (float)rng_normal(&r);
-    for (size_t i = 0; i < nkv; i++) p->k[i] = (float)rng_normal(&r);
-    for (size_t i = 0; i < nkv; i++) p->v[i] = (float)rng_normal(&r);
+    fill_normal(&r, p->q, nq);
+    fill_normal(&r, p->k, nkv);
+    fill_normal(&r, p->v, nkv);
     if (s->masked) {
         /* a mask per query head; head 1 (or 0) hides its first 1100 keys, a whole split-KV
            chunk or more, so that merges see parts with an lse of -inf */
@@ -321,9 +321,9 @@ BACKEND_TEST(merge, random_parts_in_random_order_match_the_reference) {
         float *lses = malloc(n_parts * lq * sizeof(float));
         double *ref = malloc(lq * d * sizeof(double));
         cr_assert(q && k && v && outs && lses && ref);
-        for (size_t i = 0; i < lq * d; i++) q[i] = (float)rng_normal(&r);
-        for (size_t i = 0; i < lk * d; i++) k[i] = (float)rng_normal(&r);
-        for (size_t i = 0; i < lk * d; i++) v[i] = (float)rng_normal(&r);
+        fill_normal(&r, q, lq * d);
+        fill_normal(&r, k, lk * d);
+        fill_normal(&r, v, lk * d);
         /* cut points: n_parts - 1 distinct random keys (parts may be empty only at n > lk) */
         size_t cut[9];
         cut[0] = 0;

@@ -330,7 +330,8 @@ typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype
  * subnormal element there makes that score NaN, and so its row NaN, where the widened path's
  * score is an infinity. Every other special-value rule holds as for f32.
  * With any 16-bit view, d_k and d_v must be at most 8192 (else SDPA_ERR_SIZE): blocks are
- * widened into tiles on the stack, which take 64 KiB more than an f32 call's. */
+ * widened into tiles on the stack, which take about 130 KiB more than an f32 call's (a 16-bit K/V
+ * prefill widens each block of keys and values once for 64 query rows). */
 SDPA_API sdpa_status sdpa_mha(const sdpa_mha_desc *desc, void *out, const void *q, const void *k,
                               const void *v);
 

@@ -10,8 +10,9 @@
  *
  * Views of a 16-bit type are widened to float a block at a time (the backend's widen), so every
  * microkernel works in float: the block's queries once, each block of keys before its scores
- * and the same block of values before P V; a 16-bit out is rounded once, from the finished
- * float row. Where the backend's bf16 dot add-on is on (kernels.h, sdpa_bf16_dot_kernels) and Q
+ * and the same block of values before P V, once for all the blocks of rows a unit holds (two
+ * for a 16-bit K/V prefill, ROW_BLOCKS); a 16-bit out is rounded once, from the finished float
+ * row. Where the backend's bf16 dot add-on is on (kernels.h, sdpa_bf16_dot_kernels) and Q
  * and K are both bf16, the packed path forms Q.K from them as they are, and only V is widened. */
 #include <math.h>
 #include <stdint.h>
@@ -30,12 +31,45 @@
 /* Accumulator tile on the stack: block_q rows of d_v floats when they fit. */
 #define ACC_FLOATS (SDPA_ATTN_MAX_BLOCK_Q * 256)
 
+/* Blocks of query rows a unit of a 16-bit K/V prefill holds: each block of keys and of values is
+   widened once for all of them, where one block alone would widen it per 32 rows, a cost of
+   about a tenth of the prefill. */
+#define ROW_BLOCKS 2
+
+/* A block of at most SDPA_ATTN_MAX_BLOCK_Q query rows of one head, and the state of its online
+ * softmax: running max m and sum l per row, and the accumulator acc. */
+typedef struct row_block {
+    size_t q0, nq;
+    int packed;      /* the key-major path: pack_q, scores_packed, scores_max */
+    const float *qb; /* the rows as floats, for scores_tile (unpacked) */
+    size_t qs;       /* their stride */
+    float *acc;      /* stack tile, or for d_v past it the output rows */
+    size_t ld_acc;
+    size_t kv_end;  /* keys seen by the last (widest) row */
+    size_t all_see; /* keys seen by every row (the first, under causality) */
+    enum { STEP_NONE, STEP_FUSED, STEP_ROWS } step; /* what the scores of a block left for P V */
+    int simple; /* STEP_ROWS: every row sees every key of the block */
+    float m[SDPA_ATTN_MAX_BLOCK_Q], m_new[SDPA_ATTN_MAX_BLOCK_Q];
+    double l[SDPA_ATTN_MAX_BLOCK_Q];
+    size_t visible[SDPA_ATTN_MAX_BLOCK_Q]; /* keys row r sees (all keys unless causal) */
+    unsigned char poisoned[SDPA_ATTN_MAX_BLOCK_Q], live[SDPA_ATTN_MAX_BLOCK_Q];
+    _Alignas(64) float s[SDPA_ATTN_MAX_BLOCK_Q * SDPA_ATTN_MAX_BLOCK_KV]; /* scores, weights */
+    /* the rows, transposed: floats, or with the bf16 dot words of bf16 pairs */
+    union {
+        _Alignas(64) float f[SDPA_ATTN_PACK_MAX_D * SDPA_ATTN_MAX_BLOCK_Q];
+        uint32_t pairs[SDPA_ATTN_PACK_MAX_D / 2 * SDPA_ATTN_MAX_BLOCK_Q];
+    } qt;
+} row_block;
+
 /* A problem with a 16-bit view: its rows widened to float. kv holds a block of keys for the
  * scores, then the same block of values for P V, never both at once; q the block's queries,
  * where the scores read them as rows (the packed path widens them into kv for pack_q). */
 typedef struct wide_tiles {
     _Alignas(64) float q[SDPA_WIDE_FLOATS];
     _Alignas(64) float kv[SDPA_WIDE_FLOATS];
+    /* the row blocks past the first that share each widened block of keys and values */
+    row_block more[ROW_BLOCKS - 1];
+    float more_acc[ROW_BLOCKS - 1][ACC_FLOATS];
 } wide_tiles;
 
 /* ---- the driver ---- */
@@ -93,69 +127,32 @@ static const float *value_rows(const attention_run *run, const attention_problem
                       run->wide ? run->wide->kv : NULL, stride);
 }
 
-/* One step of the online softmax for a block that every row sees whole, with no mask, in the
- * backend's key-major kernels (kernels.h, scores_max and exp_pv). Returns 0, having changed
- * nothing, when a new row max is not finite (+inf among the scores, or a row with nothing but
- * -inf so far): the general path then takes the block. k is float rows, or with the bf16 dot
- * the bf16 rows themselves (qt then holds pairs). */
-static int packed_step(const attention_run *run, const attention_problem *p, float *st, float *acc,
-                       size_t ld_acc, float *m, double *l, const void *qt, size_t nq, const void *k,
-                       size_t k_stride, const void *v, size_t k0, size_t nk) {
-    float m_new[SDPA_ATTN_MAX_BLOCK_Q], alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
-    if (run->bf16_dot)
-        run->bf16_dot->scores_max(st, m_new, qt, nq, k, k_stride, nk, p->d_k, p->scale);
-    else
-        run->a->scores_max(st, m_new, qt, nq, k, k_stride, nk, p->d_k, p->scale);
-    for (size_t r = 0; r < nq; r++) m_new[r] = m_new[r] > m[r] ? m_new[r] : m[r];
-    if (!all_finite(m_new, nq)) return 0;
-    size_t vs;
-    const float *vb = value_rows(run, p, v, k0, nk, &vs);
-    run->exp_pv(acc, ld_acc, st, m, m_new, alpha, sums, nq, nk, vb, vs, p->d_v);
-    for (size_t r = 0; r < nq; r++) {
-        l[r] = l[r] * alpha[r] + sums[r];
-        m[r] = m_new[r];
-    }
-    return 1;
-}
-
-/* One block of nq query rows of one head against all the keys they see. */
-static void attention_block(const attention_run *run, const attention_problem *p, const void *q,
-                            const void *k, const void *v, const float *mask, size_t mask_row,
-                            void *out, float *lse, size_t lse_row, size_t q0, size_t nq) {
+/* Rows [q0, q0 + nq) into b: their queries packed or as float rows, the keys each sees, an empty
+ * state. acc_tile holds ACC_FLOATS. */
+static void rows_begin(const attention_run *run, const attention_problem *p, const void *q,
+                       void *out, float *acc_tile, size_t q0, size_t nq, row_block *b) {
     const sdpa_attention_kernels *a = run->a;
-    const size_t block_kv = run->keys_max, d_v = p->d_v;
-    const size_t os = p->out_stride[2];
-    _Alignas(64) float s_tile[SDPA_ATTN_MAX_BLOCK_Q * SDPA_ATTN_MAX_BLOCK_KV];
-    float acc_tile[ACC_FLOATS];
-    float m[SDPA_ATTN_MAX_BLOCK_Q];
-    double l[SDPA_ATTN_MAX_BLOCK_Q];
-    size_t visible[SDPA_ATTN_MAX_BLOCK_Q]; /* keys row r sees (all keys unless causal) */
-    unsigned char poisoned[SDPA_ATTN_MAX_BLOCK_Q], live[SDPA_ATTN_MAX_BLOCK_Q];
-    /* the block of queries, transposed: floats, or with the bf16 dot words of bf16 pairs */
-    union {
-        _Alignas(64) float f[SDPA_ATTN_PACK_MAX_D * SDPA_ATTN_MAX_BLOCK_Q];
-        uint32_t pairs[SDPA_ATTN_PACK_MAX_D / 2 * SDPA_ATTN_MAX_BLOCK_Q];
-    } qt;
-    const int packed = a->pack_q && nq >= 8 && p->d_k <= SDPA_ATTN_PACK_MAX_D;
-    const sdpa_bf16_dot_kernels *pairs = packed ? run->bf16_dot : NULL;
-    size_t qs = 0;
-    const float *qb = NULL;
+    const size_t d_v = p->d_v, os = p->out_stride[2];
+    b->q0 = q0;
+    b->nq = nq;
+    b->packed = a->pack_q && nq >= 8 && p->d_k <= SDPA_ATTN_PACK_MAX_D;
+    const sdpa_bf16_dot_kernels *pairs = b->packed ? run->bf16_dot : NULL;
+    b->qs = 0;
+    b->qb = NULL;
     if (pairs)
-        pairs->pack_q(qt.pairs, (const uint16_t *)q + q0 * p->q_stride[2], p->q_stride[2], nq,
+        pairs->pack_q(b->qt.pairs, (const uint16_t *)q + q0 * p->q_stride[2], p->q_stride[2], nq,
                       p->d_k);
     else
-        qb = float_rows(run, p->q_type, q, q0, nq, p->q_stride[2], p->d_k,
-                        run->wide ? (packed ? run->wide->kv : run->wide->q) : NULL, &qs);
-    if (packed && !pairs) a->pack_q(qt.f, qb, qs, nq, p->d_k);
+        b->qb = float_rows(run, p->q_type, q, q0, nq, p->q_stride[2], p->d_k,
+                           run->wide ? (b->packed ? run->wide->kv : run->wide->q) : NULL, &b->qs);
+    if (b->packed && !pairs) a->pack_q(b->qt.f, b->qb, b->qs, nq, p->d_k);
 
     /* accumulate on the stack when the tile fits (always, for a 16-bit out: rows_max), else in
        the output rows themselves */
-    float *acc = nq * d_v <= ACC_FLOATS ? acc_tile : (float *)out + q0 * os;
-    const size_t ld_acc = acc == acc_tile ? d_v : os;
-    const size_t ld_s = block_kv;
-
-    size_t kv_end = 0;         /* keys seen by the last (widest) row */
-    size_t all_see = SIZE_MAX; /* keys seen by every row (the first, under causality) */
+    b->acc = nq * d_v <= ACC_FLOATS ? acc_tile : (float *)out + q0 * os;
+    b->ld_acc = b->acc == acc_tile ? d_v : os;
+    b->kv_end = 0;
+    b->all_see = SIZE_MAX;
     for (size_t r = 0; r < nq; r++) {
         size_t seen = p->len_kv;
         if (p->causal) {
@@ -164,133 +161,217 @@ static void attention_block(const attention_run *run, const attention_problem *p
             seen = i1 + p->len_kv > p->len_q ? i1 + p->len_kv - p->len_q : 0;
             if (seen > p->len_kv) seen = p->len_kv;
         }
-        visible[r] = seen;
-        if (seen > kv_end) kv_end = seen;
-        if (seen < all_see) all_see = seen;
-        m[r] = -INFINITY;
-        l[r] = 0.0;
-        poisoned[r] = 0;
-        memset(acc + r * ld_acc, 0, d_v * sizeof(float));
+        b->visible[r] = seen;
+        if (seen > b->kv_end) b->kv_end = seen;
+        if (seen < b->all_see) b->all_see = seen;
+        b->m[r] = -INFINITY;
+        b->l[r] = 0.0;
+        b->poisoned[r] = 0;
+        memset(b->acc + r * b->ld_acc, 0, d_v * sizeof(float));
     }
+}
 
-    for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
-        const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
-        size_t ks = p->k_stride[2];
-        const uint16_t *kb16 = pairs ? (const uint16_t *)k + k0 * ks : NULL;
-        const float *kb = pairs ? NULL
-                                : float_rows(run, p->kv_type, k, k0, nk, p->k_stride[2], p->d_k,
-                                             run->wide ? run->wide->kv : NULL, &ks);
-        /* a block every row sees whole, with no mask: one call does all of it, unless a row's
-           max would not be finite (then nothing changed, and the general path below runs) */
-        if (packed && run->exp_pv && !mask && all_see >= k0 + nk &&
-            packed_step(run, p, s_tile, acc, ld_acc, m, l, qt.f, nq,
-                        pairs ? (const void *)kb16 : kb, ks, v, k0, nk))
-            continue;
+/* The first half of a block of keys [k0, k0 + nk) for the rows of b: their scores, and the
+ * running max. A block every row sees whole, with no mask, takes the fused path (scores_max now,
+ * exp_pv in rows_values) unless a new row max would not be finite (+inf among the scores, or a
+ * row with nothing but -inf so far); every other block has its weights formed here. K is kb,
+ * float rows ks apart, or for a packed block with the bf16 dot kb16, the bf16 rows themselves. */
+static void rows_scores(const attention_run *run, const attention_problem *p, row_block *b,
+                        const float *kb, const uint16_t *kb16, size_t ks, const float *mask,
+                        size_t mask_row, size_t k0, size_t nk) {
+    const sdpa_attention_kernels *a = run->a;
+    const sdpa_bf16_dot_kernels *pairs = b->packed ? run->bf16_dot : NULL;
+    const size_t nq = b->nq, ld_s = run->keys_max;
+    float *s_tile = b->s;
+    if (b->packed && run->exp_pv && !mask && b->all_see >= k0 + nk) {
         if (pairs)
-            pairs->scores_packed(s_tile, ld_s, qt.pairs, nq, kb16, ks, nk, p->d_k, p->scale);
-        else if (packed)
-            a->scores_packed(s_tile, ld_s, qt.f, nq, kb, ks, nk, p->d_k, p->scale);
+            pairs->scores_max(s_tile, b->m_new, b->qt.pairs, nq, kb16, p->k_stride[2], nk, p->d_k,
+                              p->scale);
         else
-            a->scores_tile(s_tile, ld_s, qb, qs, nq, kb, ks, nk, p->d_k, p->scale);
+            a->scores_max(s_tile, b->m_new, b->qt.f, nq, kb, ks, nk, p->d_k, p->scale);
+        for (size_t r = 0; r < nq; r++) b->m_new[r] = b->m_new[r] > b->m[r] ? b->m_new[r] : b->m[r];
+        if (all_finite(b->m_new, nq)) {
+            b->step = STEP_FUSED;
+            return;
+        }
+    }
+    b->step = STEP_ROWS;
+    if (pairs)
+        pairs->scores_packed(s_tile, ld_s, b->qt.pairs, nq, kb16, p->k_stride[2], nk, p->d_k,
+                             p->scale);
+    else if (b->packed)
+        a->scores_packed(s_tile, ld_s, b->qt.f, nq, kb, ks, nk, p->d_k, p->scale);
+    else
+        a->scores_tile(s_tile, ld_s, b->qb, b->qs, nq, kb, ks, nk, p->d_k, p->scale);
 
-        int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
-        for (size_t r = 0; r < nq; r++) {
-            float *s = s_tile + r * ld_s;
-            size_t n = visible[r] > k0 ? visible[r] - k0 : 0;
-            if (n > nk) n = nk;
-            live[r] = 0;
-            if (n < nk) simple = 0;
-            if (poisoned[r] || n == 0) continue;
-            if (mask) {
-                const float *mr = mask + (q0 + r) * mask_row + k0;
-                for (size_t j = 0; j < n; j++) {
-                    if (mr[j] == -INFINITY) {
-                        s[j] = -INFINITY;
-                        simple = 0;
-                    } else {
-                        s[j] += mr[j];
-                    }
+    int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
+    for (size_t r = 0; r < nq; r++) {
+        float *s = s_tile + r * ld_s;
+        size_t n = b->visible[r] > k0 ? b->visible[r] - k0 : 0;
+        if (n > nk) n = nk;
+        b->live[r] = 0;
+        if (n < nk) simple = 0;
+        if (b->poisoned[r] || n == 0) continue;
+        if (mask) {
+            const float *mr = mask + (b->q0 + r) * mask_row + k0;
+            for (size_t j = 0; j < n; j++) {
+                if (mr[j] == -INFINITY) {
+                    s[j] = -INFINITY;
+                    simple = 0;
+                } else {
+                    s[j] += mr[j];
                 }
             }
-            float bm = run->k->max_scaled(s, n, 1.0f);
-            if (isnan(bm) || (bm == -INFINITY && row_has_nan(s, n))) {
-                poisoned[r] = 1;
+        }
+        float bm = run->k->max_scaled(s, n, 1.0f);
+        if (isnan(bm) || (bm == -INFINITY && row_has_nan(s, n))) {
+            b->poisoned[r] = 1;
+            continue;
+        }
+        if (bm == -INFINITY) continue; /* nothing seen in this block */
+        float m_new = bm > b->m[r] ? bm : b->m[r];
+        if (m_new > b->m[r] && b->m[r] != -INFINITY) {
+            float alpha = expf(b->m[r] - m_new);
+            b->l[r] *= alpha;
+            run->k->scale(b->acc + r * b->ld_acc, b->acc + r * b->ld_acc, p->d_v, alpha);
+        }
+        b->m[r] = m_new;
+        b->live[r] = 1;
+    }
+    b->simple = simple;
+
+    /* p = exp(s - m) and the row sums: one call for the tile when every row is full */
+    if (simple && run->exp_tile) {
+        float shift[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
+        for (size_t r = 0; r < nq; r++) shift[r] = b->live[r] ? b->m[r] : 0.0f;
+        run->exp_tile(s_tile, ld_s, nq, nk, shift, sums);
+        for (size_t r = 0; r < nq; r++)
+            if (b->live[r]) b->l[r] += sums[r];
+    } else {
+        for (size_t r = 0; r < nq; r++) {
+            if (!b->live[r]) continue;
+            size_t n = b->visible[r] - k0 < nk ? b->visible[r] - k0 : nk;
+            float *s = s_tile + r * ld_s;
+            b->l[r] += run->exp_sum(s, s, n, 1.0f, b->m[r]);
+        }
+    }
+}
+
+/* The second half: the weights of rows_scores times the block of values vb (float rows, vs
+ * apart) into acc. */
+static void rows_values(const attention_run *run, const attention_problem *p, row_block *b,
+                        const float *vb, size_t vs, const float *mask, size_t mask_row, size_t k0,
+                        size_t nk) {
+    const sdpa_attention_kernels *a = run->a;
+    const size_t nq = b->nq, ld_s = run->keys_max, d_v = p->d_v;
+    float *s_tile = b->s;
+    if (b->step == STEP_FUSED) {
+        float alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
+        run->exp_pv(b->acc, b->ld_acc, s_tile, b->m, b->m_new, alpha, sums, nq, nk, vb, vs, d_v);
+        for (size_t r = 0; r < nq; r++) {
+            b->l[r] = b->l[r] * alpha[r] + sums[r];
+            b->m[r] = b->m_new[r];
+        }
+        return;
+    }
+    if (b->simple) {
+        for (size_t r = 0; r < nq; r++)
+            if (!b->live[r]) memset(s_tile + r * ld_s, 0, nk * sizeof(float));
+        a->pv_tile(b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vb, vs, d_v);
+        return;
+    }
+    /* Rows that leave keys out: only the runs of keys they see are summed, so a removed key's
+       values are never multiplied (0 * NaN would be NaN). */
+    for (size_t r = 0; r < nq; r++) {
+        if (!b->live[r]) continue;
+        size_t n = b->visible[r] - k0 < nk ? b->visible[r] - k0 : nk;
+        const float *s = s_tile + r * ld_s;
+        const float *mr = mask ? mask + (b->q0 + r) * mask_row + k0 : NULL;
+        size_t j = 0;
+        while (j < n) {
+            if (mr && mr[j] == -INFINITY) {
+                j++;
                 continue;
             }
-            if (bm == -INFINITY) continue; /* nothing seen in this block */
-            float m_new = bm > m[r] ? bm : m[r];
-            if (m_new > m[r] && m[r] != -INFINITY) {
-                float alpha = expf(m[r] - m_new);
-                l[r] *= alpha;
-                run->k->scale(acc + r * ld_acc, acc + r * ld_acc, d_v, alpha);
-            }
-            m[r] = m_new;
-            live[r] = 1;
-        }
-
-        /* p = exp(s - m) and the row sums: one call for the tile when every row is full */
-        if (simple && run->exp_tile) {
-            float shift[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
-            for (size_t r = 0; r < nq; r++) shift[r] = live[r] ? m[r] : 0.0f;
-            run->exp_tile(s_tile, ld_s, nq, nk, shift, sums);
-            for (size_t r = 0; r < nq; r++)
-                if (live[r]) l[r] += sums[r];
-        } else {
-            for (size_t r = 0; r < nq; r++) {
-                if (!live[r]) continue;
-                size_t n = visible[r] - k0 < nk ? visible[r] - k0 : nk;
-                float *s = s_tile + r * ld_s;
-                l[r] += run->exp_sum(s, s, n, 1.0f, m[r]);
-            }
-        }
-
-        size_t vs;
-        const float *vb = value_rows(run, p, v, k0, nk, &vs);
-        if (simple) {
-            for (size_t r = 0; r < nq; r++)
-                if (!live[r]) memset(s_tile + r * ld_s, 0, nk * sizeof(float));
-            a->pv_tile(acc, ld_acc, s_tile, ld_s, nq, nk, vb, vs, d_v);
-            continue;
-        }
-        /* Rows that leave keys out: only the runs of keys they see are summed, so a removed
-           key's values are never multiplied (0 * NaN would be NaN). */
-        for (size_t r = 0; r < nq; r++) {
-            if (!live[r]) continue;
-            size_t n = visible[r] - k0 < nk ? visible[r] - k0 : nk;
-            const float *s = s_tile + r * ld_s;
-            const float *mr = mask ? mask + (q0 + r) * mask_row + k0 : NULL;
-            size_t j = 0;
-            while (j < n) {
-                if (mr && mr[j] == -INFINITY) {
-                    j++;
-                    continue;
-                }
-                size_t start = j;
-                while (j < n && !(mr && mr[j] == -INFINITY)) j++;
-                a->pv_tile(acc + r * ld_acc, ld_acc, s + start, ld_s, 1, j - start, vb + start * vs,
-                           vs, d_v);
-            }
+            size_t start = j;
+            while (j < n && !(mr && mr[j] == -INFINITY)) j++;
+            a->pv_tile(b->acc + r * b->ld_acc, b->ld_acc, s + start, ld_s, 1, j - start,
+                       vb + start * vs, vs, d_v);
         }
     }
+}
 
-    /* a 16-bit out: the row finished in acc, then rounded once */
+/* The finished rows of b: normalised (a 16-bit out rounded once, from the float row), and their
+ * log-sum-exps. */
+static void rows_end(const attention_run *run, const attention_problem *p, const row_block *b,
+                     void *out, float *lse, size_t lse_row) {
+    const size_t d_v = p->d_v, os = p->out_stride[2];
     const int narrow = p->out_type != SDPA_F32;
-    for (size_t r = 0; r < nq; r++) {
-        float *o = narrow ? acc + r * ld_acc : (float *)out + (q0 + r) * os;
+    for (size_t r = 0; r < b->nq; r++) {
+        const size_t i = b->q0 + r;
+        float *o = narrow ? b->acc + r * b->ld_acc : (float *)out + i * os;
         float row_lse;
-        if (poisoned[r] || isnan(l[r])) {
+        if (b->poisoned[r] || isnan(b->l[r])) {
             for (size_t c = 0; c < d_v; c++) o[c] = NAN;
             row_lse = NAN;
-        } else if (l[r] == 0.0) {
+        } else if (b->l[r] == 0.0) {
             memset(o, 0, d_v * sizeof(float));
             row_lse = -INFINITY;
         } else {
-            run->k->scale(o, acc + r * ld_acc, d_v, (float)(1.0 / l[r]));
-            row_lse = (float)((double)m[r] + log(l[r]));
+            run->k->scale(o, b->acc + r * b->ld_acc, d_v, (float)(1.0 / b->l[r]));
+            row_lse = (float)((double)b->m[r] + log(b->l[r]));
         }
-        if (narrow) run->k->narrow[p->out_type]((uint16_t *)out + (q0 + r) * os, o, d_v);
-        if (lse) lse[(q0 + r) * lse_row] = row_lse;
+        if (narrow) run->k->narrow[p->out_type]((uint16_t *)out + i * os, o, d_v);
+        if (lse) lse[i * lse_row] = row_lse;
     }
+}
+
+/* Query rows [q0, q0 + nq) of one head against all the keys they see, in blocks of
+ * run->rows_max rows (at most ROW_BLOCKS of them; more than one only with the wide tiles, which
+ * hold the others' state): each block of keys, and of values, is read (widened) once for all of
+ * them. */
+static void attention_block(const attention_run *run, const attention_problem *p, const void *q,
+                            const void *k, const void *v, const float *mask, size_t mask_row,
+                            void *out, float *lse, size_t lse_row, size_t q0, size_t nq) {
+    const size_t block_kv = run->keys_max;
+    row_block first;
+    float acc_tile[ACC_FLOATS];
+    row_block *blocks[ROW_BLOCKS] = {&first};
+    size_t n_blocks = 0, kv_end = 0;
+    for (size_t r0 = 0; r0 < nq; r0 += run->rows_max, n_blocks++) {
+        if (n_blocks) blocks[n_blocks] = &run->wide->more[n_blocks - 1];
+        const size_t n = nq - r0 < run->rows_max ? nq - r0 : run->rows_max;
+        rows_begin(run, p, q, out, n_blocks ? run->wide->more_acc[n_blocks - 1] : acc_tile, q0 + r0,
+                   n, blocks[n_blocks]);
+        if (blocks[n_blocks]->kv_end > kv_end) kv_end = blocks[n_blocks]->kv_end;
+    }
+    /* the bf16 dot reads K as it is, for packed blocks; any other block needs float rows */
+    int pairs = 0, floats = 0;
+    for (size_t i = 0; i < n_blocks; i++) {
+        pairs |= run->bf16_dot && blocks[i]->packed;
+        floats |= !(run->bf16_dot && blocks[i]->packed);
+    }
+    for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
+        const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
+        size_t ks = p->k_stride[2], vs;
+        const uint16_t *kb16 = pairs ? (const uint16_t *)k + k0 * p->k_stride[2] : NULL;
+        const float *kb = floats ? float_rows(run, p->kv_type, k, k0, nk, p->k_stride[2], p->d_k,
+                                              run->wide ? run->wide->kv : NULL, &ks)
+                                 : NULL;
+        for (size_t i = 0; i < n_blocks; i++) {
+            row_block *b = blocks[i];
+            b->step = STEP_NONE;
+            if (k0 < b->kv_end)
+                rows_scores(run, p, b, kb, kb16, ks, mask, mask_row, k0,
+                            b->kv_end - k0 < nk ? b->kv_end - k0 : nk);
+        }
+        const float *vb = value_rows(run, p, v, k0, nk, &vs);
+        for (size_t i = 0; i < n_blocks; i++)
+            if (blocks[i]->step != STEP_NONE)
+                rows_values(run, p, blocks[i], vb, vs, mask, mask_row, k0,
+                            blocks[i]->kv_end - k0 < nk ? blocks[i]->kv_end - k0 : nk);
+    }
+    for (size_t i = 0; i < n_blocks; i++) rows_end(run, p, blocks[i], out, lse, lse_row);
 }
 
 /* base + index elements of type t */
@@ -549,9 +630,13 @@ static void attention_run_all(const attention_problem *p) {
             pl.run.keys_max = SDPA_WIDE_FLOATS / d;
     }
     pl.p = p;
-    pl.block_q = pl.run.rows_max;
     pl.group = p->heads_q / p->heads_kv;
     pl.grouped = p->len_q == 1 && pl.group > 1;
+    /* a 16-bit K/V prefill: ROW_BLOCKS blocks of rows a unit (never split: len_q > SPLIT_MAX_Q) */
+    pl.block_q = pl.run.rows_max;
+    if (p->kv_type != SDPA_F32 && !pl.grouped && p->len_q > SPLIT_MAX_Q && pl.run.a->pack_q &&
+        p->d_k <= SDPA_ATTN_PACK_MAX_D)
+        pl.block_q *= ROW_BLOCKS;
     const size_t rows = pl.grouped ? pl.group : p->len_q;
     pl.blocks_per_head = (rows + pl.block_q - 1) / pl.block_q;
     pl.n_units = p->batch * (pl.grouped ? p->heads_kv : p->heads_q) * pl.blocks_per_head;

@@ -9,42 +9,105 @@
  *   SCORES_ROW_NR           the keys of a single query's block
  *   EXP_PV_KEYS             exp_pv's keys a step, 2 or 4 (exp_pv_loops), with the packed entries
  *   ISA_EXP_TILE            defined, to give the table exp_tile: where one call a tile measured
- *                           faster than the driver's exp_sum row by row */
+ *                           faster than the driver's exp_sum row by row
+ *   ISA_TYPED_LOADS         defined, to give the table scores_tile_typed and pv_tile_typed
+ *                           (attention_tiles.h: the backend then has fv_count) */
 #ifndef SDPA_ARCH_ATTENTION_ENTRIES_H
 #define SDPA_ARCH_ATTENTION_ENTRIES_H
 
-/* Several rows: blocks of mr, then the rows left over one query each. A function of its own, so
- * that a single query (decode, and the scores entry) runs with no row loop around it: its
- * row_nr key streams need every general register. */
-__attribute__((noinline)) static void ISA_NAME(scores_rows)(float *s, size_t ld_s, const float *q,
-                                                            size_t q_stride, size_t nq,
-                                                            const float *k, size_t k_stride,
-                                                            size_t nk, size_t d, float scale) {
-    size_t i = scores_row_blocks(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale, SCORES_MR,
+/* kernels.h's scores_tile with k rows of type kt (attention_tiles.h) for several rows: blocks
+ * of mr, then the rows left over one query each. */
+ALWAYS_INLINE void scores_rows_as(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                                  const void *k, size_t k_stride, int kt, size_t nk, size_t d,
+                                  float scale) {
+    size_t i = scores_row_blocks(s, ld_s, q, q_stride, nq, k, k_stride, kt, nk, d, scale, SCORES_MR,
                                  SCORES_NR, SCORES_KEYWISE);
     for (; i < nq; i++)
-        scores_query(s + i * ld_s, q + i * q_stride, k, k_stride, nk, d, scale, SCORES_ROW_NR);
+        scores_query(s + i * ld_s, q + i * q_stride, k, k_stride, kt, nk, d, scale, SCORES_ROW_NR);
 }
+
+/* The rows, a function of their own per type, so that a single query (decode, and the scores
+ * entry) runs with no row loop around it: its row_nr key streams need every general register. */
+typedef void scores_rows_fn(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                            const void *k, size_t k_stride, size_t nk, size_t d, float scale);
+#define SCORES_ROWS(name, kt)                                                                      \
+    __attribute__((noinline)) static void ISA_NAME(name)(                                          \
+        float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq, const void *k,          \
+        size_t k_stride, size_t nk, size_t d, float scale) {                                       \
+        scores_rows_as(s, ld_s, q, q_stride, nq, k, k_stride, kt, nk, d, scale);                   \
+    }
+
+ALWAYS_INLINE void scores_tile_as(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                                  const void *k, size_t k_stride, int kt, size_t nk, size_t d,
+                                  float scale, scores_rows_fn *rows) {
+    if (nq == 1)
+        scores_query(s, q, k, k_stride, kt, nk, d, scale, SCORES_ROW_NR);
+    else
+        rows(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
+}
+
+SCORES_ROWS(scores_rows, SDPA_TYPE_F32)
 
 static void ISA_NAME(scores_tile)(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
                                   const float *k, size_t k_stride, size_t nk, size_t d,
                                   float scale) {
-    if (nq == 1)
-        scores_query(s, q, k, k_stride, nk, d, scale, SCORES_ROW_NR);
-    else
-        ISA_NAME(scores_rows)(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
+    scores_tile_as(s, ld_s, q, q_stride, nq, k, k_stride, SDPA_TYPE_F32, nk, d, scale,
+                   ISA_NAME(scores_rows));
 }
 
 static void ISA_NAME(pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
                               size_t nk, const float *v, size_t v_stride, size_t d_v) {
     const pv_operands o = {acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v};
-    isa_pv(&o);
+    isa_pv(&o, SDPA_TYPE_F32);
 }
+
+#ifdef ISA_TYPED_LOADS
+
+/* kernels.h's scores_tile_typed and pv_tile_typed: one instance per type, and for f16 a second
+ * through the exact widening for a caller under DAZ (attention_tiles.h, TILE_F16_EXACT), chosen
+ * a call at a time as widen[] does. */
+#define TYPED_ENTRIES(name, kt)                                                                    \
+    SCORES_ROWS(scores_rows_##name, kt)                                                            \
+    __attribute__((noinline)) static void ISA_NAME(scores_tile_##name)(                            \
+        float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq, const void *k,          \
+        size_t k_stride, size_t nk, size_t d, float scale) {                                       \
+        scores_tile_as(s, ld_s, q, q_stride, nq, k, k_stride, kt, nk, d, scale,                    \
+                       ISA_NAME(scores_rows_##name));                                              \
+    }                                                                                              \
+    __attribute__((noinline)) static void ISA_NAME(pv_tile_##name)(                                \
+        float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq, size_t nk,              \
+        const void *v, size_t v_stride, size_t d_v) {                                              \
+        const pv_operands o = {acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v};           \
+        isa_pv(&o, kt);                                                                            \
+    }
+
+TYPED_ENTRIES(f16_fast, SDPA_TYPE_F16)
+TYPED_ENTRIES(f16_exact, TILE_F16_EXACT)
+TYPED_ENTRIES(bf16, SDPA_TYPE_BF16)
+
+static void ISA_NAME(scores_tile_f16)(float *s, size_t ld_s, const float *q, size_t q_stride,
+                                      size_t nq, const void *k, size_t k_stride, size_t nk,
+                                      size_t d, float scale) {
+    if (vf_widen_f16_ok())
+        ISA_NAME(scores_tile_f16_fast)(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
+    else
+        ISA_NAME(scores_tile_f16_exact)(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
+}
+
+static void ISA_NAME(pv_tile_f16)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                                  size_t nk, const void *v, size_t v_stride, size_t d_v) {
+    if (vf_widen_f16_ok())
+        ISA_NAME(pv_tile_f16_fast)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);
+    else
+        ISA_NAME(pv_tile_f16_exact)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);
+}
+
+#endif
 
 static void ISA_NAME(pv_tile_t)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
                                 size_t nk, const float *v, size_t v_stride, size_t d_v) {
     const pv_operands o = {acc, ld_acc, p, 1, ld_p, NULL, nq, nk, v, v_stride, d_v};
-    isa_pv(&o);
+    isa_pv(&o, SDPA_TYPE_F32);
 }
 
 #ifdef SDPA_ARCH_ATTENTION_PACKED_H
@@ -99,6 +162,10 @@ const sdpa_attention_kernels ISA_NAME(sdpa_attention_kernels) = {
     .scores_tile = ISA_NAME(scores_tile),
     .pv_tile = ISA_NAME(pv_tile),
     .pv_tile_t = ISA_NAME(pv_tile_t),
+#ifdef ISA_TYPED_LOADS
+    .scores_tile_typed = {NULL, ISA_NAME(scores_tile_f16), ISA_NAME(scores_tile_bf16)},
+    .pv_tile_typed = {NULL, ISA_NAME(pv_tile_f16), ISA_NAME(pv_tile_bf16)},
+#endif
 #ifdef SDPA_ARCH_ATTENTION_PACKED_H
 #ifdef ISA_EXP_TILE
     .exp_tile = {ISA_NAME(exp_tile_fast), ISA_NAME(exp_tile_sleef)},

@@ -54,8 +54,8 @@ ALWAYS_INLINE size_t keymajor_blocks(float *st, const float *qt, const float *k,
                                      size_t j, size_t nk, size_t d, fv vscale, int nkeys, int nv) {
     for (; j + nkeys <= nk; j += nkeys)
         for (size_t h = 0; h < QT_LD; h += nv * W)
-            bcast_block(st + j * QT_LD + h, QT_LD, k + j * k_stride, k_stride, 1, qt + h, QT_LD, d,
-                        nkeys, nv, 1, NULL, &vscale, NULL);
+            bcast_block(st + j * QT_LD + h, QT_LD, k + j * k_stride, k_stride, 1, qt + h, QT_LD,
+                        SDPA_TYPE_F32, d, nkeys, nv, 1, NULL, &vscale, NULL);
     return j;
 }
 
@@ -120,7 +120,7 @@ ALWAYS_INLINE void exp_pv_loops(float *acc, size_t ld_acc, float *st, const floa
         fv_store(sums + h * W, fv_add(s0, s1));
     }
     const pv_operands o = {acc, ld_acc, st, 1, QT_LD, alpha, nq, nk, v, v_stride, d_v};
-    isa_pv(&o);
+    isa_pv(&o, SDPA_TYPE_F32);
 }
 
 /* kernels.h's exp_tile: s = exp(s - shift) row by row, with the row sums, four vectors a step

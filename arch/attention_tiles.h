@@ -10,6 +10,9 @@
 #define SDPA_ARCH_ATTENTION_TILES_H
 
 #include "attention_vectors.h"
+#ifdef ISA_TYPED_LOADS
+#include "convert_rows.h"
+#endif
 
 /* ---- the backend's part (defined in <isa>_attention.c) ---- */
 
@@ -26,11 +29,73 @@ typedef struct pv_operands {
     size_t p_row, p_key;
     const float *alpha;
     size_t nq, nk;
-    const float *v;
+    const void *v; /* rows of the type the caller passes beside o */
     size_t v_stride, d_v;
 } pv_operands;
-/* kernels.h's pv_tile on o: pv_tile_loops with the backend's blocks, or loops of its own */
-ALWAYS_INLINE void isa_pv(const pv_operands *o);
+/* kernels.h's pv_tile on o, its v rows of v_type: pv_tile_loops with the backend's blocks, or
+ * loops of its own (for f32 only) */
+ALWAYS_INLINE void isa_pv(const pv_operands *o, int v_type);
+
+/* ---- the element types of K and V ---- */
+
+/* The scores' K and the P V product's V may be rows of f32 or of a 16-bit type (kernels.h's
+ * sdpa_type), widened to float as each vector is loaded; the type is a constant at every call,
+ * so the float instances compile as if it were not there. TILE_F16_EXACT is f16 through
+ * convert_rows.h's integer widening, for a caller's DAZ under which the ISA's conversion would
+ * read subnormals as 0. Only a backend that defines ISA_TYPED_LOADS (with fv_count, the lanes of
+ * an fv_lanes) has the 16-bit loads. */
+#define TILE_F16_EXACT SDPA_TYPES
+
+ALWAYS_INLINE const void *elem_at(const void *p, size_t i, int type) {
+    return (const char *)p + i * (type == SDPA_TYPE_F32 ? sizeof(float) : sizeof(uint16_t));
+}
+
+#ifdef ISA_TYPED_LOADS
+/* W elements at p as floats. bf16 is only moved into the upper half, a signaling NaN left
+ * signaling (widen quiets it): every use is an FMA or a multiply, which returns its first NaN
+ * operand quieted whichever kind it is, so the results are widen's bit for bit, for two
+ * instructions fewer a vector. */
+ALWAYS_INLINE fv widen_as(const uint16_t *p, int type) {
+    if (type == SDPA_TYPE_BF16) {
+        vu16_ raw;
+        memcpy(&raw, p, sizeof raw);
+        return (fv)(__builtin_convertvector(raw, vu32_) << 16);
+    }
+    return widen_vector(p, SDPA_TYPE_F16, type == TILE_F16_EXACT);
+}
+#endif
+
+/* tile_load of a vector of the given type: a full one (m NULL) or the lanes m of one, read
+ * without touching an element past them (no 16-bit masked loads in AVX-512F: a partial vector
+ * goes through a zeroed copy on the stack, as the float one loads 0 in the other lanes) */
+ALWAYS_INLINE fv tile_load_as(const void *p, int type, const fv_lanes *m) {
+#ifdef ISA_TYPED_LOADS
+    if (type != SDPA_TYPE_F32) {
+        if (!m) return widen_as(p, type);
+        uint16_t part[W] = {0};
+        memcpy(part, p, fv_count(*m) * sizeof(uint16_t));
+        return widen_as(part, type);
+    }
+#endif
+    (void)type;
+    return tile_load(p, m);
+}
+
+/* the backend's dot of q and key row k of the given type, as on the widened row: a 16-bit row
+ * (d <= SDPA_ATTN_TYPED_MAX_D) is widened on the stack, so that the dot's order of operations,
+ * and with it the result, is the float entry's */
+ALWAYS_INLINE float dot_as(const float *q, const void *k, size_t d, int type) {
+#ifdef ISA_TYPED_LOADS
+    if (type != SDPA_TYPE_F32) {
+        float row[SDPA_ATTN_TYPED_MAX_D];
+        widen_loops(row, k, d, type == TILE_F16_EXACT ? SDPA_TYPE_F16 : type,
+                    type == TILE_F16_EXACT);
+        return isa_dot(q, row, d);
+    }
+#endif
+    (void)type;
+    return isa_dot(q, k, d);
+}
 
 /* ---- scores: s = scale * q k^T, a register block of dots along d ---- */
 
@@ -40,18 +105,19 @@ ALWAYS_INLINE void isa_pv(const pv_operands *o);
  * m) of d. keywise: each key's vector is loaded and used against every query before the next is
  * loaded, for few registers (16-register ISAs; and a single query, whose keys are then read
  * straight into their FMAs); else every vector is loaded first and kept in a register. */
-ALWAYS_INLINE void scores_step(fv *a, const float *q, size_t q_stride, const float *k,
-                               size_t k_stride, int mr, int nr, int keywise, const fv_lanes *m) {
+ALWAYS_INLINE void scores_step(fv *a, const float *q, size_t q_stride, const void *k,
+                               size_t k_stride, int kt, int mr, int nr, int keywise,
+                               const fv_lanes *m) {
     fv vq[SCORES_MAX_SUMS], vk[SCORES_MAX_SUMS];
     for (int r = 0; r < mr; r++) vq[r] = tile_load(q + r * q_stride, m);
     if (keywise) {
         for (int c = 0; c < nr; c++) {
-            const fv kc = tile_load(k + c * k_stride, m);
+            const fv kc = tile_load_as(elem_at(k, c * k_stride, kt), kt, m);
             for (int r = 0; r < mr; r++) a[r * nr + c] = fv_madd(vq[r], kc, a[r * nr + c]);
         }
         return;
     }
-    for (int c = 0; c < nr; c++) vk[c] = tile_load(k + c * k_stride, m);
+    for (int c = 0; c < nr; c++) vk[c] = tile_load_as(elem_at(k, c * k_stride, kt), kt, m);
     for (int r = 0; r < mr; r++) fv_pin(&vq[r]);
     for (int c = 0; c < nr; c++) fv_pin(&vk[c]);
     for (int r = 0; r < mr; r++)
@@ -62,16 +128,16 @@ ALWAYS_INLINE void scores_step(fv *a, const float *q, size_t q_stride, const flo
  * registers for all of d, then reduced W at a time (fv_hsums), which takes mr * nr a multiple
  * of W, and nr a multiple of W or 4 (a reduced vector then spans W / 4 rows). */
 ALWAYS_INLINE void scores_block(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                const float *k, size_t k_stride, size_t d, fv vscale, int mr,
+                                const void *k, size_t k_stride, int kt, size_t d, fv vscale, int mr,
                                 int nr, int keywise) {
     fv a[SCORES_MAX_SUMS];
     for (int t = 0; t < mr * nr; t++) a[t] = fv_zero();
     size_t p = 0;
     for (; p + W <= d; p += W)
-        scores_step(a, q + p, q_stride, k + p, k_stride, mr, nr, keywise, NULL);
+        scores_step(a, q + p, q_stride, elem_at(k, p, kt), k_stride, kt, mr, nr, keywise, NULL);
     if (p < d) {
         const fv_lanes m = fv_first(d - p);
-        scores_step(a, q + p, q_stride, k + p, k_stride, mr, nr, keywise, &m);
+        scores_step(a, q + p, q_stride, elem_at(k, p, kt), k_stride, kt, mr, nr, keywise, &m);
     }
     for (int g = 0; g < mr * nr / W; g++) {
         const fv sum = fv_mul(fv_hsums(a + g * W), vscale);
@@ -83,10 +149,11 @@ ALWAYS_INLINE void scores_block(float *s, size_t ld_s, const float *q, size_t q_
     }
 }
 
-/* kernels.h's scores_tile for the rows from 0 in blocks of mr, against nr keys at a time
- * (keywise as in scores_step), the keys left over one dot each; returns the first row not done */
+/* kernels.h's scores_tile (k rows of type kt) for the rows from 0 in blocks of mr, against nr
+ * keys at a time (keywise as in scores_step), the keys left over one dot each; returns the first
+ * row not done */
 ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                       size_t nq, const float *k, size_t k_stride, size_t nk,
+                                       size_t nq, const void *k, size_t k_stride, int kt, size_t nk,
                                        size_t d, float scale, int mr, int nr, int keywise) {
     const fv vscale = fv_set1(scale);
     size_t i = 0;
@@ -95,24 +162,26 @@ ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, si
         float *si = s + i * ld_s;
         size_t j = 0;
         for (; j + nr <= nk; j += nr)
-            scores_block(si + j, ld_s, qi, q_stride, k + j * k_stride, k_stride, d, vscale, mr, nr,
-                         keywise);
+            scores_block(si + j, ld_s, qi, q_stride, elem_at(k, j * k_stride, kt), k_stride, kt, d,
+                         vscale, mr, nr, keywise);
         for (; j < nk; j++)
             for (int r = 0; r < mr; r++)
-                si[r * ld_s + j] = scale * isa_dot(qi + r * q_stride, k + j * k_stride, d);
+                si[r * ld_s + j] =
+                    scale * dot_as(qi + r * q_stride, elem_at(k, j * k_stride, kt), d, kt);
     }
     return i;
 }
 
 /* one query's scores (a row left over, or decode): row_nr keys at a time, the query's vector
  * loaded once for all of them, then a dot each */
-ALWAYS_INLINE void scores_query(float *s, const float *q, const float *k, size_t k_stride,
+ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t k_stride, int kt,
                                 size_t nk, size_t d, float scale, int row_nr) {
     const fv vscale = fv_set1(scale);
     size_t j = 0;
     for (; j + row_nr <= nk; j += row_nr)
-        scores_block(s + j, 0, q, 0, k + j * k_stride, k_stride, d, vscale, 1, row_nr, 1);
-    for (; j < nk; j++) s[j] = scale * isa_dot(q, k + j * k_stride, d);
+        scores_block(s + j, 0, q, 0, elem_at(k, j * k_stride, kt), k_stride, kt, d, vscale, 1,
+                     row_nr, 1);
+    for (; j < nk; j++) s[j] = scale * dot_as(q, elem_at(k, j * k_stride, kt), d, kt);
 }
 
 /* ---- broadcast GEMM: the P V product and the key-major scores ---- */
@@ -120,11 +189,12 @@ ALWAYS_INLINE void scores_query(float *s, const float *q, const float *k, size_t
 #define BLOCK_MAX_CHAINS 16 /* mr * nv * u, the accumulators a block keeps in registers */
 
 /* One value of kk: ch[r * nv + t] += A(r, kk) B[kk][t] for r < mr, t < nv vectors, from a =
- * &A(0, kk) (rows a_row apart) and b = B[kk]. B's vectors are loaded once for all mr rows. */
-ALWAYS_INLINE void block_step(fv *ch, const float *a, size_t a_row, const float *b, int mr, int nv,
-                              const fv_lanes *m) {
+ * &A(0, kk) (rows a_row apart) and b = B[kk] (of type bt). B's vectors are loaded once for all mr
+ * rows. */
+ALWAYS_INLINE void block_step(fv *ch, const float *a, size_t a_row, const void *b, int bt, int mr,
+                              int nv, const fv_lanes *m) {
     fv bv[4];
-    for (int t = 0; t < nv; t++) bv[t] = tile_load(b + t * W, m);
+    for (int t = 0; t < nv; t++) bv[t] = tile_load_as(elem_at(b, t * W, bt), bt, m);
     if (mr > 1)
         for (int t = 0; t < nv; t++) fv_pin(&bv[t]);
     for (int r = 0; r < mr; r++) {
@@ -142,7 +212,7 @@ ALWAYS_INLINE void block_step(fv *ch, const float *a, size_t a_row, const float 
  * independent FMA chains where mr * nv is small), added at the end; mr * nv * u <=
  * BLOCK_MAX_CHAINS. */
 ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_row, size_t a_col,
-                               const float *b, size_t ldb, size_t kn, int mr, int nv, int u,
+                               const void *b, size_t ldb, int bt, size_t kn, int mr, int nv, int u,
                                const float *alpha, const fv *scale, const fv_lanes *m) {
     const int n = mr * nv;
     float *row[BLOCK_MAX_CHAINS];
@@ -163,12 +233,14 @@ ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_ro
     for (; j + u <= kn; j += u) {
 #pragma GCC unroll 4
         for (int x = 0; x < u; x++)
-            block_step(ch + x * n, a + (j + x) * a_col, a_row, b + (j + x) * ldb, mr, nv, m);
+            block_step(ch + x * n, a + (j + x) * a_col, a_row, elem_at(b, (j + x) * ldb, bt), bt,
+                       mr, nv, m);
     }
     if (u == 2) {
-        if (j < kn) block_step(ch, a + j * a_col, a_row, b + j * ldb, mr, nv, m);
+        if (j < kn) block_step(ch, a + j * a_col, a_row, elem_at(b, j * ldb, bt), bt, mr, nv, m);
     } else if (u > 2) {
-        for (; j < kn; j++) block_step(ch, a + j * a_col, a_row, b + j * ldb, mr, nv, m);
+        for (; j < kn; j++)
+            block_step(ch, a + j * a_col, a_row, elem_at(b, j * ldb, bt), bt, mr, nv, m);
     }
     for (int r = 0; r < mr; r++)
         for (int t = 0; t < nv; t++) {
@@ -182,11 +254,12 @@ ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_ro
 }
 
 /* the partial vector of columns at c (the lanes m, or a whole vector for m NULL) of mr rows from
- * row i, u keys a step */
-ALWAYS_INLINE void pv_vector(const pv_operands *o, size_t i, size_t c, int mr, int u,
+ * row i, u keys a step; v of type vt */
+ALWAYS_INLINE void pv_vector(const pv_operands *o, int vt, size_t i, size_t c, int mr, int u,
                              const fv_lanes *m) {
     bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row, o->p_key,
-                o->v + c, o->v_stride, o->nk, mr, 1, u, o->alpha ? o->alpha + i : NULL, NULL, m);
+                elem_at(o->v, c, vt), o->v_stride, vt, o->nk, mr, 1, u,
+                o->alpha ? o->alpha + i : NULL, NULL, m);
 }
 
 /* Rows from i in blocks of mr, while whole blocks are left: column blocks of nv vectors (u keys
@@ -194,8 +267,8 @@ ALWAYS_INLINE void pv_vector(const pv_operands *o, size_t i, size_t c, int mr, i
  * are at most tail_rows of them (two keys a step for two chains a row), else one by one with
  * tail_keys keys a step. On an ISA without masked loads, a whole vector takes tail_keys keys a
  * step and a partial one a key at a time. Returns the first row not done. */
-ALWAYS_INLINE size_t pv_rows(const pv_operands *o, size_t i, int mr, int nv, int u, int tail_rows,
-                             int tail_keys) {
+ALWAYS_INLINE size_t pv_rows(const pv_operands *o, int vt, size_t i, int mr, int nv, int u,
+                             int tail_rows, int tail_keys) {
     const int far = o->nq * o->d_v > 8192;
     for (; i + mr <= o->nq; i += mr) {
         size_t c = 0;
@@ -209,35 +282,36 @@ ALWAYS_INLINE size_t pv_rows(const pv_operands *o, size_t i, int mr, int nv, int
                     for (int f = 0; f < nv * W; f += 16)
                         __builtin_prefetch(o->acc + (i + mr + r) * o->ld_acc + c + f, 1);
             bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row,
-                        o->p_key, o->v + c, o->v_stride, o->nk, mr, nv, u,
+                        o->p_key, elem_at(o->v, c, vt), o->v_stride, vt, o->nk, mr, nv, u,
                         o->alpha ? o->alpha + i : NULL, NULL, NULL);
         }
         for (; c < o->d_v; c += W) {
             const size_t n = o->d_v - c < W ? o->d_v - c : W;
             const fv_lanes m = fv_first(n);
             if (FV_MASKED && mr <= tail_rows)
-                pv_vector(o, i, c, mr, mr > 1 ? 2 : tail_keys, &m);
+                pv_vector(o, vt, i, c, mr, mr > 1 ? 2 : tail_keys, &m);
             else
                 for (int r = 0; r < mr; r++) {
                     if (FV_MASKED)
-                        pv_vector(o, i + r, c, 1, tail_keys, &m);
+                        pv_vector(o, vt, i + r, c, 1, tail_keys, &m);
                     else if (n == W)
-                        pv_vector(o, i + r, c, 1, tail_keys, NULL);
+                        pv_vector(o, vt, i + r, c, 1, tail_keys, NULL);
                     else
-                        pv_vector(o, i + r, c, 1, 1, &m);
+                        pv_vector(o, vt, i + r, c, 1, 1, &m);
                 }
         }
     }
     return i;
 }
 
-/* kernels.h's pv_tile (and exp_pv's P V step): blocks of mr_a rows (nv_a vectors a block), then
- * of mr_b (none if 0), then single rows, 4 vectors with two keys a step for eight chains. */
-ALWAYS_INLINE void pv_tile_loops(const pv_operands *o, int mr_a, int nv_a, int mr_b, int nv_b,
-                                 int tail_rows, int tail_keys) {
-    size_t i = pv_rows(o, 0, mr_a, nv_a, 1, tail_rows, tail_keys);
-    if (mr_b) i = pv_rows(o, i, mr_b, nv_b, 1, tail_rows, tail_keys);
-    pv_rows(o, i, 1, 4, 2, tail_rows, tail_keys);
+/* kernels.h's pv_tile (and exp_pv's P V step), v of type vt: blocks of mr_a rows (nv_a vectors a
+ * block), then of mr_b (none if 0), then single rows, 4 vectors with two keys a step for eight
+ * chains. */
+ALWAYS_INLINE void pv_tile_loops(const pv_operands *o, int vt, int mr_a, int nv_a, int mr_b,
+                                 int nv_b, int tail_rows, int tail_keys) {
+    size_t i = pv_rows(o, vt, 0, mr_a, nv_a, 1, tail_rows, tail_keys);
+    if (mr_b) i = pv_rows(o, vt, i, mr_b, nv_b, 1, tail_rows, tail_keys);
+    pv_rows(o, vt, i, 1, 4, 2, tail_rows, tail_keys);
 }
 
 #endif

@@ -102,16 +102,16 @@ ALWAYS_INLINE void narrow_row(void *dst, const float *src, size_t n, int type) {
     narrow_portable(d + i, src + i, n - i, type);
 }
 
-static void widen_f16_row(float *dst, const void *src, size_t n) {
+static inline void widen_f16_row(float *dst, const void *src, size_t n) {
     widen_row(dst, src, n, SDPA_TYPE_F16);
 }
-static void widen_bf16_row(float *dst, const void *src, size_t n) {
+static inline void widen_bf16_row(float *dst, const void *src, size_t n) {
     widen_row(dst, src, n, SDPA_TYPE_BF16);
 }
-static void narrow_f16_row(void *dst, const float *src, size_t n) {
+static inline void narrow_f16_row(void *dst, const float *src, size_t n) {
     narrow_row(dst, src, n, SDPA_TYPE_F16);
 }
-static void narrow_bf16_row(void *dst, const float *src, size_t n) {
+static inline void narrow_bf16_row(void *dst, const float *src, size_t n) {
     narrow_row(dst, src, n, SDPA_TYPE_BF16);
 }
 

@@ -24,6 +24,7 @@ enum sdpa_type { SDPA_TYPE_F32 = 0, SDPA_TYPE_F16 = 1, SDPA_TYPE_BF16 = 2, SDPA_
 #define SDPA_ATTN_MAX_BLOCK_Q  32
 #define SDPA_ATTN_MAX_BLOCK_KV 128
 #define SDPA_ATTN_PACK_MAX_D   128 /* largest d_k for pack_q / scores_packed */
+#define SDPA_ATTN_TYPED_MAX_D  512 /* largest d for scores_tile_typed / pv_tile_typed */
 
 /* The longest row softmax_short takes. */
 #define SDPA_SOFTMAX_SHORT 4096
@@ -49,6 +50,18 @@ typedef struct sdpa_attention_kernels {
        products read row by row. */
     void (*pv_tile_t)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq, size_t nk,
                       const float *v, size_t v_stride, size_t d_v);
+    /* optional, per 16-bit type t (f16, bf16; NULL for f32 and where a backend has none):
+       scores_tile and pv_tile with k and v rows of type t as they are (strides in elements),
+       for d, d_v <= SDPA_ATTN_TYPED_MAX_D. Each vector is widened as it is loaded instead of
+       the block being widened first into a float tile (stored, then loaded again for only nq
+       FMAs an element); the widening is exact and the FMAs are the float entry's in the same
+       order, so the results are those of widen[t] then the float entry, bit for bit. */
+    void (*scores_tile_typed[SDPA_TYPES])(float *s, size_t ld_s, const float *q, size_t q_stride,
+                                          size_t nq, const void *k, size_t k_stride, size_t nk,
+                                          size_t d, float scale);
+    void (*pv_tile_typed[SDPA_TYPES])(float *acc, size_t ld_acc, const float *p, size_t ld_p,
+                                      size_t nq, size_t nk, const void *v, size_t v_stride,
+                                      size_t d_v);
     /* optional (NULL: the driver calls exp_sum row by row): s[i * ld_s + j] =
        exp(s[i * ld_s + j] - shift[i]), the difference rounded to float, and sums[i] = the sum of
        row i after, for i < nq, j < nk; one call for a whole tile keeps many independent exps in

@@ -352,6 +352,104 @@ BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
         }
 }
 
+/* ---- the typed entries (kernels.h: scores_tile_typed, pv_tile_typed) ---- */
+
+/* n elements of the 16-bit type ending where a PROT_NONE page begins, from floats in [-1, 1)
+ * rounded to the type, with every 7th a subnormal of the type (f16's widen to normal floats,
+ * bf16's to subnormal ones) */
+static uint16_t *half_alloc(const sdpa_kernels *k, int type, rng *r, guarded *g, size_t n) {
+    const size_t bytes = n * sizeof(uint16_t);
+    *g = guard_alloc((bytes + 3) / 4, GUARD_AFTER);
+    uint16_t *x = (uint16_t *)((char *)(g->p + (bytes + 3) / 4) - bytes);
+    for (size_t i = 0; i < n; i++) {
+        const float f = (float)rng_uniform(r, -1.0, 1.0);
+        k->narrow[type](x + i, &f, 1);
+        if (i % 7 == 3)
+            x[i] = (uint16_t)((x[i] & 0x8000u) | (1u + i % (type == SDPA_TYPE_F16 ? 1023 : 127)));
+    }
+    return x;
+}
+
+/* The shapes of the float entries' tests, and single queries against more than a block of keys
+ * (as scores_tile_one_query_many_keys) */
+static size_t typed_shapes(const sdpa_attention_kernels *a) {
+    size_t n = shapes_of(a, MAX_D, shapes);
+    const size_t nks[] = {a->block_kv + 1, 3 * a->block_kv + 5, 4 * a->block_kv + 8};
+    for (size_t t = 0; t < 3; t++) shapes[n++] = (shape){1, nks[t], 37 + 45 * t};
+    return n;
+}
+
+/* One shape of one type: K and V of the type (rows with odd strides, each array against a guard
+ * page) and their widened copies as the float operands. The scores and P V of the typed entries
+ * must be the float entries' on the widened rows bit for bit (the border of each tile
+ * included), and so also within the double references' bounds. */
+static void check_typed_shape(const sdpa_kernels *k, int type, rng *r, const shape *sh, size_t t) {
+    const sdpa_attention_kernels *a = k->attention;
+    enum { LD_ACC = MAX_D + BORDER };
+    static float acc[(SDPA_ATTN_MAX_BLOCK_Q + 1) * LD_ACC],
+        acc_ref[(SDPA_ATTN_MAX_BLOCK_Q + 1) * LD_ACC];
+    static float s_ref[(SDPA_ATTN_MAX_BLOCK_Q + 1) * LD_S];
+    static float s_long[2][2 * (4 * SDPA_ATTN_MAX_BLOCK_KV + 8 + BORDER)]; /* a row and a border */
+    operands o = operands_alloc(r, sh);
+    guarded gk, gv;
+    const size_t kn = (sh->nk - 1) * o.k_stride + sh->d, vn = (sh->nk - 1) * o.v_stride + sh->d;
+    const uint16_t *k16 = half_alloc(k, type, r, &gk, kn), *v16 = half_alloc(k, type, r, &gv, vn);
+    k->widen[type](o.k.p, k16, kn);
+    k->widen[type](o.v.p, v16, vn);
+    const char *tn = type == SDPA_TYPE_F16 ? "f16" : "bf16";
+    const float scale = t % 3 == 0 ? 0.125f : t % 3 == 1 ? -1.5f : 1.0f;
+
+    /* one query's row may be longer than a tile's */
+    const int one = sh->nk > a->block_kv;
+    float *got = one ? s_long[0] : s_tile, *want = one ? s_long[1] : s_ref;
+    const size_t ld = one ? sh->nk + BORDER : LD_S;
+    const size_t s_len = one ? sizeof s_long[0] / sizeof(float) : sizeof s_ref / sizeof(float);
+    fill_sentinel(got, s_len);
+    fill_sentinel(want, s_len);
+    a->scores_tile(want, ld, o.q.p, o.q_stride, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d, scale);
+    a->scores_tile_typed[type](got, ld, o.q.p, o.q_stride, sh->nq, k16, o.k_stride, sh->nk, sh->d,
+                               scale);
+    cr_assert(memcmp(got, want, s_len * sizeof(float)) == 0,
+              "scores_tile_typed %s nq %zu nk %zu d %zu: not the float entry's tile", tn, sh->nq,
+              sh->nk, sh->d);
+    expect_scores(got, ld, 0, &o, sh, scale, "scores_tile_typed");
+
+    if (!one) {
+        fill_sentinel(acc, sizeof acc / sizeof acc[0]);
+        for (size_t i = 0; i < sh->nq; i++) {
+            for (size_t c = 0; c < sh->d; c++) acc[i * LD_ACC + c] = (float)rng_uniform(r, -1, 1);
+            for (size_t j = 0; j < sh->nk; j++) s_tile[i * LD_S + j] = (float)rng_uniform(r, 0, 1);
+        }
+        memcpy(acc_ref, acc, sizeof acc);
+        a->pv_tile(acc_ref, LD_ACC, s_tile, LD_S, sh->nq, sh->nk, o.v.p, o.v_stride, sh->d);
+        a->pv_tile_typed[type](acc, LD_ACC, s_tile, LD_S, sh->nq, sh->nk, v16, o.v_stride, sh->d);
+        cr_assert(memcmp(acc, acc_ref, sizeof acc) == 0,
+                  "pv_tile_typed %s nq %zu nk %zu d_v %zu: not the float entry's sums", tn, sh->nq,
+                  sh->nk, sh->d);
+    }
+    guard_free(&gk);
+    guard_free(&gv);
+    operands_free(&o);
+}
+
+/* Every shape, f16 and bf16; with DAZ set too, under which f16 takes the exact widening (F16C
+ * may read subnormals as 0 there, and widen does not) */
+BACKEND_TEST(microkernels, typed_tiles) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    if (!a->scores_tile_typed[SDPA_TYPE_F16] && !a->scores_tile_typed[SDPA_TYPE_BF16])
+        cr_skip_test("%s has no typed entries", k->name);
+    rng r = rng_seed(18);
+    const size_t n = typed_shapes(a);
+    for (int type = SDPA_TYPE_F16; type <= SDPA_TYPE_BF16; type++) {
+        if (!a->scores_tile_typed[type]) continue;
+        for (size_t t = 0; t < n; t++) check_typed_shape(k, type, &r, &shapes[t], t);
+    }
+    set_ftz_daz(1);
+    for (size_t t = 0; t < n; t += 5) check_typed_shape(k, SDPA_TYPE_F16, &r, &shapes[t], t);
+    set_ftz_daz(0);
+}
+
 /* ---- the bf16 dot add-on (kernels.h: sdpa_bf16_dot_kernels) ---- */
 
 /* n bf16 elements ending where a PROT_NONE page begins, from floats in [-1, 1) cut to bf16
@@ -527,4 +625,9 @@ BACKEND_TEST(microkernels, table_obeys_its_rules) {
     cr_assert(!a->scores_max == !a->exp_pv[0] && !a->exp_pv[0] == !a->exp_pv[1],
               "scores_max and exp_pv: all or none");
     cr_assert(!a->scores_max || a->pack_q, "scores_max needs pack_q");
+    cr_assert(!a->scores_tile_typed[SDPA_TYPE_F32] && !a->pv_tile_typed[SDPA_TYPE_F32],
+              "typed entries: none for f32");
+    for (int t = SDPA_TYPE_F16; t < SDPA_TYPES; t++)
+        cr_assert(!a->scores_tile_typed[t] == !a->pv_tile_typed[t],
+                  "typed entries of type %d: both or neither", t);
 }

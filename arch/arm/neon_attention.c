@@ -18,6 +18,6 @@ ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return d
 
 /* P V: 4 rows x 16 columns, 16 accumulators, 4 loads of v and 4 weights for 16 FMAs a key; the
  * columns left over a vector at a time, row by row. */
-ALWAYS_INLINE void isa_pv(const pv_operands *o) { pv_tile_loops(o, 4, 4, 0, 0, 1, 2); }
+ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) { pv_tile_loops(o, vt, 4, 4, 0, 0, 1, 2); }
 
 #include "attention_entries.h"

@@ -168,6 +168,9 @@ ALWAYS_INLINE float fv_reduce_add(fv x) { return hsum(x); }
 ALWAYS_INLINE void fv_pin(fv *x) { __asm__("" : "+x"(*x)); }
 
 ALWAYS_INLINE fv_lanes fv_first(size_t n) { return tail_mask(n); }
+ALWAYS_INLINE size_t fv_count(fv_lanes m) { /* n */
+    return (size_t)__builtin_popcount(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
+}
 ALWAYS_INLINE fv fv_load_part(const float *p, fv_lanes m) { return _mm256_maskload_ps(p, m); }
 ALWAYS_INLINE fv fv_load_part_or(const float *p, fv_lanes m, float fill) {
     return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));

@@ -5,7 +5,8 @@
  * once for all its FMAs. */
 #include "avx2_exp.h"
 
-#define ISA_NAME(f) f##_avx2
+#define ISA_NAME(f)     f##_avx2
+#define ISA_TYPED_LOADS 1 /* K and V of f16 and bf16 read as they are (kernels.h) */
 
 #include "attention_packed.h"
 
@@ -21,7 +22,7 @@ ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return d
  * loads of v and 6 broadcasts for 12 FMAs a key; then pairs of rows x 32 columns (8
  * accumulators, 4 loads and 2 broadcasts for 8 FMAs); the columns left over 8 at a time, masked,
  * row by row with four keys a step. */
-ALWAYS_INLINE void isa_pv(const pv_operands *o) { pv_tile_loops(o, 6, 2, 2, 4, 1, 4); }
+ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) { pv_tile_loops(o, vt, 6, 2, 2, 4, 1, 4); }
 
 /* Key-major scores: 6 keys x 16 queries (12 accumulators, 2 loads of qt and 6 broadcasts for 12
  * FMAs a step), then 2 keys x 32 queries, then a last key. */

@@ -181,6 +181,7 @@ ALWAYS_INLINE void fv_pin(fv *x) { (void)x; }
 /* lanes [0, n) of a partial vector, 1 <= n <= W (n < W where !FV_MASKED); the _part operations
  * leave the other lanes of memory alone, load them as 0 (or fill) and add nothing to them */
 ALWAYS_INLINE fv_lanes fv_first(size_t n) { return tail_mask(n); }
+ALWAYS_INLINE size_t fv_count(fv_lanes m) { return (size_t)__builtin_popcount(m); } /* n */
 ALWAYS_INLINE fv fv_load_part(const float *p, fv_lanes m) { return _mm512_maskz_loadu_ps(m, p); }
 ALWAYS_INLINE fv fv_load_part_or(const float *p, fv_lanes m, float fill) {
     return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), m, p);

@@ -3,7 +3,8 @@
  * arch/attention_packed.h's; this file gives them avx512's register blocks and exps. */
 #include "avx512_exp.h"
 
-#define ISA_NAME(f) f##_avx512
+#define ISA_NAME(f)     f##_avx512
+#define ISA_TYPED_LOADS 1 /* K and V of f16 and bf16 read as they are (kernels.h) */
 
 #include "attention_packed.h"
 
@@ -23,7 +24,7 @@ ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) {
 /* P V: 4 rows x 64 columns, the block of acc in 16 registers for all nk keys (4 loads of v and 4
  * broadcasts for 16 FMAs a key); the columns left over 16 at a time, masked, for the 4 rows at
  * once; the rows left over one at a time. */
-ALWAYS_INLINE void isa_pv(const pv_operands *o) { pv_tile_loops(o, 4, 4, 0, 0, 4, 4); }
+ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) { pv_tile_loops(o, vt, 4, 4, 0, 0, 4, 4); }
 
 /* Key-major scores: 8 keys x 32 queries, 2 loads of qt and 8 broadcasts of k for 16 FMAs a step,
  * then the keys left over one at a time. */

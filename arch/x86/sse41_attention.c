@@ -161,7 +161,9 @@ ALWAYS_INLINE void pv_tile_body(const pv_operands *o) {
 /* The key-major tile of exp_pv (one copy for both exp kinds). */
 static void pv_keymajor_sse41(const pv_operands *o) { pv_tile_body(o); }
 
-ALWAYS_INLINE void isa_pv(const pv_operands *o) {
+/* v is f32: this backend has no typed entries */
+ALWAYS_INLINE void isa_pv(const pv_operands *o, int v_type) {
+    (void)v_type;
     if (o->p_key == 1)
         pv_tile_body(o);
     else

@@ -13,7 +13,11 @@
  * and the same block of values before P V, once for all the blocks of rows a unit holds (two
  * for a 16-bit K/V prefill, ROW_BLOCKS); a 16-bit out is rounded once, from the finished float
  * row. Where the backend's bf16 dot add-on is on (kernels.h, sdpa_bf16_dot_kernels) and Q
- * and K are both bf16, the packed path forms Q.K from them as they are, and only V is widened. */
+ * and K are both bf16, the packed path forms Q.K from them as they are, and only V is widened.
+ * Where the backend has typed entries (kernels.h, scores_tile_typed and pv_tile_typed), the
+ * unpacked blocks (fewer than 8 rows: decode) read 16-bit K as it is, and every P V step but the
+ * fused one reads 16-bit V so, each vector widened in registers: widened first, each element
+ * would be stored and loaded again for only nq FMAs. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -171,11 +175,23 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
     }
 }
 
+/* Whether the backend's typed entries (kernels.h) take this problem's 16-bit K (for unpacked
+ * blocks) and V as they are. */
+static int typed_k(const attention_run *run, const attention_problem *p) {
+    return p->kv_type != SDPA_F32 && p->d_k <= SDPA_ATTN_TYPED_MAX_D &&
+           run->a->scores_tile_typed[p->kv_type];
+}
+static int typed_v(const attention_run *run, const attention_problem *p) {
+    return p->kv_type != SDPA_F32 && p->d_v <= SDPA_ATTN_TYPED_MAX_D &&
+           run->a->pv_tile_typed[p->kv_type];
+}
+
 /* The first half of a block of keys [k0, k0 + nk) for the rows of b: their scores, and the
  * running max. A block every row sees whole, with no mask, takes the fused path (scores_max now,
  * exp_pv in rows_values) unless a new row max would not be finite (+inf among the scores, or a
  * row with nothing but -inf so far); every other block has its weights formed here. K is kb,
- * float rows ks apart, or for a packed block with the bf16 dot kb16, the bf16 rows themselves. */
+ * float rows ks apart, or kb16, the 16-bit rows themselves, for a packed block with the bf16 dot
+ * and an unpacked one with typed_k. */
 static void rows_scores(const attention_run *run, const attention_problem *p, row_block *b,
                         const float *kb, const uint16_t *kb16, size_t ks, const float *mask,
                         size_t mask_row, size_t k0, size_t nk) {
@@ -201,6 +217,9 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
                              p->scale);
     else if (b->packed)
         a->scores_packed(s_tile, ld_s, b->qt.f, nq, kb, ks, nk, p->d_k, p->scale);
+    else if (typed_k(run, p))
+        a->scores_tile_typed[p->kv_type](s_tile, ld_s, b->qb, b->qs, nq, kb16, p->k_stride[2], nk,
+                                         p->d_k, p->scale);
     else
         a->scores_tile(s_tile, ld_s, b->qb, b->qs, nq, kb, ks, nk, p->d_k, p->scale);
 
@@ -257,11 +276,12 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     }
 }
 
-/* The second half: the weights of rows_scores times the block of values vb (float rows, vs
- * apart) into acc. */
+/* The second half: the weights of rows_scores times the block of values into acc: vb, float
+ * rows vs apart (NULL unless a block took the fused path or V is not typed_v), or vb16, the
+ * 16-bit rows themselves (with typed_v). */
 static void rows_values(const attention_run *run, const attention_problem *p, row_block *b,
-                        const float *vb, size_t vs, const float *mask, size_t mask_row, size_t k0,
-                        size_t nk) {
+                        const float *vb, const uint16_t *vb16, size_t vs, const float *mask,
+                        size_t mask_row, size_t k0, size_t nk) {
     const sdpa_attention_kernels *a = run->a;
     const size_t nq = b->nq, ld_s = run->keys_max, d_v = p->d_v;
     float *s_tile = b->s;
@@ -277,7 +297,11 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
     if (b->simple) {
         for (size_t r = 0; r < nq; r++)
             if (!b->live[r]) memset(s_tile + r * ld_s, 0, nk * sizeof(float));
-        a->pv_tile(b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vb, vs, d_v);
+        if (vb16)
+            a->pv_tile_typed[p->kv_type](b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vb16,
+                                         p->v_stride[2], d_v);
+        else
+            a->pv_tile(b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vb, vs, d_v);
         return;
     }
     /* Rows that leave keys out: only the runs of keys they see are summed, so a removed key's
@@ -295,8 +319,13 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
             }
             size_t start = j;
             while (j < n && !(mr && mr[j] == -INFINITY)) j++;
-            a->pv_tile(b->acc + r * b->ld_acc, b->ld_acc, s + start, ld_s, 1, j - start,
-                       vb + start * vs, vs, d_v);
+            if (vb16)
+                a->pv_tile_typed[p->kv_type](b->acc + r * b->ld_acc, b->ld_acc, s + start, ld_s, 1,
+                                             j - start, vb16 + start * p->v_stride[2],
+                                             p->v_stride[2], d_v);
+            else
+                a->pv_tile(b->acc + r * b->ld_acc, b->ld_acc, s + start, ld_s, 1, j - start,
+                           vb + start * vs, vs, d_v);
         }
     }
 }
@@ -345,16 +374,19 @@ static void attention_block(const attention_run *run, const attention_problem *p
                    n, blocks[n_blocks]);
         if (blocks[n_blocks]->kv_end > kv_end) kv_end = blocks[n_blocks]->kv_end;
     }
-    /* the bf16 dot reads K as it is, for packed blocks; any other block needs float rows */
-    int pairs = 0, floats = 0;
+    /* the bf16 dot reads K as it is for packed blocks, typed_k for unpacked ones; any other
+       block needs float rows */
+    const int tk = typed_k(run, p), tv = typed_v(run, p);
+    int raw = 0, floats = 0;
     for (size_t i = 0; i < n_blocks; i++) {
-        pairs |= run->bf16_dot && blocks[i]->packed;
-        floats |= !(run->bf16_dot && blocks[i]->packed);
+        const int as_is = blocks[i]->packed ? run->bf16_dot != NULL : tk;
+        raw |= as_is;
+        floats |= !as_is;
     }
     for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
-        size_t ks = p->k_stride[2], vs;
-        const uint16_t *kb16 = pairs ? (const uint16_t *)k + k0 * p->k_stride[2] : NULL;
+        size_t ks = p->k_stride[2], vs = p->v_stride[2];
+        const uint16_t *kb16 = raw ? (const uint16_t *)k + k0 * p->k_stride[2] : NULL;
         const float *kb = floats ? float_rows(run, p->kv_type, k, k0, nk, p->k_stride[2], p->d_k,
                                               run->wide ? run->wide->kv : NULL, &ks)
                                  : NULL;
@@ -365,10 +397,14 @@ static void attention_block(const attention_run *run, const attention_problem *p
                 rows_scores(run, p, b, kb, kb16, ks, mask, mask_row, k0,
                             b->kv_end - k0 < nk ? b->kv_end - k0 : nk);
         }
-        const float *vb = value_rows(run, p, v, k0, nk, &vs);
+        /* V as float rows for the fused path (exp_pv), and where it is not typed_v */
+        int fused = 0;
+        for (size_t i = 0; i < n_blocks; i++) fused |= blocks[i]->step == STEP_FUSED;
+        const float *vb = fused || !tv ? value_rows(run, p, v, k0, nk, &vs) : NULL;
+        const uint16_t *vb16 = tv ? (const uint16_t *)v + k0 * p->v_stride[2] : NULL;
         for (size_t i = 0; i < n_blocks; i++)
             if (blocks[i]->step != STEP_NONE)
-                rows_values(run, p, blocks[i], vb, vs, mask, mask_row, k0,
+                rows_values(run, p, blocks[i], vb, vb16, vs, mask, mask_row, k0,
                             blocks[i]->kv_end - k0 < nk ? blocks[i]->kv_end - k0 : nk);
     }
     for (size_t i = 0; i < n_blocks; i++) rows_end(run, p, blocks[i], out, lse, lse_row);

@@ -171,7 +171,8 @@ typedef struct addon_record {
     const char *description;
 } addon_record;
 
-#define ADDON_RECORD_(unused, name, built, table, backend, requires, env, default_on, description) \
+#define ADDON_RECORD_(unused, name, kind, built, table, backend, requires, env, default_on,        \
+                      description)                                                                 \
     {#name, #backend, built, requires, env, default_on, description},
 static const addon_record ADDON_RECORDS[] = {SDPA_ADDONS(ADDON_RECORD_, )};
 #undef ADDON_RECORD_

@@ -484,7 +484,8 @@ BACKEND_TEST(microkernels, bf16_dot_special_values) {
 /* The add-on is on exactly where it should be: for the avx512 backend when this CPU has
  * AVX512BW and AVX512_BF16 and SDPA_BF16_DOT=on or, unset, the record's default is on (the
  * suite runs with the variable set both ways), for no other backend. */
-#define DEFAULT_ON_(unused, name, built, table, backend, requires, env, default_on, description)   \
+#define DEFAULT_ON_(unused, name, kind, built, table, backend, requires, env, default_on,          \
+                    description)                                                                   \
     default_on +
 BACKEND_TEST(microkernels, bf16_dot_follows_cpu_and_environment) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());

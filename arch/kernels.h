@@ -220,7 +220,8 @@ extern const sdpa_attention_kernels sdpa_attention_kernels_sse41;
 extern const sdpa_attention_kernels sdpa_attention_kernels_avx2;
 extern const sdpa_attention_kernels sdpa_attention_kernels_avx512;
 extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
-/* The add-ons, each in its own file (arch/x86/avx512_bf16.c). */
+/* The add-ons, each in its own file (arch/x86/avx512_amx.c, arch/x86/avx512_bf16.c). */
+extern const sdpa_bf16_dot_kernels sdpa_bf16_dot_avx512_amx;
 extern const sdpa_bf16_dot_kernels sdpa_bf16_dot_avx512;
 
 #endif

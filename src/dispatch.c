@@ -235,6 +235,7 @@ int sdpa_bf16_dot_addon(const sdpa_kernels *k, size_t index, sdpa_addon_info *in
     for (size_t i = 0; i < N_ADDONS; i++) {
         if (!bf16_dot_of(i, k) || index-- != 0) continue;
         info->name = ADDONS[i].name;
+        info->requires = ADDONS[i].requires;
         info->env = ADDONS[i].env;
         info->default_on = ADDONS[i].default_on;
         info->on = addon_on[i];

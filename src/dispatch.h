@@ -26,7 +26,7 @@ const sdpa_bf16_dot_kernels *sdpa_bf16_dot_for(const sdpa_kernels *k);
  * the tile state even where the add-on is off); on: as sdpa_bf16_dot_for counts it, whose
  * answer is the table of the first that is on. */
 typedef struct sdpa_addon_info {
-    const char *name, *env;
+    const char *name, *requires, *env;
     int default_on, runnable, on;
     const sdpa_bf16_dot_kernels *table;
 } sdpa_addon_info;

@@ -21,9 +21,10 @@
 #error "arch/x86/avx512_amx.c needs -mamx-tile -mamx-bf16"
 #endif
 
-#define TILE_KEYS  16 /* rows of an A and a C tile */
-#define TILE_PAIRS 16 /* pairs of d a tile step: 64 bytes of an A row, the rows of a B tile */
-#define TILE_D     (2 * TILE_PAIRS)
+#define TILE_KEYS    16 /* rows of an A and a C tile */
+#define TILE_QUERIES 16 /* a C tile row's floats, a B tile row's words (one pair a query) */
+#define TILE_PAIRS   16 /* pairs of d a tile step: 64 bytes of an A row, the rows of a B tile */
+#define TILE_D       (2 * TILE_PAIRS)
 
 /* Palette 1's configuration: every tile used here is 16 rows of 64 bytes.
  *   C tiles 0-3: tile 0 keys 0-15 x queries 0-15, 1 the same keys x queries 16-31, 2 and 3
@@ -65,7 +66,7 @@ static void tail_chunk_fill(tail_chunk *t, const uint32_t *qt, const uint16_t *k
     for (size_t p = 0; p < TILE_PAIRS; p++)
         for (size_t h = 0; h < QT_LD; h += W)
             _mm512_store_si512(t->q + p * QT_LD + h,
-                               p < np ? _mm512_load_si512(qt + (d0 / 2 + p) * QT_LD + h)
+                               p < np ? _mm512_loadu_si512(qt + (d0 / 2 + p) * QT_LD + h)
                                       : _mm512_setzero_si512());
 }
 
@@ -84,7 +85,7 @@ ALWAYS_INLINE void tiles_dots(float *st, const uint32_t *qt, const uint16_t *k, 
     for (size_t p0 = 0; p0 < d0; p0 += TILE_D) {
         const uint32_t *b = qt + p0 / 2 * QT_LD;
         _tile_loadd(6, b, QT_LD * sizeof(uint32_t));
-        if (two_queries) _tile_loadd(7, b + TILE_KEYS, QT_LD * sizeof(uint32_t));
+        if (two_queries) _tile_loadd(7, b + TILE_QUERIES, QT_LD * sizeof(uint32_t));
         _tile_loadd(4, k0 + p0 * sizeof(uint16_t), k_bytes);
         _tile_dpbf16ps(0, 4, 6);
         if (two_queries) _tile_dpbf16ps(1, 4, 7);
@@ -97,7 +98,7 @@ ALWAYS_INLINE void tiles_dots(float *st, const uint32_t *qt, const uint16_t *k, 
     if (kt) {
         const size_t kt_bytes = TILE_D * sizeof(uint16_t);
         _tile_loadd(6, qtail, QT_LD * sizeof(uint32_t));
-        if (two_queries) _tile_loadd(7, qtail + TILE_KEYS, QT_LD * sizeof(uint32_t));
+        if (two_queries) _tile_loadd(7, qtail + TILE_QUERIES, QT_LD * sizeof(uint32_t));
         _tile_loadd(4, kt, kt_bytes);
         _tile_dpbf16ps(0, 4, 6);
         if (two_queries) _tile_dpbf16ps(1, 4, 7);
@@ -109,9 +110,9 @@ ALWAYS_INLINE void tiles_dots(float *st, const uint32_t *qt, const uint16_t *k, 
     }
     const size_t st_bytes = QT_LD * sizeof(float);
     _tile_stored(0, st, st_bytes);
-    if (two_queries) _tile_stored(1, st + TILE_KEYS, st_bytes);
+    if (two_queries) _tile_stored(1, st + TILE_QUERIES, st_bytes);
     if (two_keys) _tile_stored(2, st + TILE_KEYS * QT_LD, st_bytes);
-    if (two_keys && two_queries) _tile_stored(3, st + TILE_KEYS * QT_LD + TILE_KEYS, st_bytes);
+    if (two_keys && two_queries) _tile_stored(3, st + TILE_KEYS * QT_LD + TILE_QUERIES, st_bytes);
 }
 
 /* The unscaled key-major tile of nk keys: 32 keys a step, then 16, then the last nk % 16 keys
@@ -181,7 +182,7 @@ ALWAYS_INLINE void keymajor_tile(float *st, float *tile_max, const uint32_t *qt,
         tail_chunk_fill(tail, qt, k, k_stride, nk, d);
     }
     tiles_configure();
-    if (nq > TILE_KEYS)
+    if (nq > TILE_QUERIES)
         tiles_keymajor_nv(st, qt, k, k_stride, nk, d, tail, 1);
     else
         tiles_keymajor_nv(st, qt, k, k_stride, nk, d, tail, 0);

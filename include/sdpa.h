@@ -323,7 +323,9 @@ typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype
  * more queries with d_k <= 128 may form Q.K from the bf16 values with AMX tiles (TDPBF16PS) or
  * vdpbf16ps (the avx512 backend's add-ons: AMX on by default where the CPU and the OS allow it,
  * SDPA_AMX=on or off, then vdpbf16ps, off by default, SDPA_BF16_DOT=on or off, in the
- * environment at load time; `sdpa info` says which is in use). Every product is exact; the sums
+ * environment at load time; `sdpa info` says which is in use; with AMX the library asks Linux
+ * for the tile state when it loads, after which sigaltstack rejects stacks smaller than the AMX
+ * signal frame, AT_MINSIGSTKSZ: docs/guarantees.md). Every product is exact; the sums
  * are float, added in another order, rounded to nearest whatever the rounding mode; a subnormal
  * q or k element counts as 0, and a partial sum below FLT_MIN may flush to 0.
  * The bound is the same (1e-5 max|v| against the double reference on the stored values: a

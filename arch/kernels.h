@@ -110,12 +110,12 @@ typedef struct sdpa_attention_kernels {
  *
  * The bf16 dot: Q.K for the packed path (blocks of at least 8 queries, d <= SDPA_ATTN_PACK_MAX_D)
  * with bf16 Q and K, read as bf16 with no widening, each 32-bit word a pair of elements (the even
- * one in the low half), summed by a dot of pairs (AVX512_BF16's vdpbf16ps, Arm's BFDOT). Every
- * product of two bf16 values is exact in float; the sums are float additions, rounded to nearest
- * whatever the rounding mode, a subnormal q or k element may count as 0 and a partial sum below
- * FLT_MIN may flush to 0 (vdpbf16ps does both; each costs less than 2^-126 times the other
- * element, far inside the dot's rounding bound). The tiles are the float
- * pair's (pack_q, scores_packed, scores_max above):
+ * one in the low half), summed by a dot of pairs (AVX512_BF16's vdpbf16ps, AMX's TDPBF16PS,
+ * Arm's BFDOT). Every product of two bf16 values is exact in float; the sums are float
+ * additions, rounded to nearest whatever the rounding mode, a subnormal q or k element may count
+ * as 0 and a partial sum below FLT_MIN may flush to 0 (vdpbf16ps and TDPBF16PS do both, whatever
+ * MXCSR says; each costs less than 2^-126 times the other element, far inside the dot's rounding
+ * bound). The tiles are the float pair's (pack_q, scores_packed, scores_max above):
  *   pack_q: qt[p * SDPA_ATTN_MAX_BLOCK_Q + i] = the word (q[i * q_stride + 2p], q[i * q_stride
  *     + 2p + 1]) for p < ceil(d / 2), i < nq, with 0 as the second element of an odd d's last
  *     pair (reading no element past q[i * q_stride + d - 1]), and 0 for nq <= i <
@@ -233,7 +233,8 @@ extern const sdpa_attention_kernels sdpa_attention_kernels_sse41;
 extern const sdpa_attention_kernels sdpa_attention_kernels_avx2;
 extern const sdpa_attention_kernels sdpa_attention_kernels_avx512;
 extern const sdpa_attention_kernels sdpa_attention_kernels_neon;
-/* The add-ons, each in its own file (arch/x86/avx512_bf16.c). */
+/* The add-ons, each in its own file (arch/x86/avx512_amx.c, arch/x86/avx512_bf16.c). */
+extern const sdpa_bf16_dot_kernels sdpa_bf16_dot_avx512_amx;
 extern const sdpa_bf16_dot_kernels sdpa_bf16_dot_avx512;
 
 #endif

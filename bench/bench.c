@@ -589,7 +589,8 @@ int main(int argc, char **argv) {
     printf("active backend (auto): %s; measured:", sdpa_backend());
     for (size_t i = 0; i < o.n_backends; i++) printf(" %s", o.backends[i]);
         /* the add-ons' variables, which change what a backend runs (sdpa info: whether in use) */
-#define ADDON_ENV_(unused, name, built, table, backend, requires, env, default_on, description)    \
+#define ADDON_ENV_(unused, name, kind, built, table, backend, requires, env, default_on,           \
+                   description)                                                                    \
     printf("; %s of %s: %s=%s (default %s)", #name, #backend, env,                                 \
            getenv(env) && *getenv(env) ? getenv(env) : "unset", default_on ? "on" : "off");
     SDPA_ADDONS(ADDON_ENV_, )

@@ -7,6 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__linux__) && (defined(__x86_64__) || defined(__i386__))
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "backends.h"
 #include "cli.h"
 
@@ -50,7 +55,7 @@ typedef struct cpu_report {
     char vendor[16];
     char model[64];
     int family, model_number, stepping;
-    feature features[8];
+    feature features[10];
     int n_features;
     int os_known, os_ymm, os_zmm; /* OS saves the AVX / AVX-512 register state (XCR0) */
     unsigned long long xcr0;
@@ -87,6 +92,19 @@ static cpu_report cpu_probe(void) {
     /* cpu_features reports the wide-register features only when the OS saves their state */
     const char *no_ymm = r.os_known && !r.os_ymm ? "OS does not enable the YMM state" : NULL;
     const char *no_zmm = r.os_known && !r.os_zmm ? "OS does not enable the ZMM/opmask state" : NULL;
+    /* AMX as the library counts it (src/dispatch.c): the OS saves the tile state, and Linux has
+       granted it to this process (the same request, which the library made already if it wants
+       an AMX add-on; asking twice changes nothing) */
+    const int os_tiles = r.os_known && (r.xcr0 & 0x60000) == 0x60000;
+    int granted = 0;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    if (os_tiles && info.features.amx_tile)
+        granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                          18 /* XFEATURE_XTILEDATA */) == 0;
+#endif
+    const char *no_tiles = !os_tiles  ? "OS does not enable the AMX tile state"
+                           : !granted ? "the OS did not grant the AMX tile state"
+                                      : NULL;
     feature f[] = {{"SSE4.1", info.features.sse4_1, NULL},
                    {"AVX", info.features.avx, no_ymm},
                    {"AVX2", info.features.avx2, no_ymm},
@@ -94,7 +112,9 @@ static cpu_report cpu_probe(void) {
                    {"F16C", info.features.f16c, no_ymm},
                    {"AVX-512F", info.features.avx512f, no_zmm},
                    {"AVX512BW", info.features.avx512bw, no_zmm},
-                   {"AVX512_BF16", info.features.avx512_bf16, no_zmm}};
+                   {"AVX512_BF16", info.features.avx512_bf16, no_zmm},
+                   {"AMX_TILE", info.features.amx_tile && granted, no_tiles},
+                   {"AMX_BF16", info.features.amx_bf16 && granted, no_tiles}};
     r.n_features = (int)(sizeof f / sizeof f[0]);
     memcpy(r.features, f, sizeof f);
 #elif defined(__aarch64__)
@@ -164,15 +184,16 @@ static const char *cpu_reason(const cpu_report *r, const record *rec, char *buf,
 
 /* A backend's add-on as this command was built with it (the records' 'addons', backends.h). */
 typedef struct addon_record {
-    const char *name, *backend;
+    const char *name, *kind, *backend;
     int built;
     const char *requires, *env;
     int default_on;
     const char *description;
 } addon_record;
 
-#define ADDON_RECORD_(unused, name, built, table, backend, requires, env, default_on, description) \
-    {#name, #backend, built, requires, env, default_on, description},
+#define ADDON_RECORD_(unused, name, kind, built, table, backend, requires, env, default_on,        \
+                      description)                                                                 \
+    {#name, #kind, #backend, built, requires, env, default_on, description},
 static const addon_record ADDON_RECORDS[] = {SDPA_ADDONS(ADDON_RECORD_, )};
 #undef ADDON_RECORD_
 #define N_ADDONS (sizeof ADDON_RECORDS / sizeof ADDON_RECORDS[0])
@@ -186,8 +207,19 @@ typedef struct addon_row {
     char note[96];
 } addon_row;
 
+/* Of the add-ons of rec's kind and backend, the one before row n that is in use (the library
+ * uses the first of a kind that is on); NULL if none */
+static const addon_row *first_in_use(const addon_row *rows, size_t n, const addon_record *rec) {
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].in_use && strcmp(rows[i].rec->kind, rec->kind) == 0 &&
+            strcmp(rows[i].rec->backend, rec->backend) == 0)
+            return &rows[i];
+    return NULL;
+}
+
 static void addon_rows(const cpu_report *cpu, addon_row *rows) {
     for (size_t i = 0; i < N_ADDONS; i++) {
+        const addon_row *first;
         addon_row *a = &rows[i];
         a->rec = &ADDON_RECORDS[i];
         a->in_use = 0;
@@ -208,6 +240,9 @@ static void addon_rows(const cpu_report *cpu, addon_row *rows) {
         else if (strcmp(api->backend(), a->rec->backend) != 0)
             snprintf(a->note, sizeof a->note, "off: its backend, %s, is not the active one",
                      a->rec->backend);
+        else if ((first = first_in_use(rows, i, a->rec)) != NULL)
+            snprintf(a->note, sizeof a->note, "on, unused: %s comes first (%s=off)",
+                     first->rec->name, first->rec->env);
         else
             snprintf(a->note, sizeof a->note, "in use: %s (%s=off turns it off)",
                      set ? "turned on" : "on by default", a->rec->env),
@@ -344,6 +379,8 @@ int cmd_info(int json) {
         for (size_t i = 0; i < N_ADDONS; i++) {
             printf("    {\"name\": ");
             json_string(addons[i].rec->name);
+            printf(", \"kind\": ");
+            json_string(addons[i].rec->kind);
             printf(", \"backend\": ");
             json_string(addons[i].rec->backend);
             printf(", \"in_use\": %s, \"note\": ", json_bool(addons[i].in_use));

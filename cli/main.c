@@ -135,7 +135,8 @@ static void help_backend(const char *name, const char *arch, const char *require
 #define HELP_BACKEND_(unused, name, built, table, arch, requires, description)                     \
     help_backend(#name, arch, requires, description);
 /* A line of HELP's add-on list (backends.h): what it is, what it needs, how to switch it. */
-#define HELP_ADDON_(unused, name, built, table, backend, requires, env, default_on, description)   \
+#define HELP_ADDON_(unused, name, kind, built, table, backend, requires, env, default_on,          \
+                    description)                                                                   \
     printf("  %s of %s, needs %s; %s by default, %s=on|off\n      %s\n", #name, #backend,          \
            requires, default_on ? "on" : "off", env, description);
 

@@ -319,11 +319,15 @@ typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype
  * f16's smallest normal its nearest subnormal. Accuracy: sdpa_mha_f32's bound, measured against
  * a double-precision reference on the stored 16-bit values, plus that final rounding when out
  * is 16-bit (half an ULP of the type: 2^-11 relative for f16, 2^-8 for bf16).
- * bf16 Q.K on AVX512_BF16 CPUs: with q_type and kv_type both SDPA_BF16, blocks of 8 and more
- * queries with d_k <= 128 may form Q.K from the bf16 values with vdpbf16ps (the avx512 backend,
- * when its add-on is on: SDPA_BF16_DOT=on or off in the environment at load time; `sdpa info`
- * says whether it is in use). Every product is exact; the sums are float, added in another
- * order, rounded to nearest whatever the rounding mode; a subnormal q or k element counts as 0.
+ * bf16 Q.K on AMX and AVX512_BF16 CPUs: with q_type and kv_type both SDPA_BF16, blocks of 8 and
+ * more queries with d_k <= 128 may form Q.K from the bf16 values with AMX tiles (TDPBF16PS) or
+ * vdpbf16ps (the avx512 backend's add-ons: AMX on by default where the CPU and the OS allow it,
+ * SDPA_AMX=on or off, then vdpbf16ps, off by default, SDPA_BF16_DOT=on or off, in the
+ * environment at load time; `sdpa info` says which is in use; with AMX the library asks Linux
+ * for the tile state when it loads, after which sigaltstack rejects stacks smaller than the AMX
+ * signal frame, AT_MINSIGSTKSZ: docs/guarantees.md). Every product is exact; the sums
+ * are float, added in another order, rounded to nearest whatever the rounding mode; a subnormal
+ * q or k element counts as 0, and a partial sum below FLT_MIN may flush to 0.
  * The bound is the same (1e-5 max|v| against the double reference on the stored values: a
  * subnormal's products are below 2^-126 times the other element, far inside the dot's rounding
  * term), but out is not bit for bit the widened path's, and an inf in q or k that meets a

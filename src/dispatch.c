@@ -5,6 +5,11 @@
 #error "src/dispatch.c must be compiled for the baseline ISA, without -m flags"
 #endif
 
+/* syscall(), for the AMX permission request on Linux */
+#if defined(__linux__)
+#define _GNU_SOURCE
+#endif
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +21,11 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpu_features/cpuinfo_x86.h>
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(__aarch64__)
 #include <sys/auxv.h>
 #endif
@@ -60,6 +70,28 @@ static int cpu_has_f16c(void) { return x86_features().f16c != 0; }
 static int cpu_has_avx512f(void) { return x86_features().avx512f != 0; }
 static int cpu_has_avx512bw(void) { return x86_features().avx512bw != 0; }
 static int cpu_has_avx512_bf16(void) { return x86_features().avx512_bf16 != 0; }
+/* AMX: the CPU's flag is not enough. The OS must save the tile state (XCR0 bits 17, XTILECFG,
+ * and 18, XTILEDATA), and Linux hands the tile data to a process only when it asks
+ * (ARCH_REQ_XCOMP_PERM; Linux 5.16 and later): a tile instruction before that raises SIGILL. The
+ * request is made where a record's list is checked, that is at load time for an add-on that the
+ * environment wants (an add-on turned off asks nothing), and is process-wide and idempotent. On
+ * other systems AMX counts as absent. */
+static int amx_tiles_granted(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    const unsigned tile_state = (1u << 17) | (1u << 18);
+    if ((lo & tile_state) != tile_state) return 0;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return 0;
+#endif
+}
+static int cpu_has_amx_tile(void) { return x86_features().amx_tile != 0 && amx_tiles_granted(); }
+static int cpu_has_amx_bf16(void) { return x86_features().amx_bf16 != 0 && cpu_has_amx_tile(); }
 static const cpu_feature FEATURES[] = {{"SSE4.1", cpu_has_sse41},
                                        {"AVX2", cpu_has_avx2},
                                        {"FMA", cpu_has_fma},
@@ -67,6 +99,8 @@ static const cpu_feature FEATURES[] = {{"SSE4.1", cpu_has_sse41},
                                        {"AVX-512F", cpu_has_avx512f},
                                        {"AVX512BW", cpu_has_avx512bw},
                                        {"AVX512_BF16", cpu_has_avx512_bf16},
+                                       {"AMX_TILE", cpu_has_amx_tile},
+                                       {"AMX_BF16", cpu_has_amx_bf16},
                                        {NULL, NULL}};
 #elif defined(__aarch64__)
 /* The kernel's hwcaps directly: Debian's arm64 cpu_features 0.7 prints a debug line to stdout
@@ -101,14 +135,14 @@ static int runnable[N_BACKENDS];
  * init, before anything can call them. bf16_dot is the only kind so far, so the table has its
  * type. */
 typedef struct addon {
-    const char *name, *backend;
+    const char *name, *kind, *backend;
     const sdpa_bf16_dot_kernels *table; /* NULL when not compiled into this library */
     const char *requires, *env;
     int default_on;
 } addon;
-#define ADDON_(unused, name, built, table, backend, requires, env, default_on, description)        \
-    {#name, #backend, KERNELS_IF_BUILT_##built(table), requires, env, default_on},
-static const addon ADDONS[] = {SDPA_ADDONS(ADDON_, ){NULL, NULL, NULL, NULL, NULL, 0}};
+#define ADDON_(unused, name, kind, built, table, backend, requires, env, default_on, description)  \
+    {#name, #kind, #backend, KERNELS_IF_BUILT_##built(table), requires, env, default_on},
+static const addon ADDONS[] = {SDPA_ADDONS(ADDON_, ){NULL, NULL, NULL, NULL, NULL, NULL, 0}};
 #undef ADDON_
 #define N_ADDONS (sizeof ADDONS / sizeof ADDONS[0] - 1)
 static int addon_on[N_ADDONS + 1];
@@ -185,10 +219,31 @@ __attribute__((cold, noinline)) const sdpa_kernels *sdpa_kernels_first(void) {
  * library's constructor) go through sdpa_dispatch_init themselves. */
 __attribute__((constructor)) static void sdpa_load(void) { sdpa_dispatch_init(); }
 
+/* the i-th add-on is a bf16 dot of backend k */
+static int bf16_dot_of(size_t i, const sdpa_kernels *k) {
+    return strcmp(ADDONS[i].kind, "bf16_dot") == 0 && strcmp(ADDONS[i].backend, k->name) == 0;
+}
+
 const sdpa_bf16_dot_kernels *sdpa_bf16_dot_for(const sdpa_kernels *k) {
     for (size_t i = 0; i < N_ADDONS; i++)
-        if (addon_on[i] && strcmp(ADDONS[i].backend, k->name) == 0) return ADDONS[i].table;
+        if (addon_on[i] && bf16_dot_of(i, k)) return ADDONS[i].table;
     return NULL;
+}
+
+int sdpa_bf16_dot_addon(const sdpa_kernels *k, size_t index, sdpa_addon_info *info) {
+    sdpa_dispatch_init();
+    for (size_t i = 0; i < N_ADDONS; i++) {
+        if (!bf16_dot_of(i, k) || index-- != 0) continue;
+        info->name = ADDONS[i].name;
+        info->requires = ADDONS[i].requires;
+        info->env = ADDONS[i].env;
+        info->default_on = ADDONS[i].default_on;
+        info->on = addon_on[i];
+        info->runnable = ADDONS[i].table && cpu_has_all(ADDONS[i].requires);
+        info->table = info->runnable ? ADDONS[i].table : NULL;
+        return 1;
+    }
+    return 0;
 }
 
 SDPA_API const char *sdpa_backend(void) { return sdpa_kernels_now()->name; }

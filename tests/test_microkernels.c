@@ -10,6 +10,7 @@
  * rotating (nq, nk). */
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,14 @@
 #include "common.h"
 #include "dispatch.h"
 #include "reference.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#endif
 
 #define MAX_D  257
 #define BORDER 3 /* sentinel floats past each tile row */
@@ -55,7 +64,8 @@ static size_t shapes_of(const sdpa_attention_kernels *a, size_t max_d, shape *ou
     return n;
 }
 
-#define MAX_SHAPES (SDPA_ATTN_MAX_BLOCK_Q * 15 + SDPA_ATTN_MAX_BLOCK_KV * 4 + MAX_D + 8)
+/* the bf16 dot adds 2 x 4 x 12 shapes of its own (bf16_dot_shapes) */
+#define MAX_SHAPES (SDPA_ATTN_MAX_BLOCK_Q * 15 + SDPA_ATTN_MAX_BLOCK_KV * 4 + MAX_D + 8 + 96)
 
 /* Operands for one shape: q [nq][d] and k [nk][d] with padded rows, v [nk][d], each ending at a
  * guard page, values in [-1, 1). */
@@ -490,116 +500,222 @@ static double bf16_dot_ref(const uint16_t *q, const uint16_t *k, size_t d, doubl
 
 static _Alignas(64) uint32_t qt_pairs[SDPA_ATTN_PACK_MAX_D / 2 * SDPA_ATTN_MAX_BLOCK_Q];
 
-/* The add-on, where it is on for this backend: pack_q's pairs and zero queries, scores_packed
- * (row-major, nothing written past the tile) and scores_max (key-major, with the maxima), at
- * every packed shape (nq from 8: the driver's blocks), odd and even d, odd strides (rows that
- * start between two pairs), inputs ending at a guard page (an odd d's last pair must not read
- * past its row), some elements subnormal. */
+/* Every bf16 dot add-on of backend k that this build has and this CPU runs, whichever the
+ * environment turns on (the one in use is only the first of them): up to max into out, their
+ * number returned. */
+enum { MAX_BF16_DOTS = 4 };
+static size_t bf16_dots(const sdpa_kernels *k, sdpa_addon_info *out) {
+    size_t n = 0;
+    sdpa_addon_info info;
+    for (size_t i = 0; sdpa_bf16_dot_addon(k, i, &info) && n < MAX_BF16_DOTS; i++)
+        if (info.runnable) out[n++] = info;
+    return n;
+}
+
+/* The shapes for the bf16 dot: the attention kernels' (nq from 8: the driver's blocks), and d
+ * 32 and 96 (whole AMX tiles, which the spread above gives only once each) against every key
+ * tail of a 16-key tile and both halves of the queries. */
+static size_t bf16_dot_shapes(const sdpa_kernels *k, shape *out) {
+    const size_t all = shapes_of(k->attention, SDPA_ATTN_PACK_MAX_D, out);
+    size_t n = 0;
+    for (size_t t = 0; t < all; t++)
+        if (out[t].nq >= 8) out[n++] = out[t];
+    const size_t nqs[] = {8, 16, 17, SDPA_ATTN_MAX_BLOCK_Q};
+    const size_t nks[] = {1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 127, SDPA_ATTN_MAX_BLOCK_KV};
+    const size_t ds[] = {32, 96};
+    for (size_t a = 0; a < sizeof ds / sizeof ds[0]; a++)
+        for (size_t b = 0; b < sizeof nqs / sizeof nqs[0]; b++)
+            for (size_t c = 0; c < sizeof nks / sizeof nks[0]; c++)
+                out[n++] = (shape){nqs[b], nks[c], ds[a]};
+    return n;
+}
+
+/* Each bf16 dot add-on this CPU runs (whether or not the environment turned it on): pack_q's
+ * pairs and zero queries, scores_packed (row-major, nothing written past the tile) and
+ * scores_max (key-major, with the maxima, no key row past nk written), at every packed shape,
+ * odd and even d, odd strides (rows that start between two pairs), inputs ending at a guard
+ * page (an odd d's last pair, a tile's last rows, must not read past a row), some elements
+ * subnormal. */
 BACKEND_TEST(microkernels, bf16_dot_scores) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());
-    const sdpa_bf16_dot_kernels *b = sdpa_bf16_dot_for(k);
-    if (!b) cr_skip_test("no bf16 dot for %s here (CPU, build or SDPA_BF16_DOT)", k->name);
-    rng r = rng_seed(17);
-    const size_t n = shapes_of(k->attention, SDPA_ATTN_PACK_MAX_D, shapes);
-    for (size_t t = 0; t < n; t++) {
-        const shape *sh = &shapes[t];
-        if (sh->nq < 8) continue;
-        const size_t q_stride = sh->d + (t % 2), k_stride = sh->d + (t % 3);
-        guarded gq, gk;
-        const uint16_t *q = bf16_alloc(&r, &gq, (sh->nq - 1) * q_stride + sh->d, t % 4 == 0);
-        const uint16_t *kk = bf16_alloc(&r, &gk, (sh->nk - 1) * k_stride + sh->d, t % 4 == 1);
-        const float scale = t % 3 == 0 ? 0.125f : t % 3 == 1 ? -1.5f : 1.0f;
-        memset(qt_pairs, 0xff, sizeof qt_pairs);
-        b->pack_q(qt_pairs, q, q_stride, sh->nq, sh->d);
-        for (size_t p = 0; p < (sh->d + 1) / 2; p++)
-            for (size_t i = 0; i < SDPA_ATTN_MAX_BLOCK_Q; i++) {
-                const uint16_t *qi = q + i * q_stride + 2 * p;
-                const uint32_t want =
-                    i >= sh->nq ? 0 : qi[0] | (2 * p + 1 < sh->d ? (uint32_t)qi[1] << 16 : 0);
-                cr_assert_eq(qt_pairs[p * SDPA_ATTN_MAX_BLOCK_Q + i], want,
-                             "pack_q nq %zu d %zu: pair %zu of query %zu", sh->nq, sh->d, p, i);
+    sdpa_addon_info dots[MAX_BF16_DOTS];
+    const size_t n_dots = bf16_dots(k, dots);
+    if (!n_dots) cr_skip_test("no bf16 dot for %s here (CPU or build)", k->name);
+    const size_t n = bf16_dot_shapes(k, shapes);
+    for (size_t x = 0; x < n_dots; x++) {
+        const sdpa_bf16_dot_kernels *b = dots[x].table;
+        const char *name = dots[x].name;
+        rng r = rng_seed(17);
+        for (size_t t = 0; t < n; t++) {
+            const shape *sh = &shapes[t];
+            const size_t q_stride = sh->d + (t % 2), k_stride = sh->d + (t % 3);
+            guarded gq, gk;
+            const uint16_t *q = bf16_alloc(&r, &gq, (sh->nq - 1) * q_stride + sh->d, t % 4 == 0);
+            const uint16_t *kk = bf16_alloc(&r, &gk, (sh->nk - 1) * k_stride + sh->d, t % 4 == 1);
+            const float scale = t % 3 == 0 ? 0.125f : t % 3 == 1 ? -1.5f : 1.0f;
+            memset(qt_pairs, 0xff, sizeof qt_pairs);
+            b->pack_q(qt_pairs, q, q_stride, sh->nq, sh->d);
+            for (size_t p = 0; p < (sh->d + 1) / 2; p++)
+                for (size_t i = 0; i < SDPA_ATTN_MAX_BLOCK_Q; i++) {
+                    const uint16_t *qi = q + i * q_stride + 2 * p;
+                    const uint32_t want =
+                        i >= sh->nq ? 0 : qi[0] | (2 * p + 1 < sh->d ? (uint32_t)qi[1] << 16 : 0);
+                    cr_assert_eq(qt_pairs[p * SDPA_ATTN_MAX_BLOCK_Q + i], want,
+                                 "%s pack_q nq %zu d %zu: pair %zu of query %zu", name, sh->nq,
+                                 sh->d, p, i);
+                }
+            fill_sentinel(s_tile, sizeof s_tile / sizeof s_tile[0]);
+            b->scores_packed(s_tile, LD_S, qt_pairs, sh->nq, kk, k_stride, sh->nk, sh->d, scale);
+            float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
+            fill_sentinel(st, sizeof st / sizeof st[0]);
+            b->scores_max(st, tile_max, qt_pairs, sh->nq, kk, k_stride, sh->nk, sh->d, scale);
+            for (size_t i = 0; i < sh->nq; i++) {
+                float m = -INFINITY;
+                for (size_t j = 0; j < sh->nk; j++) {
+                    double bound;
+                    const double want =
+                        bf16_dot_ref(q + i * q_stride, kk + j * k_stride, sh->d, scale, &bound);
+                    const float rows = s_tile[i * LD_S + j], keys = st[j * LD_Q + i];
+                    cr_assert(fabs(rows - want) <= bound && fabs(keys - want) <= bound,
+                              "%s nq %zu nk %zu d %zu: s[%zu][%zu] %.9g (packed) %.9g (max) "
+                              "want %.9g",
+                              name, sh->nq, sh->nk, sh->d, i, j, rows, keys, want);
+                    m = keys > m ? keys : m;
+                }
+                cr_assert_eq(tile_max[i], m, "%s scores_max nq %zu nk %zu: max of row %zu", name,
+                             sh->nq, sh->nk, i);
+                for (size_t j = sh->nk; j < sh->nk + BORDER; j++)
+                    cr_assert_eq(s_tile[i * LD_S + j], SENTINEL,
+                                 "%s scores_packed wrote past the row", name);
             }
-        fill_sentinel(s_tile, sizeof s_tile / sizeof s_tile[0]);
-        b->scores_packed(s_tile, LD_S, qt_pairs, sh->nq, kk, k_stride, sh->nk, sh->d, scale);
-        float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
-        b->scores_max(st, tile_max, qt_pairs, sh->nq, kk, k_stride, sh->nk, sh->d, scale);
-        for (size_t i = 0; i < sh->nq; i++) {
-            float m = -INFINITY;
-            for (size_t j = 0; j < sh->nk; j++) {
-                double bound;
-                const double want =
-                    bf16_dot_ref(q + i * q_stride, kk + j * k_stride, sh->d, scale, &bound);
-                const float rows = s_tile[i * LD_S + j], keys = st[j * LD_Q + i];
-                cr_assert(fabs(rows - want) <= bound && fabs(keys - want) <= bound,
-                          "nq %zu nk %zu d %zu: s[%zu][%zu] %.9g (packed) %.9g (max) want %.9g",
-                          sh->nq, sh->nk, sh->d, i, j, rows, keys, want);
-                m = keys > m ? keys : m;
-            }
-            cr_assert_eq(tile_max[i], m, "scores_max nq %zu nk %zu: max of row %zu", sh->nq, sh->nk,
-                         i);
-            for (size_t j = sh->nk; j < sh->nk + BORDER; j++)
-                cr_assert_eq(s_tile[i * LD_S + j], SENTINEL, "scores_packed wrote past the row");
+            for (size_t j = 0; j < LD_S; j++)
+                cr_assert_eq(s_tile[sh->nq * LD_S + j], SENTINEL,
+                             "%s scores_packed wrote past the rows", name);
+            for (size_t j = sh->nk * LD_Q; j < sizeof st / sizeof st[0]; j++)
+                cr_assert_eq(st[j], SENTINEL, "%s scores_max nk %zu wrote key row %zu", name,
+                             sh->nk, j / LD_Q);
+            guard_free(&gq);
+            guard_free(&gk);
         }
-        for (size_t j = 0; j < LD_S; j++)
-            cr_assert_eq(s_tile[sh->nq * LD_S + j], SENTINEL, "scores_packed wrote past the rows");
-        guard_free(&gq);
-        guard_free(&gk);
     }
 }
 
-/* vdpbf16ps on the special values: inf and NaN in q or k make the scores that see them NaN or
- * inf as a float dot would (so the driver's NaN rows and +inf rules hold), a finite row next to
- * them stays finite. */
+/* Each bf16 dot on the special values: inf and NaN in q or k make the scores that see them NaN
+ * or inf as a float dot would (so the driver's NaN rows and +inf rules hold), a finite row next
+ * to them stays finite. d 5 (an odd last pair) and d 32 (one whole AMX tile step, where AMX
+ * takes it), the special elements in the first and in the last pair. */
 BACKEND_TEST(microkernels, bf16_dot_special_values) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());
-    const sdpa_bf16_dot_kernels *b = sdpa_bf16_dot_for(k);
-    if (!b) cr_skip_test("no bf16 dot for %s here (CPU, build or SDPA_BF16_DOT)", k->name);
-    enum { NQ = 8, NK = 9, D = 5 };
-    uint16_t q[NQ * D], kk[NK * D];
-    for (size_t i = 0; i < NQ * D; i++) q[i] = 0x3f80;  /* 1 */
-    for (size_t i = 0; i < NK * D; i++) kk[i] = 0x3f00; /* 0.5 */
-    q[1 * D + 4] = 0x7f80;                              /* query 1: +inf, in the odd last pair */
-    q[2 * D + 1] = 0x7fc1;                              /* query 2: NaN */
-    kk[3 * D + 2] = 0xff80;                             /* key 3: -inf */
-    kk[4 * D + 4] = 0xffc0;                             /* key 4: NaN, in the odd last pair */
-    b->pack_q(qt_pairs, q, D, NQ, D);
-    float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
-    b->scores_max(st, tile_max, qt_pairs, NQ, kk, D, NK, D, 1.0f);
-    for (size_t i = 0; i < NQ; i++)
-        for (size_t j = 0; j < NK; j++) {
-            const float s = st[j * LD_Q + i];
-            if (i == 2 || j == 4 || (i == 1 && j == 3))
-                cr_assert(isnan(s), "s[%zu][%zu] = %g, want NaN", i, j, s);
-            else if (i == 1)
-                cr_assert(s == INFINITY, "s[1][%zu] = %g, want +inf", j, s);
-            else if (j == 3)
-                cr_assert(s == -INFINITY, "s[%zu][3] = %g, want -inf", i, s);
-            else
-                cr_assert(s == 2.5f, "s[%zu][%zu] = %g, want 2.5", i, j, s);
+    sdpa_addon_info dots[MAX_BF16_DOTS];
+    const size_t n_dots = bf16_dots(k, dots);
+    if (!n_dots) cr_skip_test("no bf16 dot for %s here (CPU or build)", k->name);
+    enum { NQ = 8, NK = 9, MAXD = 32 };
+    const size_t ds[] = {5, MAXD};
+    for (size_t x = 0; x < n_dots; x++)
+        for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++) {
+            const sdpa_bf16_dot_kernels *b = dots[x].table;
+            const size_t D = ds[di];
+            uint16_t q[NQ * MAXD], kk[NK * MAXD];
+            for (size_t i = 0; i < NQ * D; i++) q[i] = 0x3f80;  /* 1 */
+            for (size_t i = 0; i < NK * D; i++) kk[i] = 0x3f00; /* 0.5 */
+            q[1 * D + D - 1] = 0x7f80;  /* query 1: +inf, in the last pair */
+            q[2 * D + 1] = 0x7fc1;      /* query 2: NaN */
+            kk[3 * D + 2] = 0xff80;     /* key 3: -inf */
+            kk[4 * D + D - 1] = 0xffc0; /* key 4: NaN, in the last pair */
+            b->pack_q(qt_pairs, q, D, NQ, D);
+            float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
+            b->scores_max(st, tile_max, qt_pairs, NQ, kk, D, NK, D, 1.0f);
+            const float finite = 0.5f * (float)D;
+            for (size_t i = 0; i < NQ; i++)
+                for (size_t j = 0; j < NK; j++) {
+                    const float s = st[j * LD_Q + i];
+                    if (i == 2 || j == 4 || (i == 1 && j == 3))
+                        cr_assert(isnan(s), "%s d %zu: s[%zu][%zu] = %g, want NaN", dots[x].name, D,
+                                  i, j, s);
+                    else if (i == 1)
+                        cr_assert(s == INFINITY, "%s d %zu: s[1][%zu] = %g, want +inf",
+                                  dots[x].name, D, j, s);
+                    else if (j == 3)
+                        cr_assert(s == -INFINITY, "%s d %zu: s[%zu][3] = %g, want -inf",
+                                  dots[x].name, D, i, s);
+                    else
+                        cr_assert(s == finite, "%s d %zu: s[%zu][%zu] = %g, want %g", dots[x].name,
+                                  D, i, j, s, finite);
+                }
         }
 }
 
-/* The add-on is on exactly where it should be: for the avx512 backend when this CPU has
- * AVX512BW and AVX512_BF16 and SDPA_BF16_DOT=on or, unset, the record's default is on (the
- * suite runs with the variable set both ways), for no other backend. */
-#define DEFAULT_ON_(unused, name, built, table, backend, requires, env, default_on, description)   \
-    default_on +
+/* This CPU's own word on a feature a record requires, apart from src/dispatch.c's probes: GCC's
+ * CPUID for the AVX-512 flags; for AMX, CPUID, XCR0's tile state and whether Linux has granted
+ * the process the tile data (ARCH_GET_XCOMP_PERM: the library must have asked, at load time,
+ * for an add-on that the environment wants). */
+static int test_cpu_has(const char *name, size_t len) {
+#if defined(__x86_64__)
+    char f[32];
+    snprintf(f, sizeof f, "%.*s", (int)len, name);
+    __builtin_cpu_init();
+    if (strcmp(f, "AVX-512F") == 0) return __builtin_cpu_supports("avx512f");
+    if (strcmp(f, "AVX512BW") == 0) return __builtin_cpu_supports("avx512bw");
+    if (strcmp(f, "AVX512_BF16") == 0) return __builtin_cpu_supports("avx512bf16");
+    if (strcmp(f, "AMX_TILE") == 0 || strcmp(f, "AMX_BF16") == 0) {
+        unsigned a, b, c, d;
+        if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+        if (!(d & (1u << (strcmp(f, "AMX_TILE") == 0 ? 24 : 22)))) return 0;
+        if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return 0;
+        unsigned lo, hi;
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        if ((lo & 0x60000u) != 0x60000u) return 0;
+#if defined(__linux__)
+        unsigned long perm = 0;
+        return syscall(SYS_arch_prctl, 0x1022 /* ARCH_GET_XCOMP_PERM */, &perm) == 0 &&
+               (perm & (1ul << 18)) != 0;
+#endif
+    }
+#else
+    (void)name, (void)len;
+#endif
+    return 0;
+}
+
+static int test_cpu_has_all(const char *requires) {
+    for (const char *p = requires; *p;) {
+        const size_t len = strcspn(p, "+");
+        if (!test_cpu_has(p, len)) return 0;
+        p += len + (p[len] == '+');
+    }
+    return 1;
+}
+
+/* Each add-on is on exactly where it should be: for its backend when this CPU has what it
+ * requires and its variable is on or, unset, its record's default is (the suites run with the
+ * variables set every way), and the bf16 dot in use is the first of them that is on. */
 BACKEND_TEST(microkernels, bf16_dot_follows_cpu_and_environment) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());
-    const char *env = getenv("SDPA_BF16_DOT");
-    const int by_default = SDPA_ADDONS(DEFAULT_ON_, ) 0;
-    const int set = env && (strcmp(env, "on") == 0 || strcmp(env, "off") == 0);
-    int want = strcmp(k->name, "avx512") == 0 && (set ? strcmp(env, "on") == 0 : by_default);
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    want = want && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
-#else
-    want = 0;
-#endif
-    cr_assert_eq(sdpa_bf16_dot_for(k) != NULL, want, "%s: bf16 dot %s, expected %s", k->name,
-                 sdpa_bf16_dot_for(k) ? "on" : "off", want ? "on" : "off");
-    const sdpa_bf16_dot_kernels *b = sdpa_bf16_dot_for(k);
-    if (b) cr_assert(b->pack_q && b->scores_packed && b->scores_max, "a bf16 dot table is whole");
+    const sdpa_bf16_dot_kernels *first = NULL;
+    /* the permission check must come before sdpa_bf16_dot_addon, which asks for it itself */
+    int want[MAX_BF16_DOTS];
+    sdpa_addon_info info;
+    size_t n = 0;
+    for (; sdpa_bf16_dot_addon(k, n, &info) && n < MAX_BF16_DOTS; n++) {
+        const char *env = getenv(info.env);
+        const int set = env && (strcmp(env, "on") == 0 || strcmp(env, "off") == 0);
+        want[n] =
+            (set ? strcmp(env, "on") == 0 : info.default_on) && test_cpu_has_all(info.requires);
+    }
+    if (strcmp(k->name, "avx512") != 0) cr_assert_eq(n, 0, "%s: no bf16 dot add-ons", k->name);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(sdpa_bf16_dot_addon(k, i, &info));
+        cr_assert_eq(info.on, want[i], "%s: %s %s, expected %s", k->name, info.name,
+                     info.on ? "on" : "off", want[i] ? "on" : "off");
+        if (info.on) {
+            cr_assert(info.runnable && info.table, "%s: on, so runnable", info.name);
+            cr_assert(info.table->pack_q && info.table->scores_packed && info.table->scores_max,
+                      "%s: a bf16 dot table is whole", info.name);
+            if (!first) first = info.table;
+        }
+    }
+    cr_assert(sdpa_bf16_dot_for(k) == first, "%s: the bf16 dot in use is the first one on",
+              k->name);
 }
 
 /* The rules of arch/kernels.h that no call would show: required kernels present, optional

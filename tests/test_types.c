@@ -232,7 +232,8 @@ BACKEND_TEST(types, long_decode) {
 }
 
 /* All-bf16 blocks of 8 and more queries at d <= 128: the packed path, which forms Q.K with the
- * AVX512_BF16 add-on where the CPU has it (types-bf16-dot-off runs this suite again with it off).
+ * avx512 backend's bf16 dot where the CPU has one (AMX by default; types-bf16_dot-only and
+ * types-avx512-addons-off run this suite again with vdpbf16ps and with neither).
  * Odd d (the last pair half a pair, at the end of the array: a guard page follows), BSHD views
  * (rows that start between two pairs), causal and masked blocks, several blocks of keys. */
 BACKEND_TEST(types, bf16_prefill_packed) {
@@ -250,15 +251,17 @@ BACKEND_TEST(types, bf16_prefill_packed) {
     }
 }
 
-/* The same under every rounding mode and with FTZ/DAZ: vdpbf16ps rounds its sums to nearest
- * whatever MXCSR says, the rest of the path follows the caller's mode, and the bound holds in
- * all of them; the mode is left as it was. */
+/* The same under every rounding mode and with FTZ/DAZ: vdpbf16ps and AMX's TDPBF16PS round their
+ * sums to nearest whatever MXCSR says, the rest of the path follows the caller's mode, and the
+ * bound holds in all of them; the mode is left as it was. d is odd (vdpbf16ps, also where AMX is
+ * on) or, with FTZ/DAZ, 64 or 96 (whole AMX tile steps). */
 BACKEND_TEST(types, bf16_prefill_packed_in_every_rounding_mode) {
     static const int modes[] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO, FE_TONEAREST};
     rng r = rng_seed(2206);
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
         for (int ftz_daz = 0; ftz_daz < 2; ftz_daz++) {
-            typed_case c = {1,          1, 1, 40,        100,       63 + 2 * i, 32,
+            const size_t d = ftz_daz ? 64 + 32 * (i % 2) : 63 + 2 * i;
+            typed_case c = {1,          1, 1, 40,        100,       d,        32,
                             (int)i % 2, 0, 0, SDPA_BF16, SDPA_BF16, SDPA_BF16};
             cr_assert_eq(fesetround(modes[i]), 0);
             set_ftz_daz(ftz_daz);
@@ -335,15 +338,16 @@ BACKEND_TEST(types, special_values) {
 }
 
 /* The special values in all-bf16 blocks of 8 queries (the packed path, with the bf16 dot where
- * the CPU has it), d = 5 so that some sit in the odd last pair: out as the f32 path gives on the
- * same values, NaN where it has NaN (inf or NaN in q or k), zeros for a row that sees no key,
- * and a removed key's NaN V never leaks. */
+ * the CPU has it), d = 5 so that some sit in the odd last pair, and d = 32, one whole AMX tile
+ * step: out as the f32 path gives on the same values, NaN where it has NaN (inf or NaN in q or
+ * k), zeros for a row that sees no key, and a removed key's NaN V never leaks. */
 BACKEND_TEST(types, bf16_special_values_in_packed_blocks) {
-    enum { NQ = 8, NK = 11, D = 5 };
+    enum { NQ = 8, NK = 11, MAX_D_ = 32 };
     const double specials[] = {INFINITY, -INFINITY, NAN, 0x1p-130 /* subnormal */};
-    double q[NQ * D], k[NK * D], v[NK * D];
-    for (int place = 0; place < 2 * 4 * 2; place++) {
-        const int in_q = place % 2, which = place / 2 % 4, masked = place / 8;
+    double q[NQ * MAX_D_], k[NK * MAX_D_], v[NK * MAX_D_];
+    for (int place = 0; place < 2 * 2 * 4 * 2; place++) {
+        const size_t D = place < 2 * 4 * 2 ? 5 : MAX_D_;
+        const int in_q = place % 2, which = place / 2 % 4, masked = place / 8 % 2;
         for (size_t i = 0; i < NQ * D; i++) q[i] = 0.25 * (double)(i % 5) - 0.375;
         for (size_t i = 0; i < NK * D; i++) k[i] = 0.5 - 0.125 * (double)(i % 7), v[i] = i % 3;
         const size_t at = in_q ? 3 * D + (size_t)(place % 5) : 6 * D + (size_t)(place % 5);
@@ -351,7 +355,7 @@ BACKEND_TEST(types, bf16_special_values_in_packed_blocks) {
         v[2 * D + 1] = NAN; /* key 2, removed by the mask where masked */
         float mask[NQ * NK];
         for (size_t i = 0; i < NQ * NK; i++) mask[i] = i % NK == 2 || i < NK ? -INFINITY : 0.0f;
-        double got[NQ * D], want[NQ * D];
+        double got[NQ * MAX_D_], want[NQ * MAX_D_];
         one_head(SDPA_BF16, SDPA_F32, NQ, NK, D, q, k, v, masked ? mask : NULL, got);
         one_head(SDPA_F32, SDPA_F32, NQ, NK, D, q, k, v, masked ? mask : NULL, want);
         for (size_t i = 0; i < NQ * D; i++) {

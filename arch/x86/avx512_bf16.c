@@ -3,38 +3,13 @@
  * straight from the bf16 rows of K. Compiled alone with -mavx512bf16 (meson.build: the avx512
  * record's add-on), which also lets the compiler use AVX512BW: nothing here may run before
  * src/dispatch.c has found both on the CPU. The tiles' max and transposes are the float path's
- * (arch/attention_keymajor.h); what is this ISA's own is the pair packing and the GEMM step. */
-#include <string.h>
+ * (arch/attention_keymajor.h); what is this ISA's own is the pair packing (in
+ * arch/x86/avx512_bf16_pairs.h, which the AMX add-on shares) and the GEMM step. */
+#include "avx512_bf16_pairs.h"
 
-#include "avx512.h"
-
-#include "attention_keymajor.h"
-
-#if !defined(__AVX512BF16__) || !defined(__AVX512BW__)
-#error "arch/x86/avx512_bf16.c needs -mavx512bf16 (which brings -mavx512bw)"
+#if !defined(__AVX512BF16__)
+#error "arch/x86/avx512_bf16.c needs -mavx512bf16"
 #endif
-
-/* kernels.h's pack_q of the bf16 dot: W x W blocks of 32-bit pairs through the register
- * transpose. A row's pairs load as W x 2 bf16 elements under a 16-bit mask, which stops at its
- * d-th element, so an odd d's last pair gets a zero second element and nothing past the row is
- * read (a masked-off element never faults). */
-static void pack_q_avx512_bf16(uint32_t *qt, const uint16_t *q, size_t q_stride, size_t nq,
-                               size_t d) {
-    for (size_t p0 = 0; p0 < d; p0 += 2 * W) {
-        const size_t ne = d - p0 < 2 * W ? d - p0 : 2 * W, np = (ne + 1) / 2;
-        const __mmask32 m = (__mmask32)((1ull << ne) - 1);
-        for (size_t i0 = 0; i0 < QT_LD; i0 += W) {
-            fv r[W];
-            for (size_t t = 0; t < W; t++)
-                r[t] = i0 + t < nq ? _mm512_castsi512_ps(
-                                         _mm512_maskz_loadu_epi16(m, q + (i0 + t) * q_stride + p0))
-                                   : fv_zero();
-            fv_transpose(r);
-            for (size_t t = 0; t < np; t++)
-                fv_store((float *)(qt + (p0 / 2 + t) * QT_LD + i0), r[t]);
-        }
-    }
-}
 
 /* k's pair at p as a word in every lane; last: an odd d's last pair, whose second element lies
  * past the row and reads as 0 */

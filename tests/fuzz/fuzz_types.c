@@ -12,10 +12,11 @@
  *     out is bit for bit the f32 path's out rounded once to out's type (NaN where it is NaN);
  *     otherwise within the f32 bound plus that rounding, for inputs without specials. (A 16-bit
  *     q is widened into an aligned tile, and a dot's order of summation may follow its row's
- *     alignment: avx512's long dots start at a cache line. The AVX512_BF16 add-on, which forms
- *     Q.K for bf16 q and k/v when it is on, adds in its own order, and with specials may turn a
- *     score the f32 path finds infinite into NaN or back: tests/test_types.c holds its
- *     special-value rules. Run with SDPA_BF16_DOT=on and off to cover both.)
+ *     alignment: avx512's long dots start at a cache line. The bf16 dot add-ons (AMX, on by
+ *     default, and AVX512_BF16), which form Q.K for bf16 q and k/v when on, add in their own
+ *     order, and with specials may turn a score the f32 path finds infinite into NaN or back:
+ *     tests/test_types.c holds their special-value rules. Run with SDPA_AMX and SDPA_BF16_DOT
+ *     each on alone, and both off, to cover every path.)
  *
  * Run it with scripts/fuzz; a crash file it leaves reproduces with build-fuzz/fuzz_types. */
 #include "fuzz_common.h"

@@ -92,9 +92,9 @@ static cpu_report cpu_probe(void) {
     /* cpu_features reports the wide-register features only when the OS saves their state */
     const char *no_ymm = r.os_known && !r.os_ymm ? "OS does not enable the YMM state" : NULL;
     const char *no_zmm = r.os_known && !r.os_zmm ? "OS does not enable the ZMM/opmask state" : NULL;
-    /* AMX as the library counts it (src/dispatch.c): the OS saves the tile state, and Linux has
-       granted it to this process (the same request, which the library made already if it wants
-       an AMX add-on; asking twice changes nothing) */
+    /* AMX as the library counts it at its first all-bf16 call (src/dispatch.c): the OS saves
+       the tile state, and Linux grants it to the process (this command asks as the library
+       would; asking twice changes nothing) */
     const int os_tiles = r.os_known && (r.xcr0 & 0x60000) == 0x60000;
     int granted = 0;
 #if defined(__linux__) && defined(SYS_arch_prctl)

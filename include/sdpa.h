@@ -324,18 +324,18 @@ typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype
  * vdpbf16ps (the avx512 backend's add-ons: AMX on by default where the CPU and the OS allow it,
  * SDPA_AMX=on or off, then vdpbf16ps, off by default, SDPA_BF16_DOT=on or off, in the
  * environment at load time; `sdpa info` says which is in use; with AMX the library asks Linux
- * for the tile state when it loads, after which sigaltstack rejects stacks smaller than the AMX
- * signal frame, AT_MINSIGSTKSZ: docs/guarantees.md). Every product is exact; the sums
- * are float, added in another order, rounded to nearest whatever the rounding mode; a subnormal
- * q or k element counts as 0, and a partial sum below FLT_MIN may flush to 0.
- * The bound is the same (1e-5 max|v| against the double reference on the stored values: a
- * subnormal's products are below 2^-126 times the other element, far inside the dot's rounding
- * term), but out is not bit for bit the widened path's, and an inf in q or k that meets a
- * subnormal element there makes that score NaN, and so its row NaN, where the widened path's
- * score is an infinity. Every other special-value rule holds as for f32.
- * With any 16-bit view, d_k and d_v must be at most 8192 (else SDPA_ERR_SIZE): blocks are
- * widened into tiles on the stack, which take about 130 KiB more than an f32 call's (a 16-bit K/V
- * prefill widens each block of keys and values once for 64 query rows). */
+ * for the tile state at its first all-bf16 call, never at load, after which sigaltstack rejects
+ * stacks smaller than the AMX signal frame, AT_MINSIGSTKSZ: docs/guarantees.md). Every product is
+ * exact; the sums are float, added in another order, rounded to nearest whatever the rounding mode;
+ * a subnormal q or k element counts as 0, and a partial sum below FLT_MIN may flush to 0. The bound
+ * is the same (1e-5 max|v| against the double reference on the stored values: a subnormal's
+ * products are below 2^-126 times the other element, far inside the dot's rounding term), but out
+ * is not bit for bit the widened path's, and an inf in q or k that meets a subnormal element there
+ * makes that score NaN, and so its row NaN, where the widened path's score is an infinity. Every
+ * other special-value rule holds as for f32. With any 16-bit view, d_k and d_v must be at most 8192
+ * (else SDPA_ERR_SIZE): blocks are widened into tiles on the stack, which take about 130 KiB more
+ * than an f32 call's (a 16-bit K/V prefill widens each block of keys and values once for 64 query
+ * rows). */
 SDPA_API sdpa_status sdpa_mha(const sdpa_mha_desc *desc, void *out, const void *q, const void *k,
                               const void *v);
 

@@ -72,25 +72,38 @@ static int cpu_has_avx512bw(void) { return x86_features().avx512bw != 0; }
 static int cpu_has_avx512_bf16(void) { return x86_features().avx512_bf16 != 0; }
 /* AMX: the CPU's flag is not enough. The OS must save the tile state (XCR0 bits 17, XTILECFG,
  * and 18, XTILEDATA), and Linux hands the tile data to a process only when it asks
- * (ARCH_REQ_XCOMP_PERM; Linux 5.16 and later): a tile instruction before that raises SIGILL. The
- * request is made where a record's list is checked, that is at load time for an add-on that the
- * environment wants (an add-on turned off asks nothing), and is process-wide and idempotent. On
- * other systems AMX counts as absent. */
-static int amx_tiles_granted(void) {
+ * (ARCH_REQ_XCOMP_PERM; Linux 5.16 and later): a tile instruction before that raises SIGILL.
+ * The features below are the CPU's and the OS's; the request itself (amx_permission) waits for
+ * the first call that would run tiles, because its effect is process-wide (sigaltstack must then
+ * hold the AMX signal frame): a process that never does all-bf16 attention is left as it was.
+ * On other systems AMX counts as absent. */
+static int amx_os_saves_tiles(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return 0;
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     const unsigned tile_state = (1u << 17) | (1u << 18);
-    if ((lo & tile_state) != tile_state) return 0;
 #if defined(__linux__) && defined(SYS_arch_prctl)
-    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return (lo & tile_state) == tile_state;
 #else
     return 0;
 #endif
 }
-static int cpu_has_amx_tile(void) { return x86_features().amx_tile != 0 && amx_tiles_granted(); }
+static int amx_granted;
+static void amx_request(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    amx_granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#endif
+}
+/* Whether Linux grants this process the tile state: asked once, at the first need
+   (process-wide and idempotent, so a host that asked already gets yes at once). */
+static int amx_permission(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, amx_request);
+    return amx_granted;
+}
+static int cpu_has_amx_tile(void) { return x86_features().amx_tile != 0 && amx_os_saves_tiles(); }
 static int cpu_has_amx_bf16(void) { return x86_features().amx_bf16 != 0 && cpu_has_amx_tile(); }
 static const cpu_feature FEATURES[] = {{"SSE4.1", cpu_has_sse41},
                                        {"AVX2", cpu_has_avx2},
@@ -224,9 +237,20 @@ static int bf16_dot_of(size_t i, const sdpa_kernels *k) {
     return strcmp(ADDONS[i].kind, "bf16_dot") == 0 && strcmp(ADDONS[i].backend, k->name) == 0;
 }
 
+/* the i-th add-on may run here: for one that runs AMX tiles, Linux has granted them (asked now,
+   at the first need) */
+static int addon_permitted(size_t i) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (strstr(ADDONS[i].requires, "AMX_TILE")) return amx_permission();
+#else
+    (void)i;
+#endif
+    return 1;
+}
+
 const sdpa_bf16_dot_kernels *sdpa_bf16_dot_for(const sdpa_kernels *k) {
     for (size_t i = 0; i < N_ADDONS; i++)
-        if (addon_on[i] && bf16_dot_of(i, k)) return ADDONS[i].table;
+        if (addon_on[i] && bf16_dot_of(i, k) && addon_permitted(i)) return ADDONS[i].table;
     return NULL;
 }
 
@@ -238,8 +262,8 @@ int sdpa_bf16_dot_addon(const sdpa_kernels *k, size_t index, sdpa_addon_info *in
         info->requires = ADDONS[i].requires;
         info->env = ADDONS[i].env;
         info->default_on = ADDONS[i].default_on;
-        info->on = addon_on[i];
-        info->runnable = ADDONS[i].table && cpu_has_all(ADDONS[i].requires);
+        info->runnable = ADDONS[i].table && cpu_has_all(ADDONS[i].requires) && addon_permitted(i);
+        info->on = addon_on[i] && info->runnable;
         info->table = info->runnable ? ADDONS[i].table : NULL;
         return 1;
     }

@@ -16,7 +16,8 @@ const sdpa_kernels *sdpa_backend_kernels(const char *name);
 /* The bf16 dot add-on of backend k (kernels.h) that is on, the first in the records' order
  * (amx_bf16, then bf16_dot): compiled in, the CPU has what it requires, and its variable
  * (SDPA_AMX, SDPA_BF16_DOT) =on or, unset, its record's default (chosen at load time, with the
- * backend); else NULL.
+ * backend), and for AMX Linux grants the process the tile state (asked at the first call here
+ * that finds the AMX add-on on, never at load); else NULL.
  * Call it with a table from sdpa_kernels_now(), whose acquire load orders this after init. */
 const sdpa_bf16_dot_kernels *sdpa_bf16_dot_for(const sdpa_kernels *k);
 

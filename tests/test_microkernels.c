@@ -645,10 +645,20 @@ BACKEND_TEST(microkernels, bf16_dot_special_values) {
         }
 }
 
+/* Whether Linux has granted this process AMX's tile data (ARCH_GET_XCOMP_PERM) */
+static int amx_granted_now(void) {
+#if defined(__x86_64__) && defined(__linux__)
+    unsigned long perm = 0;
+    return syscall(SYS_arch_prctl, 0x1022 /* ARCH_GET_XCOMP_PERM */, &perm) == 0 &&
+           (perm & (1ul << 18)) != 0;
+#else
+    return 0;
+#endif
+}
+
 /* This CPU's own word on a feature a record requires, apart from src/dispatch.c's probes: GCC's
- * CPUID for the AVX-512 flags; for AMX, CPUID, XCR0's tile state and whether Linux has granted
- * the process the tile data (ARCH_GET_XCOMP_PERM: the library must have asked, at load time,
- * for an add-on that the environment wants). */
+ * CPUID for the AVX-512 flags; for AMX, CPUID and XCR0's tile state (Linux's grant comes at the
+ * first use, checked by the tests below). */
 static int test_cpu_has(const char *name, size_t len) {
 #if defined(__x86_64__)
     char f[32];
@@ -664,12 +674,7 @@ static int test_cpu_has(const char *name, size_t len) {
         if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return 0;
         unsigned lo, hi;
         __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-        if ((lo & 0x60000u) != 0x60000u) return 0;
-#if defined(__linux__)
-        unsigned long perm = 0;
-        return syscall(SYS_arch_prctl, 0x1022 /* ARCH_GET_XCOMP_PERM */, &perm) == 0 &&
-               (perm & (1ul << 18)) != 0;
-#endif
+        return (lo & 0x60000u) == 0x60000u;
     }
 #else
     (void)name, (void)len;
@@ -716,6 +721,33 @@ BACKEND_TEST(microkernels, bf16_dot_follows_cpu_and_environment) {
     }
     cr_assert(sdpa_bf16_dot_for(k) == first, "%s: the bf16 dot in use is the first one on",
               k->name);
+    for (size_t i = 0; i < n; i++)
+        if (sdpa_bf16_dot_addon(k, i, &info) && info.on && strstr(info.requires, "AMX_TILE"))
+            cr_assert(amx_granted_now(), "%s on, so Linux granted the tile state", info.name);
+}
+
+/* Loading the library asks Linux for nothing (the grant of AMX's tile state is process-wide: it
+ * makes sigaltstack refuse small stacks); the first all-bf16 attention on avx512 asks, if the
+ * AMX add-on is on (SDPA_AMX not off), and otherwise never. Each test runs in a process of its
+ * own, forked from a runner that made no such call. */
+Test(microkernels, amx_permission_waits_for_first_use) {
+    if (!test_cpu_has_all("AVX512BW+AMX_TILE+AMX_BF16") || !sdpa_backend_supported("avx512"))
+        cr_skip_test("no AMX here (CPU, OS state, or an emulator)");
+    cr_assert(!amx_granted_now(), "the tile state was granted before any call asked for it");
+    cr_assert_eq(sdpa_set_backend("avx512"), SDPA_OK);
+    enum { LQ = 32, LK = 64, D = 64 };
+    uint16_t q[LQ * D], kv[LK * D], out[LQ * D];
+    for (size_t i = 0; i < LQ * D; i++) q[i] = 0x3f80;  /* bf16 1.0 */
+    for (size_t i = 0; i < LK * D; i++) kv[i] = 0x3f00; /* bf16 0.5 */
+    sdpa_mha_desc desc;
+    sdpa_mha_desc_dense(&desc, 1, 1, 1, LQ, LK, D, D, SDPA_DEFAULT_SCALE, 0);
+    desc.q_type = desc.kv_type = desc.out_type = SDPA_BF16;
+    cr_assert_eq(sdpa_mha(&desc, out, q, kv, kv), SDPA_OK);
+    for (size_t i = 0; i < LQ * D; i++) cr_assert_eq(out[i], 0x3f00, "out[%zu] = %#x", i, out[i]);
+    const char *env = getenv("SDPA_AMX");
+    const int wanted = !(env && strcmp(env, "off") == 0);
+    cr_assert_eq(amx_granted_now(), wanted, "after an all-bf16 call with SDPA_AMX=%s: %s",
+                 env ? env : "(unset)", amx_granted_now() ? "granted" : "not asked");
 }
 
 /* The rules of arch/kernels.h that no call would show: required kernels present, optional

@@ -611,8 +611,8 @@ int main(int argc, char **argv) {
     printf("clock: %s\n", bench_clock == CLOCK_MONOTONIC
                               ? "wall (CLOCK_MONOTONIC)"
                               : "thread CPU time (CLOCK_THREAD_CPUTIME_ID; --wall for elapsed)");
-    printf("method: %d rounds of batches >= %g ms each, round-robin over implementations; median "
-           "ns per call, spread = min..max round vs median; vs X = X's median / this median "
+    printf("method: %d rounds of batches >= %g ms each, round-robin over implementations%s; "
+           "median ns per call, spread = min..max round vs median; vs X = X's median / this median "
            "(> 1: faster than X); inputs 64-byte aligned; ns/elem per element (scores: per key); "
            "softmax scale 1, scale alpha 0.125, scores scale 1/sqrt(d); \"L1 loads\": the dot's "
            "inputs read with the widest vectors and nothing else; softmax GFLOP/s counts FMA-pipe "
@@ -623,7 +623,8 @@ int main(int argc, char **argv) {
            "is per pair; its peer is OpenBLAS sgemm (sgemv) + sdpa softmax + sgemm (sgemv); "
            "backward: sdpa_mha_backward_f32 (dQ, dK, dV) after an untimed forward, f32, 10 d "
            "flops per pair computed (FlashAttention-2's count)\n",
-           o.reps, o.smoke ? 0.0 : o.min_ms);
+           o.reps, o.smoke ? 0.0 : o.min_ms,
+           o.max_threads > 1 ? " (with --threads, each after one untimed call)" : "");
 
     if (o.roofline) roof = roofline_measure(sdpa_backend()), have_roof = 1;
     print_roofline();

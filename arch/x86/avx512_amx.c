@@ -17,7 +17,9 @@
  * inputs as 0 and flushes subnormal results, as kernels.h allows. */
 #include "avx512_bf16_pairs.h"
 
-#if !defined(__AMX_TILE__) || !defined(__AMX_BF16__)
+/* gcc names the flags' macros __AMX_TILE__ and __AMX_BF16__, clang __AMXTILE__ and __AMXBF16__ */
+#if !(defined(__AMX_TILE__) || defined(__AMXTILE__)) ||                                            \
+    !(defined(__AMX_BF16__) || defined(__AMXBF16__))
 #error "arch/x86/avx512_amx.c needs -mamx-tile -mamx-bf16"
 #endif
 

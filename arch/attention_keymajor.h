@@ -10,20 +10,37 @@
 
 #define QT_LD SDPA_ATTN_MAX_BLOCK_Q /* floats from one row of qt or st to the next */
 
-/* tile_max[i] = max_j st[j][i] for j < nk, for the vectors of queries that hold nq; two keys a
+/* st's vector at s, first scaled in place where scale is not NULL */
+ALWAYS_INLINE fv keymajor_scaled(float *s, const fv *scale) {
+    fv x = fv_load_aligned(s);
+    if (scale) {
+        x = fv_mul(x, *scale);
+        fv_store_aligned(s, x);
+    }
+    return x;
+}
+
+/* For the vectors of queries that hold nq and the keys j < nk: with scale, st[j][i] *= *scale;
+ * with tile_max, tile_max[i] = max_j st[j][i] (after the scaling), in the same pass; two keys a
  * step for two chains */
-ALWAYS_INLINE void keymajor_max(float *tile_max, const float *st, size_t nq, size_t nk) {
+ALWAYS_INLINE void keymajor_scale_max(float *tile_max, float *st, size_t nq, size_t nk,
+                                      const fv *scale) {
     const fv ninf = fv_set1(-INFINITY);
     for (size_t h = 0; h * W < nq; h++) {
         fv mx0 = ninf, mx1 = ninf;
         size_t j = 0;
         for (; j + 2 <= nk; j += 2) {
-            mx0 = fv_max(fv_load_aligned(st + j * QT_LD + h * W), mx0);
-            mx1 = fv_max(fv_load_aligned(st + (j + 1) * QT_LD + h * W), mx1);
+            mx0 = fv_max(keymajor_scaled(st + j * QT_LD + h * W, scale), mx0);
+            mx1 = fv_max(keymajor_scaled(st + (j + 1) * QT_LD + h * W, scale), mx1);
         }
-        if (j < nk) mx0 = fv_max(fv_load_aligned(st + j * QT_LD + h * W), mx0);
-        fv_store(tile_max + h * W, fv_max(mx0, mx1));
+        if (j < nk) mx0 = fv_max(keymajor_scaled(st + j * QT_LD + h * W, scale), mx0);
+        if (tile_max) fv_store(tile_max + h * W, fv_max(mx0, mx1));
     }
+}
+
+/* tile_max[i] = max_j st[j][i] for j < nk, for the vectors of queries that hold nq */
+ALWAYS_INLINE void keymajor_max(float *tile_max, const float *st, size_t nq, size_t nk) {
+    keymajor_scale_max(tile_max, (float *)st, nq, nk, NULL);
 }
 
 /* s[i * ld_s + j] = st[j][i] for i < nq, j < nk: W x W register transposes */

@@ -147,37 +147,10 @@ ALWAYS_INLINE void tiles_keymajor_nv(float *st, const uint32_t *qt, const uint16
     }
 }
 
-/* st[j][i] *= scale for j < nk and the vectors of queries that hold nq, and (with_max)
- * tile_max[i] = max_j of them, as keymajor_max takes it, in the same pass */
-ALWAYS_INLINE void keymajor_scale_max(float *tile_max, float *st, size_t nq, size_t nk, float scale,
-                                      int with_max) {
-    const fv vscale = fv_set1(scale), ninf = fv_set1(-INFINITY);
-    for (size_t h = 0; h * W < nq; h++) {
-        fv mx0 = ninf, mx1 = ninf;
-        size_t j = 0;
-        for (; j + 2 <= nk; j += 2) {
-            float *s0 = st + j * QT_LD + h * W, *s1 = s0 + QT_LD;
-            const fv x0 = fv_mul(fv_load_aligned(s0), vscale);
-            const fv x1 = fv_mul(fv_load_aligned(s1), vscale);
-            fv_store_aligned(s0, x0);
-            fv_store_aligned(s1, x1);
-            mx0 = fv_max(x0, mx0);
-            mx1 = fv_max(x1, mx1);
-        }
-        if (j < nk) {
-            float *s0 = st + j * QT_LD + h * W;
-            const fv x0 = fv_mul(fv_load_aligned(s0), vscale);
-            fv_store_aligned(s0, x0);
-            mx0 = fv_max(x0, mx0);
-        }
-        if (with_max) fv_store(tile_max + h * W, fv_max(mx0, mx1));
-    }
-}
-
-/* The scaled key-major tile (and its max) */
+/* The scaled key-major tile, and where tile_max is not NULL its max */
 ALWAYS_INLINE void keymajor_tile(float *st, float *tile_max, const uint32_t *qt, size_t nq,
                                  const uint16_t *k, size_t k_stride, size_t nk, size_t d,
-                                 float scale, int with_max) {
+                                 float scale) {
     tail_chunk tail_copy, *tail = NULL;
     if (d % TILE_D != 0) {
         tail = &tail_copy;
@@ -189,20 +162,21 @@ ALWAYS_INLINE void keymajor_tile(float *st, float *tile_max, const uint32_t *qt,
     else
         tiles_keymajor_nv(st, qt, k, k_stride, nk, d, tail, 0);
     _tile_release();
-    keymajor_scale_max(tile_max, st, nq, nk, scale, with_max);
+    const fv vscale = fv_set1(scale);
+    keymajor_scale_max(tile_max, st, nq, nk, &vscale);
 }
 
 static void scores_packed_amx(float *s, size_t ld_s, const uint32_t *qt, size_t nq,
                               const uint16_t *k, size_t k_stride, size_t nk, size_t d,
                               float scale) {
     _Alignas(64) float st[SDPA_ATTN_MAX_BLOCK_KV * QT_LD];
-    keymajor_tile(st, NULL, qt, nq, k, k_stride, nk, d, scale, 0);
+    keymajor_tile(st, NULL, qt, nq, k, k_stride, nk, d, scale);
     keymajor_to_rows(s, ld_s, st, nq, nk);
 }
 
 static void scores_max_amx(float *st, float *tile_max, const uint32_t *qt, size_t nq,
                            const uint16_t *k, size_t k_stride, size_t nk, size_t d_k, float scale) {
-    keymajor_tile(st, tile_max, qt, nq, k, k_stride, nk, d_k, scale, 1);
+    keymajor_tile(st, tile_max, qt, nq, k, k_stride, nk, d_k, scale);
 }
 
 const sdpa_bf16_dot_kernels sdpa_bf16_dot_avx512_amx = {

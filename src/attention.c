@@ -276,13 +276,24 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     }
 }
 
+/* pv_tile on the values from key j of the block: vb's float rows, vs apart, or vb16's 16-bit
+ * rows through the typed entry */
+static void values_pv(const attention_run *run, const attention_problem *p, float *acc,
+                      size_t ld_acc, const float *w, size_t ld_w, size_t nq, size_t nk,
+                      const float *vb, const uint16_t *vb16, size_t vs, size_t j) {
+    if (vb16)
+        run->a->pv_tile_typed[p->kv_type](acc, ld_acc, w, ld_w, nq, nk, vb16 + j * p->v_stride[2],
+                                          p->v_stride[2], p->d_v);
+    else
+        run->a->pv_tile(acc, ld_acc, w, ld_w, nq, nk, vb + j * vs, vs, p->d_v);
+}
+
 /* The second half: the weights of rows_scores times the block of values into acc: vb, float
  * rows vs apart (NULL unless a block took the fused path or V is not typed_v), or vb16, the
  * 16-bit rows themselves (with typed_v). */
 static void rows_values(const attention_run *run, const attention_problem *p, row_block *b,
                         const float *vb, const uint16_t *vb16, size_t vs, const float *mask,
                         size_t mask_row, size_t k0, size_t nk) {
-    const sdpa_attention_kernels *a = run->a;
     const size_t nq = b->nq, ld_s = run->keys_max, d_v = p->d_v;
     float *s_tile = b->s;
     if (b->step == STEP_FUSED) {
@@ -297,11 +308,7 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
     if (b->simple) {
         for (size_t r = 0; r < nq; r++)
             if (!b->live[r]) memset(s_tile + r * ld_s, 0, nk * sizeof(float));
-        if (vb16)
-            a->pv_tile_typed[p->kv_type](b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vb16,
-                                         p->v_stride[2], d_v);
-        else
-            a->pv_tile(b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vb, vs, d_v);
+        values_pv(run, p, b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vb, vb16, vs, 0);
         return;
     }
     /* Rows that leave keys out: only the runs of keys they see are summed, so a removed key's
@@ -319,13 +326,8 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
             }
             size_t start = j;
             while (j < n && !(mr && mr[j] == -INFINITY)) j++;
-            if (vb16)
-                a->pv_tile_typed[p->kv_type](b->acc + r * b->ld_acc, b->ld_acc, s + start, ld_s, 1,
-                                             j - start, vb16 + start * p->v_stride[2],
-                                             p->v_stride[2], d_v);
-            else
-                a->pv_tile(b->acc + r * b->ld_acc, b->ld_acc, s + start, ld_s, 1, j - start,
-                           vb + start * vs, vs, d_v);
+            values_pv(run, p, b->acc + r * b->ld_acc, b->ld_acc, s + start, ld_s, 1, j - start, vb,
+                      vb16, vs, start);
         }
     }
 }

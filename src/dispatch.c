@@ -78,15 +78,15 @@ static int cpu_has_avx512_bf16(void) { return x86_features().avx512_bf16 != 0; }
  * hold the AMX signal frame): a process that never does all-bf16 attention is left as it was.
  * On other systems AMX counts as absent. */
 static int amx_os_saves_tiles(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return 0;
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     const unsigned tile_state = (1u << 17) | (1u << 18);
-#if defined(__linux__) && defined(SYS_arch_prctl)
     return (lo & tile_state) == tile_state;
 #else
-    return 0;
+    return 0; /* no way to ask for the tile data */
 #endif
 }
 static int amx_granted;

@@ -362,6 +362,13 @@ typedef struct chunked {
     float *ws;   /* the partials, unit by unit, chunks 1.. in order */
 } chunked;
 
+/* The keys [*begin, *end) of chunk c */
+static void chunk_keys(const chunked *ch, size_t c, size_t *begin, size_t *end) {
+    const size_t len_kv = ch->run->bp->fwd.len_kv;
+    *begin = c * ch->chunk_keys;
+    *end = *begin + ch->chunk_keys < len_kv ? *begin + ch->chunk_keys : len_kv;
+}
+
 static void chunk_task(void *arg, size_t index) {
     const chunked *ch = arg;
     const backward_run *run = ch->run;
@@ -369,9 +376,8 @@ static void chunk_task(void *arg, size_t index) {
     const attention_problem *p = &bp->fwd;
     const size_t u = index / ch->n_chunks, c = index % ch->n_chunks;
     const size_t b = u / run->tasks_h, hk = u % run->tasks_h;
-    const size_t k_begin = c * ch->chunk_keys;
-    const size_t k_end =
-        k_begin + ch->chunk_keys < p->len_kv ? k_begin + ch->chunk_keys : p->len_kv;
+    size_t k_begin, k_end;
+    chunk_keys(ch, c, &k_begin, &k_end);
     float *partial = c ? ch->ws + (u * (ch->n_chunks - 1) + c - 1) * ch->part : NULL;
     tiles t;
     zero_rows(bp->dk, bp->dk_stride, b, hk, k_begin, k_end - k_begin, p->d_k);
@@ -418,9 +424,8 @@ static void chunk_unit_serial(const chunked *ch, size_t u) {
                     hc.dq_row = p->d_k;
                     hc.dq_first = r0;
                 }
-                const size_t k_begin = c * ch->chunk_keys;
-                const size_t k_end =
-                    k_begin + ch->chunk_keys < p->len_kv ? k_begin + ch->chunk_keys : p->len_kv;
+                size_t k_begin, k_end;
+                chunk_keys(ch, c, &k_begin, &k_end);
                 for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
                     key_block kb;
                     key_block_of(run, b, hk, k0, &kb);

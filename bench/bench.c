@@ -9,8 +9,9 @@
  * medians measured in this same run.
  *
  * Ops (ops.c, attention.c): dot, scale, softmax (both exp modes), scores, attention (shapes in
- * the benchdnn style: decode, prefill, causal, MHA and GQA); each row also says
- * how close it came to the limit that binds it (roofline.h, measured at start-up).
+ * the benchdnn style: decode, prefill, causal, MHA and GQA, f32 or 16-bit; a 16-bit shape also
+ * times sdpa_mha_f32 on the same values in the same rounds, its "vs f32" column); each row also
+ * says how close it came to the limit that binds it (roofline.h, measured at start-up).
  *
  *   bench [--op NAME]... [--backend NAME]... [--n N]... [--d D]... [--shape SHAPE]...
  *         [--reps R] [--min-ms MS]
@@ -49,7 +50,7 @@
 typedef struct impl {
     enum kind kind;
     char label[24];
-    const char *backend; /* KIND_SDPA */
+    const char *backend; /* KIND_SDPA, KIND_F32 */
     const char *exp;     /* KIND_SDPA softmax: "fast" or "sleef"; NULL otherwise */
     size_t threads;      /* sdpa_set_num_threads for its calls; 0 counts as 1 */
     size_t iters;        /* calls per timed batch */
@@ -95,9 +96,12 @@ static double now_ns(void) {
    where it is NULL and every call runs on one thread anyway. */
 #pragma weak sdpa_set_num_threads
 
+/* sdpa's own rows, which must be right, against the peers, which may drift */
+static int is_ours(const impl *im) { return im->kind == KIND_SDPA || im->kind == KIND_F32; }
+
 static void select_impl(const impl *im) {
     if (sdpa_set_num_threads) sdpa_set_num_threads(im->threads ? im->threads : 1);
-    if (im->kind != KIND_SDPA) { /* peers that call sdpa (the attention composite's softmax) */
+    if (!is_ours(im)) { /* peers that call sdpa (the attention composite's softmax) */
         sdpa_set_backend("auto");
         sdpa_set_exp_mode("fast");
         return;
@@ -200,13 +204,17 @@ static void op_display_name(const job *j, char *out, size_t len) {
 /* Width of the size column: attention's are shape names. */
 static int size_width(const op_def *op) { return op->shaped ? 26 : 9; }
 
+/* The "vs" column of peer p: the outside peers' with peers on, the f32 yardstick's always. */
+static int shows_peer(const op_def *op, int p, int peers) {
+    return op->peers[p] != KIND_NONE && (peers || op->peers[p] == KIND_F32);
+}
+
 static void print_header_row(const op_def *op, int peers) {
     printf("\n%-12s %*s %-13s %10s %17s %9s %8s %8s %6s %-5s %10s", "op", size_width(op),
            op->shaped ? "shape" : "n", "impl", "ns/call", "spread min..max", "ns/elem", "GFLOP/s",
            "GB/s", "roof%", "limit", "vs scalar");
-    if (peers)
-        for (int p = 0; p < 2; p++)
-            if (op->peers[p] != KIND_NONE) printf(" vs %-7s", KIND_NAMES[op->peers[p]]);
+    for (int p = 0; p < 2; p++)
+        if (shows_peer(op, p, peers)) printf(" vs %-7s", KIND_NAMES[op->peers[p]]);
     printf("\n");
 }
 
@@ -244,12 +252,11 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
         else
             printf(" %6s %-5s", "-", "-");
         print_ratio(stdout, ratio(scalar, im));
-        if (peers)
-            for (int p = 0; p < 2; p++)
-                if (j->op->peers[p] != KIND_NONE) print_ratio(stdout, vs[p]);
-        printf("%s\n", im->checked_ok          ? ""
-                       : im->kind == KIND_SDPA ? "  WRONG RESULT"
-                                               : "  INACCURATE (outside sdpa's tolerance)");
+        for (int p = 0; p < 2; p++)
+            if (shows_peer(j->op, p, peers)) print_ratio(stdout, vs[p]);
+        printf("%s\n", im->checked_ok ? ""
+                       : is_ours(im)  ? "  WRONG RESULT"
+                                      : "  INACCURATE (outside sdpa's tolerance)");
         bench_record rec = {.n = j->n,
                             .d = j->d,
                             .ns = ns,
@@ -270,8 +277,8 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
         if (csv) {
             fprintf(csv, "%s,%zu,%zu,%s,%s,%s,%s,%s,%.3f,%.3f,%.3f,%.5f,%.3f,%.3f", j->op->name,
                     j->d, j->n, j->size_label, im->label, KIND_NAMES[im->kind],
-                    im->kind == KIND_SDPA ? im->backend : "", im->exp ? im->exp : "", ns, im->min,
-                    im->max, ns / n, flops / ns, bytes / ns);
+                    is_ours(im) ? im->backend : "", im->exp ? im->exp : "", ns, im->min, im->max,
+                    ns / n, flops / ns, bytes / ns);
             if (roof_pct >= 0)
                 fprintf(csv, ",%.1f,%s", roof_pct, limit);
             else
@@ -282,10 +289,7 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
                 fprintf(csv, ",%s",
                         j->op->peers[p] == KIND_NONE ? "" : KIND_NAMES[j->op->peers[p]]);
             }
-            fprintf(csv, ",%s\n",
-                    im->checked_ok          ? "ok"
-                    : im->kind == KIND_SDPA ? "wrong"
-                                            : "inaccurate");
+            fprintf(csv, ",%s\n", im->checked_ok ? "ok" : is_ours(im) ? "wrong" : "inaccurate");
         }
     }
 }
@@ -324,6 +328,13 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
                 ims[n_impls++] = (impl){.kind = KIND_DNNL, .label = "onednn"};
             if (k == KIND_NAIVE) ims[n_impls++] = (impl){.kind = KIND_NAIVE, .label = "naive"};
         }
+    /* 16-bit attention: the f32 call on the same values, in the same rounds, so that the ratio
+       of the two is not the drift of a shared machine between two groups of rows */
+    if (op == &ATTENTION_OP && attention_typed(&j)) {
+        impl *im = &ims[n_impls++];
+        *im = (impl){.kind = KIND_F32, .backend = o->backends[0]};
+        snprintf(im->label, sizeof im->label, "%s f32", im->backend);
+    }
     /* the loads alone, for dots whose inputs fit in L1 (32 KiB of the 48 KiB of Zen 5) */
     if (op == &DOT_OP && n * 8 <= 32768)
         ims[n_impls++] = (impl){.kind = KIND_ROOF, .label = "L1 loads"};
@@ -337,19 +348,23 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
         im->checked_ok = check(im, &j);
         /* a wrong sdpa result fails the run; a peer outside sdpa's documented tolerance (the
            naive loop's and oneDNN's float sums drift on rows of millions) is flagged and timed */
-        if (im->kind == KIND_SDPA)
+        if (is_ours(im))
             failures += !im->checked_ok;
         else
             inaccurate_peers += !im->checked_ok;
         im->iters = o->smoke ? 1 : (select_impl(im), calibrate(im, &j, o->min_ms));
     }
+    const int warm_first = o->max_threads > 1 || find_impl(ims, n_impls, KIND_F32, NULL, NULL);
     for (int r = 0; r < o->reps; r++)
         for (size_t i = 0; i < n_impls; i++) {
             select_impl(&ims[i]);
-            /* with threads, an untimed call first: the rows before left the other cores idle,
-               and a VM's idle vCPU can take milliseconds to be scheduled again, which a batch of
-               one prefill call would count; every row gets the same, so ratios stay fair */
-            if (o->max_threads > 1) time_batch(&ims[i], &j, 1);
+            /* an untimed call first, with threads or an f32 row: the rows before left the other
+               cores idle, and a VM's idle vCPU can take milliseconds to be scheduled again, which
+               a batch of one prefill call would count; and the row before read other arrays (an
+               f32 row's K and V are not the 16-bit row's), so a batch of a few decode calls would
+               count its own first pass from memory; every row gets the same, so ratios stay
+               fair */
+            if (warm_first) time_batch(&ims[i], &j, 1);
             ims[i].ns[r] = time_batch(&ims[i], &j, ims[i].iters);
         }
     for (size_t i = 0; i < n_impls; i++) summarize(&ims[i], o->reps);
@@ -443,10 +458,11 @@ static void usage(int status) {
             "--n: elements (scores: keys), replacing each op's sizes; --d: scores' key length\n"
             "(default 64 and 128); --shape: an attention shape in the benchdnn style,\n"
             "b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal], for example\n"
-            "b1h8kv2q512k512d128causal (replacing the default shapes; alone, it selects the\n"
-            "attention op); --smoke: tiny sizes, one round, no roofline; --threads 1,2: attention\n"
-            "rows of the active backend at those thread counts too (wall clock, pinned to as many\n"
-            "cores as the largest; every other row runs on 1 thread)\n");
+            "b1h8kv2q512k512d128causal, and kvf16, kvbf16, f16 or bf16 after it for 16-bit\n"
+            "views (replacing the default shapes; alone, it selects the attention op); --smoke:\n"
+            "tiny sizes, one round, no roofline; --threads 1,2: attention rows of the active\n"
+            "backend at those thread counts too (wall clock, pinned to as many cores as the\n"
+            "largest; every other row runs on 1 thread)\n");
     exit(status);
 }
 
@@ -617,10 +633,12 @@ int main(int argc, char **argv) {
            "softmax scale 1, scale alpha 0.125, scores scale 1/sqrt(d); \"L1 loads\": the dot's "
            "inputs read with the widest vectors and nothing else; softmax GFLOP/s counts FMA-pipe "
            "work (16 flop-equivalents per element: 8 two-pipe operations per vector in the avx512 "
-           "and avx2 fast exp and normalize); attention: sdpa_mha_f32, exp fast, scale 1/sqrt(d), "
-           "GFLOP/s "
-           "counts 4 d flops per (query, key) pair computed (causal skips hidden pairs), ns/elem "
-           "is per pair; its peer is OpenBLAS sgemm (sgemv) + sdpa softmax + sgemm (sgemv); "
+           "and avx2 fast exp and normalize); attention: sdpa_mha (sdpa_mha_f32 for f32), exp "
+           "fast, scale 1/sqrt(d), GFLOP/s counts 4 d flops per (query, key) pair computed "
+           "(causal skips hidden pairs), ns/elem is per pair; its peer is OpenBLAS sgemm (sgemv) "
+           "+ sdpa softmax + sgemm (sgemv); a 16-bit shape's \"f32\" row is sdpa_mha_f32 on the "
+           "same values, in the same rounds, each of the group's rows then after one untimed "
+           "call (vs f32: the 16-bit rows against it); "
            "backward: sdpa_mha_backward_f32 (dQ, dK, dV) after an untimed forward, f32, 10 d "
            "flops per pair computed (FlashAttention-2's count)\n",
            o.reps, o.smoke ? 0.0 : o.min_ms,

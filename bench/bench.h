@@ -11,7 +11,18 @@
 #define MAX_SIZES 16
 #define MAX_DIMS  4
 
-enum kind { KIND_SDPA, KIND_OPENBLAS, KIND_DNNL, KIND_NAIVE, KIND_ROOF, KIND_CALL, KIND_NONE };
+/* KIND_F32: sdpa's f32 call on the float values of a 16-bit attention shape, the backend the
+   16-bit rows run on; the yardstick of their "vs f32" column, timed in the same rounds */
+enum kind {
+    KIND_SDPA,
+    KIND_OPENBLAS,
+    KIND_DNNL,
+    KIND_NAIVE,
+    KIND_ROOF,
+    KIND_CALL,
+    KIND_F32,
+    KIND_NONE
+};
 extern const char *const KIND_NAMES[]; /* indexed by enum kind */
 
 struct op_def;
@@ -78,5 +89,6 @@ extern const op_def BACKWARD_OP; /* sdpa_mha_backward_f32 on the same shapes, in
    0 if text is not a shape */
 int attention_set_shape(size_t index, const char *text);
 void attention_use_shapes(size_t n); /* only the first n shapes remain */
+int attention_typed(const job *j);   /* 1 if an attention job has a view that is not f32 */
 
 #endif

@@ -12,7 +12,8 @@
 #include "roofline.h"
 #include "sdpa.h"
 
-const char *const KIND_NAMES[] = {"sdpa", "openblas", "onednn", "naive", "roof", "call", "-"};
+const char *const KIND_NAMES[] = {"sdpa", "openblas", "onednn", "naive",
+                                  "roof", "call",     "f32",    "-"};
 
 void *xalloc(size_t n_floats) {
     void *p = NULL;

@@ -156,6 +156,7 @@ static void attention_prepare(job *j) {
     st->n_out = nq;
     st->peer_out = xalloc(nq);
     st->out_f32 = xalloc(nq);
+    for (size_t i = 0; i < nq; i++) st->out_f32[i] = NAN; /* poisoned as check() poisons y */
     j->y = xalloc(nq), j->ref = xalloc(nq), j->y_len = nq;
     sdpa_mha_desc_dense(&st->desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->d,
                         s->d, SDPA_DEFAULT_SCALE, s->flags);

@@ -21,10 +21,18 @@ ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) {
     return dot_avx512(a, b, n);
 }
 
-/* P V: 4 rows x 64 columns, the block of acc in 16 registers for all nk keys (4 loads of v and 4
- * broadcasts for 16 FMAs a key); the columns left over 16 at a time, masked, for the 4 rows at
- * once; the rows left over one at a time. */
-ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) { pv_tile_loops(o, vt, 4, 4, 0, 0, 4, 4); }
+/* P V: 6 rows x 64 columns, the block of acc in 24 of the 32 registers for all nk keys (4 loads
+ * of v and 6 broadcasts for 24 FMAs a key, where 4 rows take 8 for 16), then blocks of 2 rows
+ * (what 6 leaves of a 32-row tile or a 128-key block). Decode's few rows (the query heads of a
+ * kv head) go 4 to a block instead, so that 4 heads read each row of v once, not twice. The
+ * columns left over 16 at a time, masked, for the rows of a block at once; the rows left over
+ * one at a time. */
+ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) {
+    if (o->nq >= 16)
+        pv_tile_loops(o, vt, 6, 4, 2, 4, 6, 4);
+    else
+        pv_tile_loops(o, vt, 4, 4, 0, 0, 4, 4);
+}
 
 /* Key-major scores: 8 keys x 32 queries, 2 loads of qt and 8 broadcasts of k for 16 FMAs a step,
  * then the keys left over one at a time. */

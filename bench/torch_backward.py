@@ -10,15 +10,16 @@ Needs Debian's python3-torch (1.13: no fused attention, so autograd differentiat
 softmax, matmul graph). GFLOP/s counts FlashAttention-2's 10 len_q len_kv d per head, the pairs
 a row sees only under causality, for both. Each figure is the median of --reps timings of one
 backward; PyTorch's graph (forward) is built once, untimed, and its backward runs with
-retain_graph. The gradients of the two are compared before timing."""
+retain_graph. The gradients of the two are compared before timing. Both run on --threads
+threads, PyTorch's OpenBLAS included; "cores" is PyTorch's CPU time over its wall time, the cores
+it kept busy (1.00 on one thread)."""
 import argparse
 import ctypes
+import os
 import re
 import statistics
 import sys
 import time
-
-import torch
 
 SDPA_CAUSAL = 1
 SizeT3 = ctypes.c_size_t * 3
@@ -58,14 +59,17 @@ def ptr(t):
 
 def median_seconds(fns, reps):
     """The median time of each of fns, run in turn reps times (so that a change in the machine's
-    load falls on both)."""
+    load falls on both), and the median of its process CPU time over that time: the cores it
+    kept busy."""
     times = [[] for _ in fns]
+    cores = [[] for _ in fns]
     for _ in range(reps):
-        for f, t in zip(fns, times):
-            start = time.perf_counter()
+        for f, t, c in zip(fns, times, cores):
+            start, cpu = time.perf_counter(), time.process_time()
             f()
             t.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+            c.append((time.process_time() - cpu) / t[-1])
+    return [statistics.median(t) for t in times], [statistics.median(c) for c in cores]
 
 
 def main():
@@ -75,6 +79,12 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--shape", action="append")
     a = ap.parse_args()
+    # torch.set_num_threads sets OpenMP's threads, not those of the pthreads OpenBLAS that
+    # Debian's torch calls for its matmuls, which takes its count from the environment as it
+    # loads (unset: every core): set before the import
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ[var] = str(a.threads)
+    import torch  # pylint: disable=import-outside-toplevel
     shapes = a.shape or ["b1h8q1024k1024d128", "b1h8q1024k1024d64", "b1h8q1024k1024d128causal"]
     lib = ctypes.CDLL(a.lib)
     lib.sdpa_backend.restype = ctypes.c_char_p
@@ -84,8 +94,8 @@ def main():
     print("sdpa %s (%s), torch %s, %d thread(s); median of %d backward passes each"
           % (lib.sdpa_version().decode(), lib.sdpa_backend().decode(), torch.__version__,
              a.threads, a.reps))
-    print("%-28s %12s %12s %12s %12s %8s" % ("shape", "sdpa ms", "GFLOP/s", "torch ms", "GFLOP/s",
-                                             "sdpa/torch"))
+    print("%-28s %10s %8s %10s %8s %6s %10s" % ("shape", "sdpa ms", "GFLOP/s", "torch ms",
+                                                "GFLOP/s", "cores", "sdpa/torch"))
     torch.manual_seed(0)
     for text in shapes:
         b, h, lq, lk, d, causal = parse_shape(text)
@@ -130,9 +140,10 @@ def main():
                 sys.exit("%s %s: sdpa and torch differ by %.3g of the largest" % (text, name, err))
         pairs = lq * (lq + 1) / 2 if causal and lq == lk else lq * lk
         flops = 10.0 * b * h * pairs * d
-        ts, tt = median_seconds([sdpa, torch_backward], a.reps)
-        print("%-28s %12.2f %12.1f %12.2f %12.1f %7.2fx" % (text, ts * 1e3, flops / ts * 1e-9,
-                                                          tt * 1e3, flops / tt * 1e-9, tt / ts))
+        (ts, tt), (_, cores) = median_seconds([sdpa, torch_backward], a.reps)
+        print("%-28s %10.2f %8.1f %10.2f %8.1f %6.2f %9.2fx" % (text, ts * 1e3, flops / ts * 1e-9,
+                                                             tt * 1e3, flops / tt * 1e-9, cores,
+                                                             tt / ts))
 
 
 if __name__ == "__main__":

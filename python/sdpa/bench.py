@@ -2,7 +2,8 @@
 
 Prints a Markdown table: per shape and thread count the median time of sdpa.attention and of
 torch's attention (F.scaled_dot_product_attention, or F._scaled_dot_product_attention where
-torch has only that, as 1.13 does) on the same float32 tensors, and the ratio, from one run.
+torch has only that, as 1.13 does) on the same float32 tensors, and the ratio, from one run;
+"torch cores" is torch's CPU time over its wall time, the cores it kept busy.
 Then the Python overhead of one sdpa.attention call at a tiny shape: its time minus that of the
 C call it makes.
 """
@@ -30,14 +31,28 @@ SHAPES = [
 
 
 def median_seconds(fn, min_time, min_runs=5):
+    """The median wall time of fn, and the median of its process CPU time over that time."""
     fn()  # warm-up: pools started, pages touched
-    times = []
+    times, cores = [], []
     start = time.perf_counter()
     while len(times) < min_runs or time.perf_counter() - start < min_time:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        cores.append((time.process_time() - c) / max(times[-1], 1e-9))
+    return statistics.median(times), statistics.median(cores)
+
+
+def torch_threads(torch, n):
+    """torch.set_num_threads(n), which sets OpenMP's threads, and the same count for the OpenBLAS
+    that Debian's torch runs its matmuls in: its pthreads build keeps a pool of its own, of every
+    core unless told."""
+    torch.set_num_threads(n)
+    for name in ("libopenblas.so.0", "libblas.so.3"):
+        try:
+            ctypes.CDLL(name).openblas_set_num_threads(n)
+        except (OSError, AttributeError):
+            pass
 
 
 def torch_attention(torch):
@@ -106,8 +121,8 @@ def main(argv=None):
     name = "torch"
     if torch:
         name, tfn = torch_attention(torch)
-    print(f"| shape | threads | sdpa ms | sdpa GFLOP/s | {name} ms | sdpa speed-up |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"| shape | threads | sdpa ms | sdpa GFLOP/s | {name} ms | torch cores | sdpa speed-up |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for label, b, hq, hkv, lq, lkv, d, causal in SHAPES:
         if args.shape and not any(s in label for s in args.shape):
             continue
@@ -122,15 +137,15 @@ def main(argv=None):
             tv = torch.from_numpy(np.repeat(v, hq // hkv, axis=1))
         for threads in sorted({1, args.threads}):
             sdpa.set_num_threads(threads)
-            ts = median_seconds(lambda: sdpa.attention(q, k, v, causal=causal), args.min_time)
+            ts, _ = median_seconds(lambda: sdpa.attention(q, k, v, causal=causal), args.min_time)
             row = f"| {label} | {threads} | {ts * 1e3:.2f} | {flops(b, hq, lq, lkv, d, causal) / ts / 1e9:.1f} |"
             if torch:
-                torch.set_num_threads(threads)
+                torch_threads(torch, threads)
                 with torch.no_grad():
-                    tt = median_seconds(lambda: tfn(tq, tk, tv, causal), args.min_time)
-                row += f" {tt * 1e3:.2f} | {tt / ts:.2f}x |"
+                    tt, cores = median_seconds(lambda: tfn(tq, tk, tv, causal), args.min_time)
+                row += f" {tt * 1e3:.2f} | {cores:.2f} | {tt / ts:.2f}x |"
             else:
-                row += " | |"
+                row += " | | |"
             print(row, flush=True)
     sdpa.set_num_threads(0)
 

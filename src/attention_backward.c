@@ -283,6 +283,12 @@ static void key_block_of(const backward_run *run, size_t b, size_t hk, size_t k0
     kb->k_finite = -1;
 }
 
+/* The first query row that sees key k0: under causality k0 + len_q - len_kv, which may be
+ * len_q or more (no row), else 0. */
+static size_t first_row_seeing(const attention_problem *p, size_t k0) {
+    return p->causal && k0 + p->len_q > p->len_kv ? k0 + p->len_q - p->len_kv : 0;
+}
+
 /* The keys [k_begin, k_end) of kv head hk of batch entry b against every row of its query
  * heads, block of keys by block of keys; the dq rows of query head g go to the output or, with
  * partial, to partial + g len_q d_k (dense rows). */
@@ -292,9 +298,7 @@ static void backward_keys(const backward_run *run, tiles *t, size_t b, size_t hk
     for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
         key_block kb;
         key_block_of(run, b, hk, k0, &kb);
-        /* causal: rows before k0 + len_q - len_kv do not see the block */
-        size_t first = 0;
-        if (p->causal && k0 + p->len_q > p->len_kv) first = k0 + p->len_q - p->len_kv;
+        const size_t first = first_row_seeing(p, k0);
         if (first >= p->len_q) break;
         for (size_t g = 0; g < run->group; g++) {
             head h;
@@ -417,22 +421,26 @@ static void chunk_unit_serial(const chunked *ch, size_t u) {
         for (size_t r0 = 0; r0 < p->len_q; r0 += band) {
             const size_t nr = p->len_q - r0 < band ? p->len_q - r0 : band;
             for (size_t c = 0; c < ch->n_chunks; c++) {
-                head hc = h;
-                if (c) { /* the chunk's partial of these rows */
-                    memset(acc, 0, nr * p->d_k * sizeof(float));
-                    hc.dq = acc;
-                    hc.dq_row = p->d_k;
-                    hc.dq_first = r0;
-                }
                 size_t k_begin, k_end;
                 chunk_keys(ch, c, &k_begin, &k_end);
+                /* the band's rows from the first that sees the chunk, from a tile's start */
+                const size_t seen = first_row_seeing(p, k_begin);
+                if (seen >= r0 + nr) continue;
+                const size_t r1 = seen > r0 ? seen / QT * QT : r0, n1 = r0 + nr - r1;
+                head hc = h;
+                if (c) { /* the chunk's partial of these rows */
+                    memset(acc, 0, n1 * p->d_k * sizeof(float));
+                    hc.dq = acc;
+                    hc.dq_row = p->d_k;
+                    hc.dq_first = r1;
+                }
                 for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
                     key_block kb;
                     key_block_of(run, b, hk, k0, &kb);
-                    for (size_t q0 = r0; q0 < r0 + nr; q0 += QT)
+                    for (size_t q0 = r1; q0 < r0 + nr; q0 += QT)
                         backward_tile(run, &t, &hc, &kb, q0, r0 + nr - q0 < QT ? r0 + nr - q0 : QT);
                 }
-                if (c) add_rows(h.dq + r0 * h.dq_row, h.dq_row, acc, p->d_k, nr, p->d_k);
+                if (c) add_rows(h.dq + r1 * h.dq_row, h.dq_row, acc, p->d_k, n1, p->d_k);
             }
         }
     }
@@ -492,11 +500,18 @@ static void backward_run_all(const backward_problem *bp) {
                 for (size_t g = 0; g < run.group; g++) {
                     head h;
                     head_of(&run, u / run.tasks_h, u % run.tasks_h, g, &h);
-                    for (size_t c = 1; c < n_chunks; c++)
-                        add_rows(h.dq, h.dq_row,
+                    for (size_t c = 1; c < n_chunks; c++) {
+                        /* the rows the serial order adds: from the tile of the first that sees
+                           the chunk */
+                        size_t k_begin, k_end;
+                        chunk_keys(&ch, c, &k_begin, &k_end);
+                        const size_t r1 = first_row_seeing(p, k_begin) / QT * QT;
+                        if (r1 >= p->len_q) continue;
+                        add_rows(h.dq + r1 * h.dq_row, h.dq_row,
                                  ch.ws + (u * (n_chunks - 1) + c - 1) * ch.part +
-                                     g * p->len_q * p->d_k,
-                                 p->d_k, p->len_q, p->d_k);
+                                     (g * p->len_q + r1) * p->d_k,
+                                 p->d_k, p->len_q - r1, p->d_k);
+                    }
                 }
             sdpa_workspace_release();
             return;

@@ -373,6 +373,15 @@ static void chunk_keys(const chunked *ch, size_t c, size_t *begin, size_t *end) 
     *end = *begin + ch->chunk_keys < len_kv ? *begin + ch->chunk_keys : len_kv;
 }
 
+/* The first row of chunk c's dq partial: that of the tile of the first row that sees any of its
+ * keys (rows before it see none under causality). Both orders add the partial from there, so
+ * that their bits agree. */
+static size_t chunk_first_row(const chunked *ch, size_t c) {
+    size_t k_begin, k_end;
+    chunk_keys(ch, c, &k_begin, &k_end);
+    return first_row_seeing(&ch->run->bp->fwd, k_begin) / QT * QT;
+}
+
 static void chunk_task(void *arg, size_t index) {
     const chunked *ch = arg;
     const backward_run *run = ch->run;
@@ -423,10 +432,9 @@ static void chunk_unit_serial(const chunked *ch, size_t u) {
             for (size_t c = 0; c < ch->n_chunks; c++) {
                 size_t k_begin, k_end;
                 chunk_keys(ch, c, &k_begin, &k_end);
-                /* the band's rows from the first that sees the chunk, from a tile's start */
-                const size_t seen = first_row_seeing(p, k_begin);
-                if (seen >= r0 + nr) continue;
-                const size_t r1 = seen > r0 ? seen / QT * QT : r0, n1 = r0 + nr - r1;
+                const size_t from = chunk_first_row(ch, c);
+                if (from >= r0 + nr) continue;
+                const size_t r1 = from > r0 ? from : r0, n1 = r0 + nr - r1;
                 head hc = h;
                 if (c) { /* the chunk's partial of these rows */
                     memset(acc, 0, n1 * p->d_k * sizeof(float));
@@ -501,11 +509,7 @@ static void backward_run_all(const backward_problem *bp) {
                     head h;
                     head_of(&run, u / run.tasks_h, u % run.tasks_h, g, &h);
                     for (size_t c = 1; c < n_chunks; c++) {
-                        /* the rows the serial order adds: from the tile of the first that sees
-                           the chunk */
-                        size_t k_begin, k_end;
-                        chunk_keys(&ch, c, &k_begin, &k_end);
-                        const size_t r1 = first_row_seeing(p, k_begin) / QT * QT;
+                        const size_t r1 = chunk_first_row(&ch, c);
                         if (r1 >= p->len_q) continue;
                         add_rows(h.dq + r1 * h.dq_row, h.dq_row,
                                  ch.ws + (u * (n_chunks - 1) + c - 1) * ch.part +

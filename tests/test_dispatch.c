@@ -189,3 +189,38 @@ Test(dispatch, environment_sets_the_exp_mode_or_says_why_not) {
     cr_assert(strstr(err, "sleeef") != NULL, "stderr names the bad value: %s", err);
     cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "exactly one line: %s", err);
 }
+
+/* SDPA_NUM_THREADS: a plain decimal from 0 to 1024 is used silently (0: the default); anything
+ * else keeps the default with one line on stderr that names the value. strtoull would take a
+ * sign after blanks and wrap it: " -18446744073709551615" is 1 to it. */
+Test(dispatch, environment_thread_count_is_a_plain_decimal_or_the_default) {
+    char out[256], err[1024], want[256];
+    run_with_env("SDPA_NUM_THREADS", "0", "threads", out, sizeof out, err, sizeof err);
+    cr_assert_str_empty(err, "no message for 0: %s", err);
+    snprintf(want, sizeof want, "%s", out); /* the default: 0 asks for it */
+    cr_assert_neq(strcmp(want, "0"), 0, "the default is never 0 threads");
+    const char *good[][2] = {{"3", "3"}, {"1024", "1024"}, {"0007", "7"}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        run_with_env("SDPA_NUM_THREADS", good[i][0], "threads", out, sizeof out, err, sizeof err);
+        cr_assert_str_eq(out, good[i][1], "SDPA_NUM_THREADS=%s", good[i][0]);
+        cr_assert_str_empty(err, "no message for %s: %s", good[i][0], err);
+    }
+    const char *bad[] = {" -18446744073709551615",
+                         "\t-18446744073709551613",
+                         "-1",
+                         "+3",
+                         " 3",
+                         "3 ",
+                         "0x10",
+                         "1025",
+                         "18446744073709551619",
+                         "2.5",
+                         "three"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        run_with_env("SDPA_NUM_THREADS", bad[i], "threads", out, sizeof out, err, sizeof err);
+        cr_assert_str_eq(out, want, "SDPA_NUM_THREADS=\"%s\" keeps the default", bad[i]);
+        cr_assert(strstr(err, "SDPA_NUM_THREADS=") && strstr(err, bad[i]),
+                  "stderr names the bad value \"%s\": %s", bad[i], err);
+        cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "exactly one line: %s", err);
+    }
+}

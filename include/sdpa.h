@@ -322,8 +322,9 @@ typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype
  * bf16 Q.K on AMX and AVX512_BF16 CPUs: with q_type and kv_type both SDPA_BF16, blocks of 8 and
  * more queries with d_k <= 128 may form Q.K from the bf16 values with AMX tiles (TDPBF16PS) or
  * vdpbf16ps (the avx512 backend's add-ons: AMX on by default where the CPU and the OS allow it,
- * SDPA_AMX=on or off, then vdpbf16ps, off by default, SDPA_BF16_DOT=on or off, in the
- * environment at load time; `sdpa info` says which is in use; with AMX the library asks Linux
+ * SDPA_AMX=on or off, then vdpbf16ps, on by default only on CPUs where it was measured faster
+ * (AMD family 26, Zen 5: docs/performance.md), SDPA_BF16_DOT=on or off, in the environment at
+ * load time; `sdpa info` says which is in use and why; with AMX the library asks Linux
  * for the tile state at its first all-bf16 call, never at load, after which sigaltstack rejects
  * stacks smaller than the AMX signal frame, AT_MINSIGSTKSZ: docs/guarantees.md). Every product is
  * exact; the sums are float, added in another order, rounded to nearest whatever the rounding mode;

@@ -224,3 +224,45 @@ Test(dispatch, environment_thread_count_is_a_plain_decimal_or_the_default) {
         cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "exactly one line: %s", err);
     }
 }
+
+/* The bf16 dot's default, as a pure function of the CPU and SDPA_BF16_DOT (bf16_dot_default.h):
+ * on where a measurement showed vdpbf16ps faster than widening, off elsewhere, AMX first, and the
+ * variable decides when it says on or off. */
+#include "bf16_dot_default.h"
+
+static void expect_choice(sdpa_cpu_id cpu, const char *env, int on, int invalid, const char *why) {
+    const sdpa_addon_choice c = sdpa_bf16_dot_default(&cpu, env);
+    cr_assert_eq(c.on, on, "%s family %d model %d, SDPA_BF16_DOT=%s: %s (%s)", cpu.vendor,
+                 cpu.family, cpu.model, env ? env : "unset", c.on ? "on" : "off", c.reason);
+    cr_assert_eq(c.env_invalid, invalid, "SDPA_BF16_DOT=%s flagged %d", env ? env : "unset",
+                 c.env_invalid);
+    cr_assert(c.reason && strstr(c.reason, why), "reason \"%s\" says \"%s\"", c.reason, why);
+}
+
+Test(dispatch, bf16_dot_default_follows_the_measured_rule) {
+    /* AMD EPYC (Zen 5), as CPUID gives it: measured faster */
+    const sdpa_cpu_id zen5 = {"AuthenticAMD", 26, 2, 1, 0};
+    expect_choice(zen5, NULL, 1, 0, "Zen 5");
+    expect_choice(zen5, "", 1, 0, "measured faster");
+    expect_choice(zen5, "auto", 1, 0, "measured faster");
+    expect_choice(zen5, "off", 0, 0, "SDPA_BF16_DOT=off");
+    expect_choice(zen5, "maybe", 1, 1, "Zen 5");
+    /* Zen 4 has AVX512_BF16 too, but was not measured */
+    expect_choice((sdpa_cpu_id){"AuthenticAMD", 25, 17, 1, 0}, NULL, 0, 0, "not measured");
+    /* the Intel Xeon measured: AMX first; with AMX off, vdpbf16ps measured slower */
+    const sdpa_cpu_id xeon_amx = {"GenuineIntel", 6, 167, 1, 1};
+    expect_choice(xeon_amx, NULL, 0, 0, "AMX");
+    expect_choice(xeon_amx, "on", 1, 0, "SDPA_BF16_DOT=on");
+    const sdpa_cpu_id xeon_amx_off = {"GenuineIntel", 6, 167, 1, 0};
+    expect_choice(xeon_amx_off, NULL, 0, 0, "measured slower");
+    /* an Intel with AVX512_BF16 and no AMX (Cooper Lake): not measured */
+    expect_choice((sdpa_cpu_id){"GenuineIntel", 6, 85, 1, 0}, NULL, 0, 0, "not measured");
+    /* an unknown vendor, and no vendor at all */
+    expect_choice((sdpa_cpu_id){"HygonGenuine", 26, 2, 1, 0}, NULL, 0, 0, "not measured");
+    expect_choice((sdpa_cpu_id){NULL, 0, 0, 1, 0}, "on", 1, 0, "SDPA_BF16_DOT=on");
+    expect_choice((sdpa_cpu_id){NULL, 0, 0, 1, 0}, NULL, 0, 0, "not measured");
+    /* no AVX512_BF16: off whatever the variable says */
+    const sdpa_cpu_id zen5_no_bf16 = {"AuthenticAMD", 26, 2, 0, 0};
+    expect_choice(zen5_no_bf16, NULL, 0, 0, "lacks AVX512_BF16");
+    expect_choice(zen5_no_bf16, "on", 0, 0, "lacks AVX512_BF16");
+}

@@ -7,9 +7,23 @@
  *
  * Errors: every call that can fail returns an sdpa_status. Arguments are checked before any work,
  * and on error no output is written and no input is read. Nothing aborts and nothing prints,
- * except one line on stderr at load time when SDPA_BACKEND, SDPA_EXP or SDPA_NUM_THREADS holds
- * something that cannot be used here. No array can hold more than PTRDIFF_MAX bytes: a count or an
- * extent past that is SDPA_ERR_SIZE, whatever the pointer.
+ * except the lines on stderr at load time listed under Environment below. No array can hold
+ * more than PTRDIFF_MAX bytes: a count or an extent past that is SDPA_ERR_SIZE, whatever the
+ * pointer.
+ *
+ * Environment, read once at load time (empty is the same as unset). These five variables are
+ * the only ones read, and a value that cannot be used prints exactly one line on stderr, the
+ * only output the library ever writes, then the default applies:
+ *   SDPA_BACKEND=<name> or auto (the backends below): "sdpa: SDPA_BACKEND=<value> is not a known
+ *     backend; using <best>" or "... is not supported on this CPU; using <best>".
+ *   SDPA_EXP=fast or sleef (sdpa_set_exp_mode): "sdpa: SDPA_EXP=<value> is not a known exp mode;
+ *     using fast".
+ *   SDPA_NUM_THREADS=<n>, digits only, 0 to 1024 (0: the default; sdpa_set_num_threads):
+ *     anything else, a sign, a blank or a prefix included, gives "sdpa: SDPA_NUM_THREADS=<value>
+ *     is not a decimal thread count from 0 to 1024; using the CPUs available, <n>".
+ *   SDPA_AMX and SDPA_BF16_DOT = on, off or auto (the avx512 bf16 dot add-ons, sdpa_mha): "sdpa:
+ *     <variable>=<value> is not on, off or auto; using auto: <on or off> (<why>)", the reason
+ *     `sdpa info` gives. =on does nothing where the CPU or OS lacks what the add-on needs.
  *
  * Floating-point environment: no call changes the rounding mode or the flush-to-zero and
  * denormals-are-zero bits, failed calls included. Exception flags: dot, scale and scores raise
@@ -322,8 +336,9 @@ typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype
  * bf16 Q.K on AMX and AVX512_BF16 CPUs: with q_type and kv_type both SDPA_BF16, blocks of 8 and
  * more queries with d_k <= 128 may form Q.K from the bf16 values with AMX tiles (TDPBF16PS) or
  * vdpbf16ps (the avx512 backend's add-ons: AMX on by default where the CPU and the OS allow it,
- * SDPA_AMX=on or off, then vdpbf16ps, off by default, SDPA_BF16_DOT=on or off, in the
- * environment at load time; `sdpa info` says which is in use; with AMX the library asks Linux
+ * SDPA_AMX=on or off, then vdpbf16ps, on by default only on CPUs where it was measured faster
+ * (AMD family 26, Zen 5: docs/performance.md), SDPA_BF16_DOT=on or off, in the environment at
+ * load time; `sdpa info` says which is in use and why; with AMX the library asks Linux
  * for the tile state at its first all-bf16 call, never at load, after which sigaltstack rejects
  * stacks smaller than the AMX signal frame, AT_MINSIGSTKSZ: docs/guarantees.md). Every product is
  * exact; the sums are float, added in another order, rounded to nearest whatever the rounding mode;

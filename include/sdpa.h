@@ -6,9 +6,10 @@
  * only ever added. Every function is thread-safe. Pointers need no particular alignment.
  *
  * Errors: every call that can fail returns an sdpa_status. Arguments are checked before any work,
- * and on error no output is written and no input is read. Nothing aborts and nothing prints,
- * except one line on stderr at load time when SDPA_BACKEND, SDPA_EXP or SDPA_NUM_THREADS holds
- * something that cannot be used here. No array can hold more than PTRDIFF_MAX bytes: a count or an
+ * and on error no output is written and no input is read; sdpa_last_error_detail() then says
+ * which argument broke which rule. Nothing aborts and nothing prints, except one line on stderr
+ * at load time when SDPA_BACKEND, SDPA_EXP or SDPA_NUM_THREADS holds something that cannot be
+ * used here. No array can hold more than PTRDIFF_MAX bytes: a count or an
  * extent past that is SDPA_ERR_SIZE, whatever the pointer.
  *
  * Floating-point environment: no call changes the rounding mode or the flush-to-zero and
@@ -73,6 +74,14 @@ typedef enum sdpa_status {
 
 /* A short English description of status; never NULL (unknown values give "unknown status"). */
 SDPA_API const char *sdpa_status_string(sdpa_status status);
+
+/* What the last call on this thread that returned an error found wrong, naming the argument and
+ * the rule it breaks, e.g. "heads_q (8) is not a multiple of heads_kv (3)"; "" before any error.
+ * Every function that returns an sdpa_status sets it when it fails. A call that succeeds leaves
+ * it as it was (as errno), so read it right after the failing call. The string is this thread's
+ * own, valid until its next failing call; English, for people, not parsed by programs (the
+ * status is the contract; the wording may change). Since ABI 1.3. */
+SDPA_API const char *sdpa_last_error_detail(void);
 
 /* SDPA_ABI_VERSION of the library that was loaded. */
 SDPA_API uint32_t sdpa_abi_version(void);
@@ -497,6 +506,8 @@ typedef struct sdpa_api {
     sdpa_status (*mha_backward_f32)(const sdpa_mha_desc *desc, const sdpa_mha_grads *grads,
                                     const float *q, const float *k, const float *v,
                                     const float *out);
+    /* ABI 1.3 */
+    const char *(*last_error_detail)(void);
     /* New functions go here, at the end, and nowhere else. */
 } sdpa_api;
 

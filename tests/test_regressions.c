@@ -3,6 +3,7 @@
 #include <fenv.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -452,4 +453,95 @@ BACKEND_TEST(regressions, softmax_no_weight_above_one_upward) {
         }
     }
     sdpa_set_exp_mode("fast");
+}
+
+/* ---- What an outside probe of the header's promises found; each test states the promise. ---- */
+
+/* sdpa_last_error_detail names the argument and the rule: the status alone said "invalid size"
+ * for a heads_kv that does not divide heads_q, and "invalid argument" for an unknown kv_type. */
+BACKEND_TEST(regressions, error_detail_names_the_argument_and_the_rule) {
+    static float in[64], out[64];
+    sdpa_mha_desc d;
+    cr_assert_eq(sdpa_mha_desc_dense(&d, 1, 8, 3, 2, 2, 2, 2, 0.0f, 0), SDPA_OK);
+    cr_assert_eq(sdpa_mha_f32(&d, out, in, in, in), SDPA_ERR_SIZE);
+    cr_assert_str_eq(sdpa_last_error_detail(), "heads_q (8) is not a multiple of heads_kv (3)");
+    cr_assert_eq(sdpa_mha_desc_dense(&d, 1, 2, 1, 2, 2, 2, 2, 0.0f, 0), SDPA_OK);
+    d.kv_type = 7;
+    cr_assert_eq(sdpa_mha(&d, out, in, in, in), SDPA_ERR_ARG);
+    cr_assert_str_eq(sdpa_last_error_detail(), "desc->kv_type (7) is not an sdpa_dtype (0 to 2)");
+    /* a success leaves the detail as it was, as the header says */
+    d.kv_type = SDPA_F32;
+    cr_assert_eq(sdpa_mha(&d, out, in, in, in), SDPA_OK);
+    cr_assert_str_eq(sdpa_last_error_detail(), "desc->kv_type (7) is not an sdpa_dtype (0 to 2)");
+    /* the plugin table serves the same function */
+    const sdpa_api *api = sdpa_get_api(SDPA_ABI_VERSION);
+    cr_assert(SDPA_API_HAS(api, last_error_detail));
+    cr_assert_eq(api->last_error_detail, sdpa_last_error_detail);
+}
+
+static void *detail_of_new_thread(void *arg) {
+    (void)arg;
+    return (void *)sdpa_last_error_detail();
+}
+
+/* the detail is the thread's own: another thread's failures do not change it */
+Test(regressions, error_detail_is_per_thread) {
+    cr_assert_eq(sdpa_set_num_threads(5000), SDPA_ERR_ARG);
+    cr_assert_str_eq(sdpa_last_error_detail(), "n (5000) is above 1024 threads");
+    pthread_t t;
+    void *seen;
+    cr_assert_eq(pthread_create(&t, NULL, detail_of_new_thread, NULL), 0);
+    cr_assert_eq(pthread_join(t, &seen), 0);
+    cr_assert_str_eq((const char *)seen, "");
+}
+
+/* A known detail first, then the call: it must fail with status and replace the detail with its
+ * own, which holds `names` (the argument it rejects). */
+#define EXPECT_DETAIL(status, names, call)                                                         \
+    do {                                                                                           \
+        float r_;                                                                                  \
+        cr_assert_eq(sdpa_dot_f32(NULL, NULL, 1, &r_), SDPA_ERR_NULL);                             \
+        cr_assert_str_eq(sdpa_last_error_detail(), "a is NULL with n = 1");                        \
+        cr_assert_eq(call, status, "%s", #call);                                                   \
+        cr_assert(strstr(sdpa_last_error_detail(), names), "%s: detail \"%s\", want \"%s\"",       \
+                  #call, sdpa_last_error_detail(), names);                                         \
+    } while (0)
+
+/* Every entry point that can fail sets the detail when it does. */
+BACKEND_TEST(regressions, every_failing_entry_point_sets_the_detail) {
+    static float in[64], out[64], lse[8];
+    uint16_t h[4] = {0};
+    float r;
+    sdpa_mha_desc d;
+    sdpa_mha_grads g;
+    memset(&g, 0, sizeof g);
+    g.struct_size = sizeof g;
+    cr_assert_eq(sdpa_mha_desc_dense(&d, 1, 1, 1, 2, 2, 2, 2, 0.0f, 0), SDPA_OK);
+    EXPECT_DETAIL(SDPA_ERR_NULL, "result is NULL", sdpa_dot_f32(in, in, 3, NULL));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "b is NULL", sdpa_dot_f32(in, NULL, 3, &r));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "y is NULL", sdpa_scale_f32(NULL, in, 3, 1.0f));
+    EXPECT_DETAIL(SDPA_ERR_ARG, "scale (0)", sdpa_softmax_f32(out, in, 3, 0.0f));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "dy is NULL", sdpa_softmax_backward_f32(out, in, NULL, 3, 1.0f));
+    EXPECT_DETAIL(SDPA_ERR_SIZE, "k_stride (3)", sdpa_scores_f32(out, in, in, 2, 4, 3, 1.0f));
+    EXPECT_DETAIL(SDPA_ERR_UNSUPPORTED, "\"no-such\"", sdpa_set_backend("no-such"));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "name is NULL", sdpa_set_backend(NULL));
+    EXPECT_DETAIL(SDPA_ERR_UNSUPPORTED, "\"slow\"", sdpa_set_exp_mode("slow"));
+    EXPECT_DETAIL(SDPA_ERR_SIZE, "d_k is 0",
+                  sdpa_attention_f32(out, in, in, in, 2, 2, 0, 2, 0.0f, 0));
+    EXPECT_DETAIL(SDPA_ERR_ARG, "flags (0x2)",
+                  sdpa_attention_f32(out, in, in, in, 2, 2, 2, 2, 0.0f, 2));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "desc is NULL", sdpa_mha_f32(NULL, out, in, in, in));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "q is NULL", sdpa_mha(&d, out, NULL, in, in));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "desc is NULL",
+                  sdpa_mha_desc_dense(NULL, 1, 1, 1, 1, 1, 1, 1, 0.0f, 0));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "desc is NULL",
+                  sdpa_mha_desc_bshd(NULL, 1, 1, 1, 1, 1, 1, 1, 0.0f, 0));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "desc is NULL", sdpa_mha_desc_set_mask(NULL, in, 0, 0, 0));
+    EXPECT_DETAIL(SDPA_ERR_ARG, "src_type (9)", sdpa_convert(h, SDPA_F16, in, 9, 4));
+    EXPECT_DETAIL(SDPA_ERR_ARG, "n (2000)", sdpa_set_num_threads(2000));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "lse_b is NULL",
+                  sdpa_attention_merge_f32(out, lse, in, NULL, 2, 2, 2, 2));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "grads is NULL", sdpa_mha_backward_f32(&d, NULL, in, in, in, out));
+    EXPECT_DETAIL(SDPA_ERR_NULL, "desc->lse is NULL",
+                  sdpa_mha_backward_f32(&d, &g, in, in, in, out));
 }

@@ -538,7 +538,10 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
         float *o = out + r * out_row;
         const float *ob = b + r * b_row;
         const float la = lse[r], lb = lse_b[r];
-        if (lb == -INFINITY) continue; /* b saw no key */
+        if (lb == -INFINITY) { /* b saw no key; if a saw none either, the row is zeros */
+            if (la == -INFINITY) memset(o, 0, d_v * sizeof(float));
+            continue;
+        }
         if (la == -INFINITY) {
             if (o != ob) memcpy(o, ob, d_v * sizeof(float));
             lse[r] = lb;

@@ -545,3 +545,18 @@ BACKEND_TEST(regressions, every_failing_entry_point_sets_the_detail) {
     EXPECT_DETAIL(SDPA_ERR_NULL, "desc->lse is NULL",
                   sdpa_mha_backward_f32(&d, &g, in, in, in, out));
 }
+
+/* "Two such parts give zeros and -inf": merging two parts that both saw no key left out as it
+ * was (here, garbage) instead of zeros. */
+BACKEND_TEST(regressions, merge_of_two_empty_parts_gives_zeros) {
+    float out[6] = {1, 2, NAN, 4, INFINITY, 6}, out_b[6] = {7, 8, 9, 10, 11, 12};
+    float lse[2] = {-INFINITY, -INFINITY}, lse_b[2] = {-INFINITY, -INFINITY};
+    cr_assert_eq(sdpa_attention_merge_f32(out, lse, out_b, lse_b, 2, 3, 3, 3), SDPA_OK);
+    for (int i = 0; i < 6; i++)
+        cr_assert(out[i] == 0.0f && !signbit(out[i]), "out[%d] %g", i, out[i]);
+    cr_assert(lse[0] == -INFINITY && lse[1] == -INFINITY);
+    /* a part merged with itself, both empty: zeros too */
+    float self[3] = {5, 5, 5}, self_lse = -INFINITY;
+    cr_assert_eq(sdpa_attention_merge_f32(self, &self_lse, self, &self_lse, 1, 3, 3, 3), SDPA_OK);
+    for (int i = 0; i < 3; i++) cr_assert(self[i] == 0.0f, "self[%d] %g", i, self[i]);
+}

@@ -176,7 +176,8 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTE
  *                  than one entry), an extent past PTRDIFF_MAX bytes. The mask is only read:
  *                  any strides are valid (0 broadcasts, and a row stride of 0 gives every query
  *                  row one mask row) within that extent;
- *   SDPA_ERR_ARG   unknown flags, non-finite scale, struct_size smaller than the v1 struct.
+ *   SDPA_ERR_ARG   unknown flags, non-finite scale, struct_size smaller than the v1 struct or
+ *                  ending inside one of the v2 groups below.
  * Accuracy (unit-normal q, k, v and the default scale, which gives the scores about unit
  * variance; measured in the test suite on every backend and both exp modes against a
  * double-precision evaluation of the textbook formula): max abs error per output
@@ -219,7 +220,8 @@ typedef struct sdpa_mha_desc {
     size_t q_stride[3], k_stride[3], v_stride[3], out_stride[3];
     const float *mask; /* optional additive mask [len_q][len_kv] per (batch, head); NULL for none */
     size_t mask_stride[3]; /* [batch][head][row]; 0 broadcasts; columns contiguous */
-    /* ---- v2: read only when struct_size covers them (a v1 caller gets f32 and no lse) ---- */
+    /* ---- v2: two groups, the types (q_type to reserved) and the lse (lse, lse_stride), each
+     * read when struct_size covers it whole (a v1 caller gets f32 and no lse) ---- */
     uint32_t q_type, kv_type, out_type; /* sdpa_dtype of q, of k and v, of out; sdpa_mha takes
                                            any, sdpa_mha_f32 only SDPA_F32 (0); an unknown value
                                            is SDPA_ERR_ARG. The mask and lse are always float. */

@@ -310,14 +310,21 @@ void sdpa_problem_single(attention_problem *p, void *out, const float *q, const 
     p->v_stride[2] = p->out_stride[2] = d_v;
 }
 
-/* The descriptor's struct_size: at least the v1 struct. */
+/* The descriptor's struct_size: at least the v1 struct, and not ending inside one of the groups
+ * v2 added (the types, q_type to reserved; the lse, lse and lse_stride), each read whole. */
 static sdpa_status desc_size_check(uint32_t size) {
-    const size_t v1 = offsetof(sdpa_mha_desc, q_type);
+    const size_t v1 = offsetof(sdpa_mha_desc, q_type), types = offsetof(sdpa_mha_desc, lse);
+    const size_t v2 = offsetof(sdpa_mha_desc, lse_stride) + 2 * sizeof(size_t);
     if (size < v1)
         return sdpa_fail(SDPA_ERR_ARG,
                          "desc->struct_size (%u) is smaller than the v1 "
                          "sdpa_mha_desc (%zu)",
                          (unsigned)size, v1);
+    if ((size > v1 && size < types) || (size > types && size < v2))
+        return sdpa_fail(SDPA_ERR_ARG,
+                         "desc->struct_size (%u) ends inside a group of fields "
+                         "(v1 %zu, with types %zu, with lse %zu bytes)",
+                         (unsigned)size, v1, types, v2);
     return SDPA_OK;
 }
 
@@ -367,12 +374,14 @@ sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *de
         p->out_stride[i] = desc->out_stride[i];
         p->mask_stride[i] = desc->mask_stride[i];
     }
-    if (DESC_HAS(desc, lse_stride)) {
+    if (DESC_HAS(desc, reserved)) {
         st = desc_types_check(desc, typed);
         if (st != SDPA_OK) return st;
         p->q_type = desc->q_type;
         p->kv_type = desc->kv_type;
         p->out_type = desc->out_type;
+    }
+    if (DESC_HAS(desc, lse_stride)) {
         p->lse = desc->lse;
         p->lse_stride[0] = desc->lse_stride[0];
         p->lse_stride[1] = desc->lse_stride[1];

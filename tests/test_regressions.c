@@ -560,3 +560,36 @@ BACKEND_TEST(regressions, merge_of_two_empty_parts_gives_zeros) {
     cr_assert_eq(sdpa_attention_merge_f32(self, &self_lse, self, &self_lse, 1, 3, 3, 3), SDPA_OK);
     for (int i = 0; i < 3; i++) cr_assert(self[i] == 0.0f, "self[%d] %g", i, self[i]);
 }
+
+/* The v2 fields come in groups: a struct_size that covers the types but not lse must have its
+ * types read (they were ignored, so f16 K/V was read as float); one that ends inside a group is
+ * no header's and is SDPA_ERR_ARG. */
+BACKEND_TEST(regressions, descriptor_types_are_read_without_lse) {
+    enum { L = 3, D = 4 };
+    float q[L * D], kf[L * D], vf[L * D], want[L * D], got[L * D];
+    uint16_t k16[L * D], v16[L * D];
+    rng r = rng_seed(3401);
+    fill_normal(&r, q, L * D);
+    fill_normal(&r, kf, L * D);
+    fill_normal(&r, vf, L * D);
+    cr_assert_eq(sdpa_convert(k16, SDPA_F16, kf, SDPA_F32, L * D), SDPA_OK);
+    cr_assert_eq(sdpa_convert(v16, SDPA_F16, vf, SDPA_F32, L * D), SDPA_OK);
+    cr_assert_eq(sdpa_convert(kf, SDPA_F32, k16, SDPA_F16, L * D), SDPA_OK); /* the stored values */
+    cr_assert_eq(sdpa_convert(vf, SDPA_F32, v16, SDPA_F16, L * D), SDPA_OK);
+    sdpa_mha_desc d;
+    cr_assert_eq(sdpa_mha_desc_dense(&d, 1, 1, 1, L, L, D, D, 0.0f, 0), SDPA_OK);
+    cr_assert_eq(sdpa_attention_f32(want, q, kf, vf, L, L, D, D, 0.0f, 0), SDPA_OK);
+    d.kv_type = SDPA_F16;
+    d.struct_size = (uint32_t)offsetof(sdpa_mha_desc, lse);
+    cr_assert_eq(sdpa_mha(&d, got, q, k16, v16), SDPA_OK);
+    for (int i = 0; i < L * D; i++)
+        cr_assert(fabsf(got[i] - want[i]) <= 1e-5f * 4.0f, "out[%d] %g, want %g", i, got[i],
+                  want[i]);
+    d.kv_type = 7; /* read, so rejected */
+    cr_assert_eq(sdpa_mha(&d, got, q, k16, v16), SDPA_ERR_ARG);
+    d.kv_type = SDPA_F16;
+    d.struct_size = (uint32_t)offsetof(sdpa_mha_desc, kv_type);
+    cr_assert_eq(sdpa_mha(&d, got, q, k16, v16), SDPA_ERR_ARG);
+    d.struct_size = (uint32_t)offsetof(sdpa_mha_desc, lse_stride) + sizeof(size_t);
+    cr_assert_eq(sdpa_mha(&d, got, q, k16, v16), SDPA_ERR_ARG);
+}

@@ -130,7 +130,7 @@ static sdpa_status check(const attention_problem *p, uint32_t flags) {
                          p->heads_q, p->heads_kv);
     const size_t q_size = sdpa_type_size(p->q_type), kv_size = sdpa_type_size(p->kv_type);
     const size_t out_size = sdpa_type_size(p->out_type);
-    if (!has_out) return SDPA_OK;
+    /* whether or not there is work: the limit belongs to the types, not to the shape */
     if ((q_size < 4 || kv_size < 4 || out_size < 4) &&
         (p->d_k > SDPA_WIDE_FLOATS || p->d_v > SDPA_WIDE_FLOATS))
         return sdpa_fail(SDPA_ERR_SIZE,
@@ -139,6 +139,7 @@ static sdpa_status check(const attention_problem *p, uint32_t flags) {
                          p->d_k > SDPA_WIDE_FLOATS ? "d_k" : "d_v",
                          p->d_k > SDPA_WIDE_FLOATS ? p->d_k : p->d_v, SDPA_WIDE_FLOATS,
                          TYPE_NAMES[p->q_type], TYPE_NAMES[p->kv_type], TYPE_NAMES[p->out_type]);
+    if (!has_out) return SDPA_OK;
     if (!p->d_k || !p->d_v)
         return sdpa_fail(SDPA_ERR_SIZE, "%s is 0 with output rows", p->d_k ? "d_v" : "d_k");
     if (p->len_q > 1 && p->out_stride[2] < p->d_v)

@@ -593,3 +593,18 @@ BACKEND_TEST(regressions, descriptor_types_are_read_without_lse) {
     d.struct_size = (uint32_t)offsetof(sdpa_mha_desc, lse_stride) + sizeof(size_t);
     cr_assert_eq(sdpa_mha(&d, got, q, k16, v16), SDPA_ERR_ARG);
 }
+
+/* "With any 16-bit view, d_k and d_v must be at most 8192": also when there is no output row. */
+BACKEND_TEST(regressions, sixteen_bit_limit_holds_without_rows) {
+    sdpa_mha_desc d;
+    uint16_t x[1];
+    for (size_t len_q = 0; len_q < 2; len_q++) {
+        cr_assert_eq(sdpa_mha_desc_dense(&d, 1, 1, 1, len_q, 0, 8193, 4, 0.0f, 0), SDPA_OK);
+        d.kv_type = SDPA_F16;
+        cr_assert_eq(sdpa_mha(&d, x, x, x, x), SDPA_ERR_SIZE, "len_q %zu", len_q);
+        cr_assert(strstr(sdpa_last_error_detail(), "d_k (8193)"));
+        cr_assert_eq(sdpa_mha_desc_dense(&d, 0, 1, 1, 1, 1, 4, 8193, 0.0f, 0), SDPA_OK);
+        d.out_type = SDPA_BF16;
+        cr_assert_eq(sdpa_mha(&d, x, x, x, x), SDPA_ERR_SIZE, "batch 0");
+    }
+}

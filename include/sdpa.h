@@ -353,9 +353,10 @@ SDPA_API sdpa_status sdpa_mha(const sdpa_mha_desc *desc, void *out, const void *
 /* dst[i] = src[i] converted, for i < n: widening is exact; narrowing rounds to nearest, ties to
  * even, whatever the rounding mode, flush-to-zero or denormals-are-zero say; f16 results may be
  * subnormal, and a value beyond the largest finite f16 (65504, or from the halfway point 65520
- * up) gives inf. A NaN stays a NaN, quieted, with its sign. f16 to bf16 and back go through
- * float, rounded once. src == dst is allowed when the types have the same size; any other
- * overlap is SDPA_ERR_ARG, and so is an unknown type. */
+ * up) gives inf. A NaN stays a NaN, quieted, with its sign, also when both types are the same
+ * (otherwise such a call is a copy). f16 to bf16 and back go through float, rounded once.
+ * src == dst is allowed when the types have the same size; any other overlap is SDPA_ERR_ARG,
+ * and so is an unknown type. */
 SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *src,
                                   sdpa_dtype src_type, size_t n);
 

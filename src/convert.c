@@ -12,6 +12,30 @@
 /* f16 <-> bf16 go through float in chunks this long, on the stack */
 #define CHUNK 1024
 
+/* A copy to the same type with every signalling NaN quieted, as a conversion quiets it (sdpa.h):
+ * in all three formats the quiet bit is the mantissa's top bit, just below the exponent. One
+ * element at a time through memcpy, since the pointers need no alignment; dst == src works. */
+static void copy_quieted(void *dst, const void *src, size_t n, sdpa_dtype type) {
+    if (type == SDPA_F32) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t x;
+            memcpy(&x, (const char *)src + 4 * i, 4);
+            if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x007fffffu)) x |= 0x00400000u;
+            memcpy((char *)dst + 4 * i, &x, 4);
+        }
+        return;
+    }
+    const uint16_t exponent = type == SDPA_F16 ? 0x7c00u : 0x7f80u;
+    const uint16_t quiet = type == SDPA_F16 ? 0x0200u : 0x0040u;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t x;
+        memcpy(&x, (const char *)src + 2 * i, 2);
+        if ((x & exponent) == exponent && (x & (uint16_t)(2 * quiet - 1)))
+            x = (uint16_t)(x | quiet);
+        memcpy((char *)dst + 2 * i, &x, 2);
+    }
+}
+
 SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *src,
                                   sdpa_dtype src_type, size_t n) {
     if ((uint32_t)dst_type > SDPA_BF16)
@@ -33,7 +57,7 @@ SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *sr
 
     const sdpa_kernels *k = sdpa_kernels_now();
     if (dst_type == src_type) {
-        if (!in_place) memcpy(dst, src, n * dst_size);
+        copy_quieted(dst, src, n, dst_type);
     } else if (src_type == SDPA_F32) {
         k->narrow[dst_type](dst, src, n);
     } else if (dst_type == SDPA_F32) {

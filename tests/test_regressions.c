@@ -608,3 +608,33 @@ BACKEND_TEST(regressions, sixteen_bit_limit_holds_without_rows) {
         cr_assert_eq(sdpa_mha(&d, x, x, x, x), SDPA_ERR_SIZE, "batch 0");
     }
 }
+
+/* "A NaN stays a NaN, quieted, with its sign": a copy to the same type left signalling NaNs
+ * signalling. Each type, apart and in place; quiet NaNs and other values keep their bits. */
+BACKEND_TEST(regressions, convert_to_the_same_type_quiets_nans) {
+    const uint32_t f32_in[] = {0x7f800001u, 0xff800001u, 0x7fa00000u,
+                               0x7fc00001u, 0x7f800000u, 0x3f800000u};
+    const uint32_t f32_want[] = {0x7fc00001u, 0xffc00001u, 0x7fe00000u,
+                                 0x7fc00001u, 0x7f800000u, 0x3f800000u};
+    const uint16_t f16_in[] = {0x7c01u, 0xfc01u, 0x7d00u, 0x7e01u, 0x7c00u, 0x3c00u};
+    const uint16_t f16_want[] = {0x7e01u, 0xfe01u, 0x7f00u, 0x7e01u, 0x7c00u, 0x3c00u};
+    const uint16_t bf_in[] = {0x7f81u, 0xff81u, 0x7fa0u, 0x7fc1u, 0x7f80u, 0x3f80u};
+    const uint16_t bf_want[] = {0x7fc1u, 0xffc1u, 0x7fe0u, 0x7fc1u, 0x7f80u, 0x3f80u};
+    for (int in_place = 0; in_place < 2; in_place++) {
+        uint32_t a[6];
+        uint16_t b[6], c[6];
+        memcpy(a, f32_in, sizeof a);
+        memcpy(b, f16_in, sizeof b);
+        memcpy(c, bf_in, sizeof c);
+        uint32_t a2[6];
+        uint16_t b2[6], c2[6];
+        cr_assert_eq(sdpa_convert(in_place ? a : a2, SDPA_F32, a, SDPA_F32, 6), SDPA_OK);
+        cr_assert_eq(sdpa_convert(in_place ? b : b2, SDPA_F16, b, SDPA_F16, 6), SDPA_OK);
+        cr_assert_eq(sdpa_convert(in_place ? c : c2, SDPA_BF16, c, SDPA_BF16, 6), SDPA_OK);
+        for (int i = 0; i < 6; i++) {
+            cr_assert_eq(in_place ? a[i] : a2[i], f32_want[i], "f32 %d in place %d", i, in_place);
+            cr_assert_eq(in_place ? b[i] : b2[i], f16_want[i], "f16 %d in place %d", i, in_place);
+            cr_assert_eq(in_place ? c[i] : c2[i], bf_want[i], "bf16 %d in place %d", i, in_place);
+        }
+    }
+}

@@ -175,7 +175,9 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTE
  *                  (a stride of 0, or one inside the span of an inner axis, on an axis of more
  *                  than one entry), an extent past PTRDIFF_MAX bytes. The mask is only read:
  *                  any strides are valid (0 broadcasts, and a row stride of 0 gives every query
- *                  row one mask row) within that extent;
+ *                  row one mask row) within that extent; out or lse whose extent (first to
+ *                  last element) meets that of q, k, v or the mask (where they are read: with
+ *                  output rows and keys) or of each other;
  *   SDPA_ERR_ARG   unknown flags, non-finite scale, struct_size smaller than the v1 struct or
  *                  ending inside one of the v2 groups below.
  * Accuracy (unit-normal q, k, v and the default scale, which gives the scores about unit

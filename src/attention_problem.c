@@ -193,6 +193,10 @@ sdpa_status sdpa_problem_check(attention_problem *p, uint32_t flags) {
     sdpa_status st = check(p, flags);
     if (st == SDPA_OK) st = check_lse(p);
     if (st != SDPA_OK) return st;
+    extent read[4], written[2];
+    forward_extents(p, read, written);
+    st = check_overlaps(written, 2, read, 4);
+    if (st != SDPA_OK) return st;
     if (p->scale == SDPA_DEFAULT_SCALE && p->d_k) p->scale = (float)(1.0 / sqrt((double)p->d_k));
     p->causal = (flags & SDPA_CAUSAL) != 0;
     return SDPA_OK;

@@ -638,3 +638,53 @@ BACKEND_TEST(regressions, convert_to_the_same_type_quiets_nans) {
         }
     }
 }
+
+/* "out must not overlap q, k, v or the mask", and lse neither the inputs nor out: such calls
+ * returned SDPA_OK and computed from inputs they were overwriting. Checked by extent, as the
+ * backward checks its gradients; out is left untouched. */
+BACKEND_TEST(regressions, out_overlapping_an_input_is_rejected) {
+    enum { L = 4, D = 4, N = L * D };
+    static float buf[8 * N], lse_buf[L];
+    float *q = buf + N, *k = buf + 2 * N, *v = buf + 3 * N, *mask = buf + 4 * N, *out = buf + 5 * N;
+    rng r = rng_seed(3402);
+    fill_normal(&r, buf, 5 * N);
+    sdpa_mha_desc d;
+    cr_assert_eq(sdpa_mha_desc_dense(&d, 1, 1, 1, L, L, D, D, 0.0f, 0), SDPA_OK);
+    cr_assert_eq(sdpa_mha_f32(&d, out, q, k, v), SDPA_OK);
+    const float *inputs[3] = {q, k, v};
+    const char *names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++) {
+        for (size_t shift = 0; shift < N; shift += 5) {
+            float *o = (float *)inputs[i] + shift; /* starts inside the input */
+            float saved[8 * N];
+            memcpy(saved, buf, sizeof saved);
+            const float *a[3] = {q, k, v};
+            cr_assert_eq(sdpa_mha_f32(&d, o, a[0], a[1], a[2]), SDPA_ERR_SIZE, "out in %s + %zu",
+                         names[i], shift);
+            cr_assert(strstr(sdpa_last_error_detail(), names[i]), "%s", sdpa_last_error_detail());
+            cr_assert(memcmp(saved, buf, sizeof saved) == 0, "out in %s written", names[i]);
+        }
+    }
+    /* out ending one float into q, from below */
+    cr_assert_eq(sdpa_mha_f32(&d, q - N + 1, q, k, v), SDPA_ERR_SIZE);
+    cr_assert_eq(sdpa_attention_f32(q + 1, q, k, v, L, L, D, D, 0.0f, 0), SDPA_ERR_SIZE);
+    sdpa_mha_desc_set_mask(&d, mask, 0, 0, L);
+    cr_assert_eq(sdpa_mha_f32(&d, out, q, k, v), SDPA_OK);
+    cr_assert_eq(sdpa_mha_f32(&d, mask + 3, q, k, v), SDPA_ERR_SIZE);
+    cr_assert(strstr(sdpa_last_error_detail(), "mask"));
+    d.lse = lse_buf;
+    cr_assert_eq(sdpa_mha_f32(&d, out, q, k, v), SDPA_OK);
+    d.lse = k + 2;
+    cr_assert_eq(sdpa_mha_f32(&d, out, q, k, v), SDPA_ERR_SIZE);
+    d.lse = out + N - 1;
+    cr_assert_eq(sdpa_mha_f32(&d, out, q, k, v), SDPA_ERR_SIZE);
+    cr_assert_str_eq(sdpa_last_error_detail(), "out overlaps lse");
+    /* 16-bit views by their bytes: an f16 q of N elements spans N / 2 floats */
+    d.lse = NULL;
+    d.q_type = d.kv_type = SDPA_F16;
+    cr_assert_eq(sdpa_mha(&d, out, q, k, v), SDPA_OK);
+    cr_assert_eq(sdpa_mha(&d, (float *)q + N / 2 - 1, q, k, v), SDPA_ERR_SIZE);
+    /* with no key nothing is read, so nothing can be overwritten before it is read */
+    cr_assert_eq(sdpa_mha_desc_dense(&d, 1, 1, 1, L, 0, D, D, 0.0f, 0), SDPA_OK);
+    cr_assert_eq(sdpa_mha_f32(&d, q, q, k, v), SDPA_OK);
+}

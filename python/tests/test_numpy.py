@@ -351,10 +351,7 @@ def test_shape_errors(rng):
         sdpa.attention(q, k, v, layout="sbhd")
 
 
-def test_library_status_errors_come_with_its_string(rng):
-    q, k, v = three(rng, ks=(1, 3, 7, 16), vs=(1, 3, 7, 8))  # 3 kv heads do not divide 4
-    with pytest.raises(ValueError, match=STATUS_SIZE):
-        sdpa.attention(q, k, v)
+def test_library_status_errors_come_with_its_string_and_detail(rng):
     q, k, v = three(rng)
     with pytest.raises(ValueError, match=STATUS_ARG):
         sdpa.attention(q, k, v, scale=np.nan)
@@ -363,8 +360,20 @@ def test_library_status_errors_come_with_its_string(rng):
     with pytest.raises(ValueError, match="non-zero"):
         sdpa.attention(q, k, v, scale=0)
     q, k, v = three(rng, qs=(1, 4, 5, 0), ks=(1, 2, 7, 0))  # d_k = 0 with output rows
-    with pytest.raises(ValueError, match=STATUS_SIZE):
+    with pytest.raises(ValueError, match=STATUS_SIZE + ".*: d_k is 0 with output rows"):
         sdpa.attention(q, k, v)
+    with pytest.raises(ValueError, match='"no-such" is not one this library knows'):
+        sdpa.set_backend("no-such")
+
+
+def test_heads_that_do_not_divide_name_the_fields(rng):
+    # the status alone said "invalid size: zero where work is needed, or overflowing"
+    q, k, v = three(rng, ks=(1, 3, 7, 16), vs=(1, 3, 7, 8))
+    with pytest.raises(ValueError, match=r"k and v have 3 heads \(heads_kv\), which must divide "
+                                         r"q's 4 heads \(heads_q\)"):
+        sdpa.attention(q, k, v)
+    with pytest.raises(ValueError, match="k and v have 3 heads"):
+        sdpa.attention(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), layout="bshd")
 
 
 def test_empty_query_gives_an_empty_output(rng):

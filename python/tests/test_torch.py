@@ -277,3 +277,11 @@ def test_backward_without_the_c_function_raises_not_implemented(gen, monkeypatch
     out = sdpa.torch.attention(q, k, v)  # the forward needs nothing new
     with pytest.raises(NotImplementedError, match="sdpa_mha_backward_f32"):
         out.sum().backward()
+
+
+def test_heads_that_do_not_divide_name_the_fields(gen):
+    # the status alone said "invalid size: zero where work is needed, or overflowing"
+    q, k = randn(gen, 1, 8, 4, 16), randn(gen, 1, 3, 4, 16)
+    with pytest.raises(ValueError, match=r"k and v have 3 heads \(heads_kv\), which must divide "
+                                         r"q's 8 heads \(heads_q\)"):
+        sdpa.torch.attention(q, k, k)

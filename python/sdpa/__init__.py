@@ -21,6 +21,7 @@ __all__ = [
 ]
 
 _api = _core.api
+MAX_THREADS = 1024  # sdpa_set_num_threads's limit (sdpa.h)
 __version__ = _api.version().decode()
 
 
@@ -37,7 +38,9 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     mask: broadcastable to (batch, heads_q, len_q, len_kv) ((len_q, len_kv) for 2-d inputs).
         bool: True keeps the key, False removes it. Floating point: added to the scaled scores
         (-inf removes the key).
-    scale: None for 1/sqrt(d_k); any other finite, non-zero value is used as is.
+    scale: None for 1/sqrt(d_k); any other finite value that is not 0 in float32 is used as
+        is, rounded to float32 (ValueError for 0, non-finite values, and values that round to 0
+        or overflow in float32, such as 1e-50 or 1e39).
     layout: "bhsd" or "bshd" (ignored for 2-d inputs).
     return_lse: also return lse, float32 of shape (batch, heads_q, len_q) ((len_q,) for 2-d):
         the natural log of the softmax denominator of each query row, -inf for a row that
@@ -157,8 +160,9 @@ def set_num_threads(n):
     Process-wide. Results are bitwise the same at every count."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"set_num_threads: n must be an int, not {type(n).__name__}")
-    if n < 0:
-        raise ValueError(f"set_num_threads: n must be >= 0, not {n}")
+    if n < 0 or n > MAX_THREADS:
+        # checked here: ctypes would pass n modulo 2**64 to the library
+        raise ValueError(f"set_num_threads: n must be between 0 and {MAX_THREADS}, not {n}")
     _lib.check(_api, _api.set_num_threads(n), f"sdpa_set_num_threads({n})")
 
 

@@ -81,11 +81,21 @@ def check_layout(layout):
 
 
 def scale_arg(scale):
+    """The scale as the library takes it, a float32: None gives 0, the library's default. A
+    value that is 0 in float32 would be taken for the default, and one that overflows is not
+    finite, which the library rejects: both are ValueError here, naming the value."""
     if scale is None:
         return _lib.DEFAULT_SCALE
     scale = float(scale)
-    if scale == 0.0:
-        raise ValueError("scale must be non-zero (None gives 1/sqrt(d_k))")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, not {scale!r} (None gives 1/sqrt(d_k))")
+    with np.errstate(over="ignore"):
+        f = float(np.float32(scale))
+    if f == 0.0:
+        raise ValueError(f"scale {scale!r} is 0 in float32, which would mean the default "
+                         "1/sqrt(d_k); pass None for that, or a scale of at least about 1.4e-45")
+    if not math.isfinite(f):
+        raise ValueError(f"scale {scale!r} overflows float32 (at most about 3.4e38)")
     return scale
 
 

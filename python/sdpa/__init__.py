@@ -50,10 +50,13 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     layout; or (out, lse).
 
     Zero copy: q, k, v and a float32 mask are read where they are, through their strides
-    (transposed, sliced and broadcast views, stride 0 included). An array is copied only when
-    its last axis is not contiguous (or, for NumPy, a stride is negative, or a stride or the
-    address is not a whole number of elements, as in a field of a structured array). A bool mask, or a float mask of another dtype, is converted to a float32
-    mask of its own shape first. out and lse are new arrays.
+    (transposed, sliced and broadcast views; a batch or head stride of 0 included). An array is
+    copied only when its last axis is not contiguous, when its rows (the len axis) lie closer
+    than a row apart, as in a broadcast along len (stride 0), which the library does not take
+    for q, k or v, or, for NumPy, when a stride is negative, or a stride or the address is not
+    a whole number of elements, as in a field of a structured array. The mask is read through
+    any strides, 0 included. A bool mask, or a float mask of another dtype, is converted to a
+    float32 mask of its own shape first. out and lse are new arrays.
 
     For torch tensors that require grad (with grad mode on), this calls
     ``sdpa.torch.attention``, so gradients flow.

@@ -31,22 +31,36 @@ def torch_module():
     return torch
 
 
-def np_arg(x, name):
+def _row_axis(ndim, layout):
+    """The len axis of a 2-d or 4-d q, k or v (None for other ranks, which _ext rejects)."""
+    return 0 if ndim == 2 else (1 if layout == "bshd" else 2) if ndim == 4 else None
+
+
+def _rows_overlap(shape, strides, layout, itemsize):
+    """The rows (along len) of a view lie closer than a row apart, as in a broadcast along len:
+    sdpa.h takes a q, k or v row stride of at least the row only."""
+    axis = _row_axis(len(shape), layout)
+    return (axis is not None and shape[axis] > 1 and shape[-1] > 0
+            and strides[axis] < shape[-1] * itemsize)
+
+
+def np_arg(x, name, layout):
     """x itself when the library can read it through its strides, else a contiguous copy (the
-    last axis not contiguous, a negative stride, or a stride or address that is not a whole
-    number of elements, which numpy's aligned flag reports)."""
+    last axis not contiguous, rows closer than a row apart, a negative stride, or a stride or
+    address that is not a whole number of elements, which numpy's aligned flag reports)."""
     if not isinstance(x, np.ndarray):
         want = "a NumPy array or a torch tensor" if name == "q" else "a NumPy array, as q is"
         raise TypeError(f"{name}: expected {want}, got {type(x).__name__}")
     st = x.strides
-    if st and ((st[-1] != x.itemsize and x.shape[-1] > 1) or min(st) < 0 or not x.flags.aligned):
+    if st and ((st[-1] != x.itemsize and x.shape[-1] > 1) or min(st) < 0 or not x.flags.aligned
+               or _rows_overlap(x.shape, st, layout, x.itemsize)):
         return np.ascontiguousarray(x)
     return x
 
 
-def torch_arg(x, name):
+def torch_arg(x, name, layout):
     """(tensor, the tuple _ext reads): the tensor itself, or a contiguous copy when its last axis
-    is not contiguous."""
+    is not contiguous or its rows lie closer than a row apart."""
     if not is_tensor(x):
         raise TypeError(f"{name}: expected a torch tensor, as q is, got {type(x).__name__}")
     t = _torch_types.get(x.dtype)
@@ -55,7 +69,7 @@ def torch_arg(x, name):
     if not x.is_cpu:
         raise ValueError(f"{name}: tensor on {x.device}; sdpa runs on the CPU")
     st = x.stride()
-    if st and st[-1] != 1 and x.shape[-1] > 1:
+    if st and ((st[-1] != 1 and x.shape[-1] > 1) or _rows_overlap(x.shape, st, layout, 1)):
         x = x.contiguous()
         st = x.stride()
     return x, (x.data_ptr(), x.shape, st, t)
@@ -156,9 +170,9 @@ def forward(q, k, v, causal, mask, scale, layout, want_lse):
     check_layout(layout)
     if is_tensor(q):
         torch = torch_module()
-        q, qa = torch_arg(q, "q")
-        k, ka = torch_arg(k, "k")
-        v, va = torch_arg(v, "v")
+        q, qa = torch_arg(q, "q", layout)
+        k, ka = torch_arg(k, "k", layout)
+        v, va = torch_arg(v, "v", layout)
         if q.dim() != k.dim() or q.dim() != v.dim():
             raise ValueError(_ndim_message(q, k, v))
         m, ma = (None, None) if mask is None else mask_arg(mask, q, k, layout, True)
@@ -169,9 +183,9 @@ def forward(q, k, v, causal, mask, scale, layout, want_lse):
                  None if lse is None else (lse.data_ptr(), lse.shape, lse.stride(), _lib.F32),
                  ma, flags, scale, layout == "bshd", None)
         return out, lse, (q, k, v, m)
-    q = np_arg(q, "q")
-    k = np_arg(k, "k")
-    v = np_arg(v, "v")
+    q = np_arg(q, "q", layout)
+    k = np_arg(k, "k", layout)
+    v = np_arg(v, "v", layout)
     if q.ndim != k.ndim or q.ndim != v.ndim:
         raise ValueError(_ndim_message(q, k, v))
     m = None if mask is None else mask_arg(mask, q, k, layout, False)[0]

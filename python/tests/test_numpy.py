@@ -153,6 +153,27 @@ def test_strided_views_are_read_in_place(rng, monkeypatch):
     assert_close(out, ref, bound(v))
 
 
+@pytest.mark.parametrize("name", sdpa.backends())
+@pytest.mark.parametrize("layout", ["bhsd", "bshd", "2d"])
+def test_views_broadcast_along_len_are_copied(rng, name, layout):
+    # sdpa.h wants q, k and v rows at least a row apart: a broadcast along len (stride 0), such
+    # as one key repeated, was passed through and raised "invalid size"
+    q = randn(rng, 2, 3, 5, 16)
+    k1 = randn(rng, 2, 3, 1, 16)
+    v1 = randn(rng, 2, 3, 1, 8)
+    k = np.broadcast_to(k1, (2, 3, 9, 16))
+    v = np.broadcast_to(v1, (2, 3, 9, 8))
+    qr = np.broadcast_to(q[:, :, :1], q.shape)
+    ref, _ = reference(qr, k, v)
+    if layout == "bshd":
+        qr, k, v, ref = (x.transpose(0, 2, 1, 3) for x in (qr, k, v, ref))
+    elif layout == "2d":
+        qr, k, v, ref = qr[0, 0], k[0, 0], v[0, 0], ref[0, 0]
+    with sdpa.use_backend(name):
+        out = sdpa.attention(qr, k, v, layout="bshd" if layout == "bshd" else "bhsd")
+    assert_close(out, ref, bound(v))
+
+
 def test_a_non_contiguous_last_axis_is_copied(rng):
     q = randn(rng, 1, 2, 6, 32)[..., ::2]
     k = randn(rng, 1, 2, 9, 16)

@@ -287,3 +287,22 @@ def test_heads_that_do_not_divide_name_the_fields(gen):
     with pytest.raises(ValueError, match=r"k and v have 3 heads \(heads_kv\), which must divide "
                                          r"q's 8 heads \(heads_q\)"):
         sdpa.torch.attention(q, k, k)
+
+
+@pytest.mark.parametrize("name", sdpa.backends())
+def test_tensors_expanded_along_len_are_copied(gen, name):
+    # expand along len (stride 0) raised "invalid size"; the gradient of an expanded k or v is
+    # summed back by autograd
+    q = randn(gen, 1, 2, 5, 16)
+    k1, v1 = randn(gen, 1, 2, 1, 16), randn(gen, 1, 2, 1, 8)
+    k1.requires_grad_()
+    k, v = k1.expand(1, 2, 7, 16), v1.expand(1, 2, 7, 8)
+    ref, _ = reference(q.numpy(), k.detach().numpy(), v.numpy())
+    with sdpa.use_backend(name):
+        out = sdpa.attention(q, k, v)
+        assert np.abs(out.detach().numpy() - ref).max() <= bound(v)
+        if has_backward:
+            out.sum().backward()
+            # every key is the same, so the weights do not depend on k: its gradient is 0
+            assert k1.grad.shape == k1.shape
+            assert k1.grad.abs().max().item() <= 1e-5

@@ -103,7 +103,9 @@ static int get_view(PyObject *o, const char *name, int writable, view *v) {
             return -1;
         }
     }
-    if (v->ndim > 0 && v->shape[v->ndim - 1] > 1 && v->strides[v->ndim - 1] != 1) {
+    int empty = 0; /* no element: nothing is read or written, whatever the strides */
+    for (int i = 0; i < v->ndim; i++) empty |= v->shape[i] == 0;
+    if (!empty && v->ndim > 0 && v->shape[v->ndim - 1] > 1 && v->strides[v->ndim - 1] != 1) {
         PyErr_Format(PyExc_ValueError, "%s: the last axis is not contiguous", name);
         return -1;
     }

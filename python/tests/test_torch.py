@@ -306,3 +306,27 @@ def test_tensors_expanded_along_len_are_copied(gen, name):
             # every key is the same, so the weights do not depend on k: its gradient is 0
             assert k1.grad.shape == k1.shape
             assert k1.grad.abs().max().item() <= 1e-5
+
+
+@needs_backward
+@pytest.mark.parametrize("shape_q,shape_kv", [((1, 2, 0, 8), (1, 2, 5, 8)),
+                                              ((0, 2, 3, 8), (0, 2, 5, 8)),
+                                              ((0, 2, 0, 8), (0, 2, 0, 8))])
+def test_backward_without_query_rows_gives_zero_gradients(gen, shape_q, shape_kv):
+    # the upstream gradient of an empty output is an expanded empty tensor, which raised
+    # "dout: the last axis is not contiguous"
+    q, k, v = (randn(gen, *s).requires_grad_() for s in (shape_q, shape_kv, shape_kv))
+    out = sdpa.torch.attention(q, k, v)
+    out.sum().backward()
+    for x in (q, k, v):
+        assert x.grad.shape == x.shape and x.grad.dtype == x.dtype
+        assert not x.grad.any()
+
+
+def test_empty_tensors_with_any_strides_are_taken(gen):
+    # an empty tensor counts as contiguous for torch, so .contiguous() keeps its strides: a view
+    # with no element is taken whatever its strides (nothing is read)
+    q = torch.empty(1, 2, 0, 32)[..., ::2]
+    k, v = randn(gen, 1, 2, 5, 16), randn(gen, 1, 2, 5, 8)
+    assert q.stride(-1) == 2
+    assert sdpa.attention(q, k, v).shape == (1, 2, 0, 8)

@@ -61,9 +61,11 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     For torch tensors that require grad (with grad mode on), this calls
     ``sdpa.torch.attention``, so gradients flow.
 
-    Raises TypeError for a dtype sdpa does not take or mixed kinds of arrays, ValueError for
-    shapes that do not match, a bad layout, or any status the library returns (with its status
-    string); both before any work.
+    Raises TypeError for a dtype sdpa does not take, mixed kinds of arrays or a sparse tensor,
+    ValueError for shapes that do not match (naming the sizes), a bad layout or scale, or any
+    status the library returns (with its status string and the library's detail, which names
+    the argument); all before any work. Under torch.jit.trace it raises NotImplementedError:
+    the tracer cannot record the library's call.
     """
     if _core.is_tensor(q):
         torch = _core.torch_module()
@@ -89,6 +91,7 @@ def softmax(x, scale=1.0, axis=-1):
     """
     if _core.is_tensor(x):
         torch = _core.torch_module()
+        _core.check_strided(x, "softmax: x")
         if x.dtype != torch.float32:
             raise TypeError(f"softmax: dtype {x.dtype} is not float32")
         if x.device.type != "cpu":

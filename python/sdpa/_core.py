@@ -58,11 +58,20 @@ def np_arg(x, name, layout):
     return x
 
 
+def check_strided(x, name):
+    """TypeError for a tensor without strides (sparse, mkldnn), which has no data pointer."""
+    torch = sys.modules["torch"]
+    if x.layout != torch.strided:
+        raise TypeError(f"{name}: a {x.layout} tensor; sdpa takes dense (strided) tensors "
+                        "(x.to_dense())")
+
+
 def torch_arg(x, name, layout):
     """(tensor, the tuple _ext reads): the tensor itself, or a contiguous copy when its last axis
     is not contiguous or its rows lie closer than a row apart."""
     if not is_tensor(x):
         raise TypeError(f"{name}: expected a torch tensor, as q is, got {type(x).__name__}")
+    check_strided(x, name)
     t = _torch_types.get(x.dtype)
     if t is None:
         raise TypeError(f"{name}: dtype {x.dtype} is not float32, float16 or bfloat16")
@@ -124,6 +133,7 @@ def mask_arg(mask, q, k, layout, tensor):
         torch = torch_module()
         if not is_tensor(mask):
             mask = torch.as_tensor(mask)
+        check_strided(mask, "mask")
         if mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, -math.inf)
         elif mask.is_floating_point():
@@ -170,6 +180,11 @@ def forward(q, k, v, causal, mask, scale, layout, want_lse):
     check_layout(layout)
     if is_tensor(q):
         torch = torch_module()
+        if torch.jit.is_tracing():
+            raise NotImplementedError(
+                "sdpa.attention does not support torch.jit.trace: the library's call is not a "
+                "torch operation, so the tracer cannot record it; call sdpa outside the traced "
+                "function")
         q, qa = torch_arg(q, "q", layout)
         k, ka = torch_arg(k, "k", layout)
         v, va = torch_arg(v, "v", layout)

@@ -289,6 +289,27 @@ def test_heads_that_do_not_divide_name_the_fields(gen):
         sdpa.torch.attention(q, k, k)
 
 
+def test_sparse_tensors_raise_type_error(gen):
+    # sdpa.attention documents TypeError for what it does not take; data_ptr raised RuntimeError
+    q = randn(gen, 1, 2, 3, 8)
+    with pytest.raises(TypeError, match="q: a torch.sparse_coo tensor"):
+        sdpa.attention(q.to_sparse(), q, q)
+    with pytest.raises(TypeError, match="v: a torch.sparse_coo tensor"):
+        sdpa.attention(q, q, q.to_sparse())
+    with pytest.raises(TypeError, match="mask: a torch.sparse_coo tensor"):
+        sdpa.attention(q, q, q, mask=torch.zeros(3, 3).to_sparse())
+    with pytest.raises(TypeError, match="softmax: x: a torch.sparse_coo tensor"):
+        sdpa.softmax(q.to_sparse())
+
+
+def test_jit_trace_raises_a_clear_error(gen):
+    # it failed inside the binding with "TypeError: an integer is required"
+    q = randn(gen, 1, 2, 3, 8)
+    for f in (sdpa.attention, sdpa.torch.attention):
+        with pytest.raises(NotImplementedError, match="does not support torch.jit.trace"):
+            torch.jit.trace(lambda a, b, c: f(a, b, c), (q, q, q))
+
+
 @pytest.mark.parametrize("name", sdpa.backends())
 def test_tensors_expanded_along_len_are_copied(gen, name):
     # expand along len (stride 0) raised "invalid size"; the gradient of an expanded k or v is

@@ -39,21 +39,26 @@ static int view_is_disjoint(const size_t stride[3], const size_t dims[3], size_t
     return 1;
 }
 
-/* The bytes from a view's first element to one past its last (empty for no rows). Only called
- * on views whose extent was checked to fit. */
+/* The bytes from a view's first element to one past its last. Only for views whose extent was
+ * checked to fit. */
 typedef struct extent {
     const char *name;
     uintptr_t lo, hi;
 } extent;
 
+/* a view with elements (d0, d1, d2, row >= 1) */
+static inline extent span(const char *name, const void *base, const size_t stride[3], size_t d0,
+                          size_t d1, size_t d2, size_t row, size_t size) {
+    const size_t end = (d0 - 1) * stride[0] + (d1 - 1) * stride[1] + (d2 - 1) * stride[2] + row;
+    const extent e = {name, (uintptr_t)base, (uintptr_t)base + end * size};
+    return e;
+}
+
+/* any view: empty (meeting nothing) without a base or elements */
 static extent extent_of(const char *name, const void *base, const size_t stride[3], size_t d0,
                         size_t d1, size_t d2, size_t row, size_t size) {
-    extent e = {name, 0, 0};
-    if (!base || !d0 || !d1 || !d2 || !row) return e;
-    const size_t end = (d0 - 1) * stride[0] + (d1 - 1) * stride[1] + (d2 - 1) * stride[2] + row;
-    e.lo = (uintptr_t)base;
-    e.hi = e.lo + end * size;
-    return e;
+    const extent none = {name, 0, 0};
+    return base && d0 && d1 && d2 && row ? span(name, base, stride, d0, d1, d2, row, size) : none;
 }
 
 static int meet(extent a, extent b) { return a.lo < b.hi && b.lo < a.hi; }
@@ -172,31 +177,39 @@ static sdpa_status check_lse(const attention_problem *p) {
     return SDPA_OK;
 }
 
-/* The views of the forward's problem that a call reads (q, k, v, the mask: only with rows and
- * keys) and writes (out, lse), all checked to fit. */
-static void forward_extents(const attention_problem *p, extent read[4], extent written[2]) {
-    const int rows = sdpa_problem_has_rows(p), reads = rows && p->len_kv;
-    const size_t b = p->batch, hq = p->heads_q, hk = p->heads_kv;
-    const size_t nq = reads ? p->len_q : 0, nk = reads ? p->len_kv : 0;
+/* The views of a checked forward problem with output rows: those a call reads (q, k, v and the
+ * mask, with keys) to read[], those it writes (out, and lse if given) to written[]; returns how
+ * many it read, *n_written the others. Views with no element are left out. */
+static int forward_extents(const attention_problem *p, extent read[4], extent written[2],
+                           int *n_written) {
+    const size_t b = p->batch, hq = p->heads_q, hk = p->heads_kv, nq = p->len_q, nk = p->len_kv;
+    written[0] = span("out", p->out, p->out_stride, b, hq, nq, p->d_v, sdpa_type_size(p->out_type));
+    *n_written = 1;
+    if (p->lse) {
+        const size_t lse_stride[3] = {p->lse_stride[0], p->lse_stride[1], 1};
+        written[(*n_written)++] = span("lse", p->lse, lse_stride, b, hq, 1, nq, sizeof(float));
+    }
+    if (!nk) return 0;
     const size_t q_size = sdpa_type_size(p->q_type), kv_size = sdpa_type_size(p->kv_type);
-    const size_t lse_stride[3] = {p->lse_stride[0], p->lse_stride[1], 1};
-    read[0] = extent_of("q", p->q, p->q_stride, b, hq, nq, p->d_k, q_size);
-    read[1] = extent_of("k", p->k, p->k_stride, b, hk, nk, p->d_k, kv_size);
-    read[2] = extent_of("v", p->v, p->v_stride, b, hk, nk, p->d_v, kv_size);
-    read[3] = extent_of("mask", p->mask, p->mask_stride, b, hq, nq, nk, sizeof(float));
-    written[0] = extent_of("out", p->out, p->out_stride, b, hq, rows ? p->len_q : 0, p->d_v,
-                           sdpa_type_size(p->out_type));
-    written[1] = extent_of("lse", p->lse, lse_stride, b, hq, 1, rows ? p->len_q : 0, sizeof(float));
+    read[0] = span("q", p->q, p->q_stride, b, hq, nq, p->d_k, q_size);
+    read[1] = span("k", p->k, p->k_stride, b, hk, nk, p->d_k, kv_size);
+    read[2] = span("v", p->v, p->v_stride, b, hk, nk, p->d_v, kv_size);
+    if (!p->mask) return 3;
+    read[3] = span("mask", p->mask, p->mask_stride, b, hq, nq, nk, sizeof(float));
+    return 4;
 }
 
 sdpa_status sdpa_problem_check(attention_problem *p, uint32_t flags) {
     sdpa_status st = check(p, flags);
     if (st == SDPA_OK) st = check_lse(p);
     if (st != SDPA_OK) return st;
-    extent read[4], written[2];
-    forward_extents(p, read, written);
-    st = check_overlaps(written, 2, read, 4);
-    if (st != SDPA_OK) return st;
+    if (sdpa_problem_has_rows(p)) {
+        extent read[4], written[2];
+        int n_written;
+        const int n_read = forward_extents(p, read, written, &n_written);
+        st = check_overlaps(written, n_written, read, n_read);
+        if (st != SDPA_OK) return st;
+    }
     if (p->scale == SDPA_DEFAULT_SCALE && p->d_k) p->scale = (float)(1.0 / sqrt((double)p->d_k));
     p->causal = (flags & SDPA_CAUSAL) != 0;
     return SDPA_OK;
@@ -290,10 +303,13 @@ sdpa_status sdpa_backward_problem(backward_problem *bp, const sdpa_mha_desc *des
         extent_of("dk", bp->dk, bp->dk_stride, b, hk, nk, p->d_k, sizeof(float)),
         extent_of("dv", bp->dv, bp->dv_stride, b, hk, nk, p->d_v, sizeof(float)),
     };
-    extent read[7];
-    forward_extents(p, read, read + 4); /* q, k, v, mask; then out and lse, read here */
-    read[6] = extent_of("dout", bp->dout, bp->dout_stride, b, hq, nq, p->d_v, sizeof(float));
-    st = check_overlaps(written, 3, read, 7);
+    /* the forward's views, all read here: out and lse after q, k, v and the mask */
+    extent read[7], forward_written[2];
+    int n_read = 0, n_forward_written = 0;
+    if (rows) n_read = forward_extents(p, read, forward_written, &n_forward_written);
+    for (int i = 0; i < n_forward_written; i++) read[n_read++] = forward_written[i];
+    read[n_read++] = extent_of("dout", bp->dout, bp->dout_stride, b, hq, nq, p->d_v, sizeof(float));
+    st = check_overlaps(written, 3, read, n_read);
     return st != SDPA_OK ? st : sdpa_problem_check(p, desc->flags);
 }
 

@@ -6,7 +6,8 @@
  * only ever added. Every function is thread-safe. Pointers need no particular alignment.
  *
  * Errors: every call that can fail returns an sdpa_status. Arguments are checked before any work,
- * and on error no output is written and no input is read. Nothing aborts and nothing prints,
+ * and on error no output is written and no input is read; sdpa_last_error_detail() then says
+ * which argument broke which rule. Nothing aborts and nothing prints,
  * except the lines on stderr at load time listed under Environment below. No array can hold
  * more than PTRDIFF_MAX bytes: a count or an extent past that is SDPA_ERR_SIZE, whatever the
  * pointer.
@@ -87,6 +88,14 @@ typedef enum sdpa_status {
 
 /* A short English description of status; never NULL (unknown values give "unknown status"). */
 SDPA_API const char *sdpa_status_string(sdpa_status status);
+
+/* What the last call on this thread that returned an error found wrong, naming the argument and
+ * the rule it breaks, e.g. "heads_q (8) is not a multiple of heads_kv (3)"; "" before any error.
+ * Every function that returns an sdpa_status sets it when it fails. A call that succeeds leaves
+ * it as it was (as errno), so read it right after the failing call. The string is this thread's
+ * own, valid until its next failing call; English, for people, not parsed by programs (the
+ * status is the contract; the wording may change). Since ABI 1.3. */
+SDPA_API const char *sdpa_last_error_detail(void);
 
 /* SDPA_ABI_VERSION of the library that was loaded. */
 SDPA_API uint32_t sdpa_abi_version(void);
@@ -180,8 +189,11 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTE
  *                  (a stride of 0, or one inside the span of an inner axis, on an axis of more
  *                  than one entry), an extent past PTRDIFF_MAX bytes. The mask is only read:
  *                  any strides are valid (0 broadcasts, and a row stride of 0 gives every query
- *                  row one mask row) within that extent;
- *   SDPA_ERR_ARG   unknown flags, non-finite scale, struct_size smaller than the v1 struct.
+ *                  row one mask row) within that extent; out or lse whose extent (first to
+ *                  last element) meets that of q, k, v or the mask (where they are read: with
+ *                  output rows and keys) or of each other;
+ *   SDPA_ERR_ARG   unknown flags, non-finite scale, struct_size smaller than the v1 struct or
+ *                  ending inside one of the v2 groups below.
  * Accuracy (unit-normal q, k, v and the default scale, which gives the scores about unit
  * variance; measured in the test suite on every backend and both exp modes against a
  * double-precision evaluation of the textbook formula): max abs error per output
@@ -224,7 +236,8 @@ typedef struct sdpa_mha_desc {
     size_t q_stride[3], k_stride[3], v_stride[3], out_stride[3];
     const float *mask; /* optional additive mask [len_q][len_kv] per (batch, head); NULL for none */
     size_t mask_stride[3]; /* [batch][head][row]; 0 broadcasts; columns contiguous */
-    /* ---- v2: read only when struct_size covers them (a v1 caller gets f32 and no lse) ---- */
+    /* ---- v2: two groups, the types (q_type to reserved) and the lse (lse, lse_stride), each
+     * read when struct_size covers it whole (a v1 caller gets f32 and no lse) ---- */
     uint32_t q_type, kv_type, out_type; /* sdpa_dtype of q, of k and v, of out; sdpa_mha takes
                                            any, sdpa_mha_f32 only SDPA_F32 (0); an unknown value
                                            is SDPA_ERR_ARG. The mask and lse are always float. */
@@ -357,9 +370,10 @@ SDPA_API sdpa_status sdpa_mha(const sdpa_mha_desc *desc, void *out, const void *
 /* dst[i] = src[i] converted, for i < n: widening is exact; narrowing rounds to nearest, ties to
  * even, whatever the rounding mode, flush-to-zero or denormals-are-zero say; f16 results may be
  * subnormal, and a value beyond the largest finite f16 (65504, or from the halfway point 65520
- * up) gives inf. A NaN stays a NaN, quieted, with its sign. f16 to bf16 and back go through
- * float, rounded once. src == dst is allowed when the types have the same size; any other
- * overlap is SDPA_ERR_ARG, and so is an unknown type. */
+ * up) gives inf. A NaN stays a NaN, quieted, with its sign, also when both types are the same
+ * (otherwise such a call is a copy). f16 to bf16 and back go through float, rounded once.
+ * src == dst is allowed when the types have the same size; any other overlap is SDPA_ERR_ARG,
+ * and so is an unknown type. */
 SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *src,
                                   sdpa_dtype src_type, size_t n);
 
@@ -512,6 +526,8 @@ typedef struct sdpa_api {
     sdpa_status (*mha_backward_f32)(const sdpa_mha_desc *desc, const sdpa_mha_grads *grads,
                                     const float *q, const float *k, const float *v,
                                     const float *out);
+    /* ABI 1.3 */
+    const char *(*last_error_detail)(void);
     /* New functions go here, at the end, and nowhere else. */
 } sdpa_api;
 

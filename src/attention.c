@@ -24,6 +24,7 @@
 
 #include "attention_problem.h"
 #include "dispatch.h"
+#include "error.h"
 #include "sdpa.h"
 #include "sizes.h"
 #include "threads.h"
@@ -537,7 +538,10 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
         float *o = out + r * out_row;
         const float *ob = b + r * b_row;
         const float la = lse[r], lb = lse_b[r];
-        if (lb == -INFINITY) continue; /* b saw no key */
+        if (lb == -INFINITY) { /* b saw no key; if a saw none either, the row is zeros */
+            if (la == -INFINITY) memset(o, 0, d_v * sizeof(float));
+            continue;
+        }
         if (la == -INFINITY) {
             if (o != ob) memcpy(o, ob, d_v * sizeof(float));
             lse[r] = lb;
@@ -762,11 +766,21 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
                                               const float *lse_b, size_t rows, size_t d_v,
                                               size_t out_stride, size_t out_b_stride) {
     if (!rows) return SDPA_OK;
-    if (!out || !lse || !out_b || !lse_b) return SDPA_ERR_NULL;
-    if (!d_v || (rows > 1 && (out_stride < d_v || out_b_stride < d_v))) return SDPA_ERR_SIZE;
+    if (!out || !lse || !out_b || !lse_b)
+        return sdpa_fail(SDPA_ERR_NULL, "%s is NULL with rows = %zu",
+                         !out     ? "out"
+                         : !lse   ? "lse"
+                         : !out_b ? "out_b"
+                                  : "lse_b",
+                         rows);
+    if (!d_v) return sdpa_fail(SDPA_ERR_SIZE, "d_v is 0 with rows = %zu", rows);
+    if (rows > 1 && (out_stride < d_v || out_b_stride < d_v))
+        return sdpa_fail(SDPA_ERR_SIZE, "%s (%zu) is smaller than d_v (%zu)",
+                         out_stride < d_v ? "out_stride" : "out_b_stride",
+                         out_stride < d_v ? out_stride : out_b_stride, d_v);
     if (!sdpa_rows_fit(rows, d_v, out_stride) || !sdpa_rows_fit(rows, d_v, out_b_stride) ||
         !sdpa_rows_fit(rows, 1, 1))
-        return SDPA_ERR_SIZE;
+        return sdpa_fail(SDPA_ERR_SIZE, "an extent of %zu rows is past PTRDIFF_MAX bytes", rows);
     /* the spans fit (checked above) */
     const size_t n_out = (rows - 1) * out_stride + d_v, n_out_b = (rows - 1) * out_b_stride + d_v;
     const int same_out = out == out_b && out_stride == out_b_stride;
@@ -774,7 +788,8 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
         overlaps(lse, rows, out_b, n_out_b) ||
         (!same_out && overlaps(out, n_out, out_b, n_out_b)) ||
         (lse != lse_b && overlaps(lse, rows, lse_b, rows)))
-        return SDPA_ERR_SIZE;
+        return sdpa_fail(SDPA_ERR_SIZE, "out, lse, out_b and lse_b overlap other than as one "
+                                        "part merged with itself");
     merge_rows(sdpa_kernels_now(), out, out_stride, lse, out_b, out_b_stride, lse_b, rows, d_v);
     return SDPA_OK;
 }

@@ -18,6 +18,7 @@
 #include "backends.h"
 #include "bf16_dot_default.h"
 #include "dispatch.h"
+#include "error.h"
 #include "sdpa.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -337,10 +338,12 @@ const sdpa_kernels *sdpa_backend_kernels(const char *name) {
 }
 
 SDPA_API sdpa_status sdpa_set_backend(const char *name) {
-    if (!name) return SDPA_ERR_NULL;
+    if (!name) return sdpa_fail(SDPA_ERR_NULL, "name is NULL");
     const sdpa_kernels *k =
         strcmp(name, "auto") == 0 ? (sdpa_dispatch_init(), best()) : sdpa_backend_kernels(name);
-    if (!k) return SDPA_ERR_UNSUPPORTED;
+    if (!k)
+        return sdpa_fail(SDPA_ERR_UNSUPPORTED, "backend \"%.64s\" is %s", name,
+                         find(name) ? "not runnable on this CPU" : "not one this library knows");
     atomic_store_explicit(&sdpa_active_kernels, k, memory_order_release);
     return SDPA_OK;
 }
@@ -348,7 +351,7 @@ SDPA_API sdpa_status sdpa_set_backend(const char *name) {
 SDPA_API const char *sdpa_exp_mode(void) { return EXP_NAMES[sdpa_exp_now()]; }
 
 SDPA_API sdpa_status sdpa_set_exp_mode(const char *name) {
-    if (!name) return SDPA_ERR_NULL;
+    if (!name) return sdpa_fail(SDPA_ERR_NULL, "name is NULL");
     sdpa_dispatch_init();
     for (int i = 0; i < SDPA_EXP_KINDS; i++) {
         if (strcmp(name, EXP_NAMES[i]) == 0) {
@@ -356,5 +359,5 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name) {
             return SDPA_OK;
         }
     }
-    return SDPA_ERR_UNSUPPORTED;
+    return sdpa_fail(SDPA_ERR_UNSUPPORTED, "exp mode \"%.64s\" is not \"fast\" or \"sleef\"", name);
 }

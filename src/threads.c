@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "error.h"
 #include "sizes.h"
 #include "threads.h"
 
@@ -364,7 +365,8 @@ void sdpa_workspace_release(void) { pthread_mutex_unlock(&workspace_lock); }
 /* ---- public ---- */
 
 SDPA_API sdpa_status sdpa_set_num_threads(size_t n) {
-    if (n > MAX_THREADS) return SDPA_ERR_ARG;
+    if (n > MAX_THREADS)
+        return sdpa_fail(SDPA_ERR_ARG, "n (%zu) is above %d threads", n, MAX_THREADS);
     atomic_store_explicit(&requested_threads, n, memory_order_relaxed);
     return SDPA_OK;
 }

@@ -156,8 +156,8 @@ typedef struct sdpa_kernels {
     size_t exp_sum_block;
     /* optional (NULL: max_scaled, then exp_sum): exp_sum that also stores the max of scale * x[i]
        in *max (a NaN in x may or may not show in it), for a shift that may lie below that max
-       ("A guessed shift" below): results for arguments up to 88 are exp's; beyond, they are
-       unspecified. y must not overlap x. */
+       (shift_guess.h, "A guessed shift"): results for arguments up to 88 are exp's; beyond, they
+       are unspecified. y must not overlap x. */
     float (*exp_sum_max[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale,
                                          float shift, float *max);
     /* y[i] *= factor, then weights below FLT_MIN become exactly 0 */

@@ -16,7 +16,7 @@
 
 enum sdpa_exp_kind { SDPA_EXP_FAST = 0, SDPA_EXP_SLEEF = 1, SDPA_EXP_KINDS = 2 };
 
-/* Element types, as sdpa.h's sdpa_dtype numbers them. */
+/* Element types, as sdpa.h's sdpa_dtype numbers them (src/convert.c asserts it). */
 enum sdpa_type { SDPA_TYPE_F32 = 0, SDPA_TYPE_F16 = 1, SDPA_TYPE_BF16 = 2, SDPA_TYPES = 3 };
 
 /* Largest tile the attention driver (src/attention.c) keeps on its stack: a backend's block_q

@@ -149,6 +149,44 @@ SDPA_API int sdpa_backend_supported(const char *name);
 /* The index-th backend name this library knows, best first; NULL past the end. */
 SDPA_API const char *sdpa_backend_name(size_t index);
 
+/* What the library saw at load time and chose, entry by entry (what `sdpa info` shows). */
+typedef enum sdpa_info_kind {
+    SDPA_INFO_CPU = 0,     /* one entry: the CPU */
+    SDPA_INFO_FEATURE = 1, /* the CPU features the dispatcher checks */
+    SDPA_INFO_BACKEND = 2, /* every backend, best first (as sdpa_backend_name) */
+    SDPA_INFO_ADDON = 3    /* every backend's add-ons, in the order they are tried */
+} sdpa_info_kind;
+
+#define SDPA_INFO_PRESENT  (1u << 0) /* feature: this CPU and OS have it; else: compiled in */
+#define SDPA_INFO_RUNNABLE (1u << 1) /* backend, add-on: compiled in, and this CPU and OS run it */
+#define SDPA_INFO_ON       (1u << 2) /* backend: active; add-on: on (by its variable or default) */
+#define SDPA_INFO_IN_USE   (1u << 3) /* backend: active; add-on: the one calls use now */
+
+typedef struct sdpa_info_entry {
+    uint32_t struct_size;    /* set by the caller: sizeof(sdpa_info_entry) as it compiled it */
+    uint32_t flags;          /* SDPA_INFO_PRESENT, ... */
+    const char *name;        /* CPU: its vendor; else the feature's, backend's or add-on's name */
+    const char *description; /* CPU: its model; backend, add-on: one line for people; else "" */
+    const char *requires;    /* backend, add-on: the CPU features it needs, '+'-joined; else "" */
+    const char *arch;        /* backend: the architecture it exists on, "" for every one */
+    const char *reason;      /* backend, add-on: why its flags are what they are; else "" */
+    const char *backend;     /* add-on: its backend; else "" */
+    const char *variable;    /* add-on: the environment variable that turns it on or off */
+    /* CPU: family, model, stepping, XCR0 (-1 where unknown); add-on: its default (1 on, 0 off,
+       -1 chosen per CPU), then that default on this CPU (1 or 0); else 0 */
+    int64_t number[4];
+} sdpa_info_entry;
+
+/* The number of entries of kind (0 for an unknown kind). */
+SDPA_API size_t sdpa_info_count(sdpa_info_kind kind);
+
+/* Fills *entry, whose struct_size the caller sets, with the index-th entry of kind. The strings
+ * are the library's, valid while it is loaded. An AMX add-on that is on asks Linux for the tile
+ * state here, as the first all-bf16 call would. Errors: SDPA_ERR_NULL for entry; SDPA_ERR_ARG
+ * for an unknown kind, an index past sdpa_info_count(kind), or a struct_size below this struct's
+ * (entry is then untouched). Since ABI 1.3. */
+SDPA_API sdpa_status sdpa_info(sdpa_info_kind kind, size_t index, sdpa_info_entry *entry);
+
 /* exp used by softmax (and attention): "fast" (default) or "sleef" (see Accuracy above).
  * SDPA_EXP=sleef in the environment selects "sleef" at load time. */
 SDPA_API const char *sdpa_exp_mode(void);
@@ -528,6 +566,8 @@ typedef struct sdpa_api {
                                     const float *out);
     /* ABI 1.3 */
     const char *(*last_error_detail)(void);
+    size_t (*info_count)(sdpa_info_kind kind);
+    sdpa_status (*info)(sdpa_info_kind kind, size_t index, sdpa_info_entry *entry);
     /* New functions go here, at the end, and nowhere else. */
 } sdpa_api;
 

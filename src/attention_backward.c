@@ -8,7 +8,7 @@
  *     dP^T = V dO^T               the same, with scale 1
  *     P^T  = exp(S^T - lse)       exp_tile, or exp_sum key by key
  *     dS^T = scale P^T (dP^T - D) here, D_i = dO_i . O_i
- *     dV  += P^T dO               pv_tile (rows: keys), DV_ROWS query rows at a time
+ *     dV  += P^T dO               pv_tile (rows: keys), dv_rows query rows at a time
  *     dK  += dS^T Q               pv_tile
  *     dQ  += dS K                 pv_tile_t (the weights key-major)
  * dK and dV are added into their output rows, which stay in cache through the query blocks; dQ
@@ -43,12 +43,12 @@
 
 #define QT SDPA_ATTN_MAX_BLOCK_Q /* queries a tile: the columns of the key-major tiles */
 
-/* A key's dv is summed over DV_ROWS query rows at a time (rows DV_ROWS r to DV_ROWS (r + 1) of a
- * head, two tiles) from 0 in a stack tile, which is then added to the dv row: one chain over
- * every row would add len_q roundings, which under a directed rounding mode all err the same
- * way. The tile holds a block of keys times d_v up to DV_TILE_FLOATS (d_v <= 128 packed, 512
- * at 32 keys a block); past it dv sums in one chain. */
-#define DV_ROWS        (2 * QT)
+/* A key's dv is summed over run->dv_rows query rows at a time (rows dv_rows r to dv_rows (r + 1)
+ * of a head: 128, or 64 for d_k > 128, so that a band of chunk_unit_serial holds whole blocks)
+ * from 0 in a stack tile, which is then added to the dv row: one chain over every row would add
+ * len_q roundings, which under a directed rounding mode all err the same way. The tile holds a
+ * block of keys times d_v up to DV_TILE_FLOATS (d_v <= 128 packed, 512 at 32 keys a block);
+ * past it dv sums in one chain. */
 #define DV_TILE_FLOATS (SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_PACK_MAX_D)
 
 /* Kernels and constants of one call. */
@@ -62,6 +62,7 @@ typedef struct backward_run {
                     of scores_tile, which here are keys) */
     void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
+    size_t dv_rows;          /* query rows a block of each key's dv sum (above) */
     size_t group;            /* query heads per kv head */
     size_t task_b, task_h;   /* batch entries and kv heads a task owns: 1, or the whole axis */
     size_t tasks_b, tasks_h; /* tasks along each axis */
@@ -90,7 +91,7 @@ typedef struct tiles {
     _Alignas(64) float qt[SDPA_ATTN_PACK_MAX_D * QT];
     _Alignas(64) float s[SDPA_ATTN_MAX_BLOCK_KV * QT];  /* S^T, then P^T */
     _Alignas(64) float ds[SDPA_ATTN_MAX_BLOCK_KV * QT]; /* dP^T, then dS^T */
-    _Alignas(64) float dv[DV_TILE_FLOATS];              /* a block of rows' dv terms */
+    _Alignas(64) float dv[DV_TILE_FLOATS];              /* a block's dv terms; else zeros */
 } tiles;
 
 /* No inf or NaN in n rows of `row` floats: the exponent bits of every float, OR-ed (integer
@@ -275,10 +276,19 @@ static void add_rows(float *dst, size_t dst_row, const float *src, size_t src_ro
         for (size_t c = 0; c < d; c++) dst[r * dst_row + c] += src[r * src_row + c];
 }
 
+/* add_rows of the dense tile src, which is left zeroed (one pass for the add and the clearing) */
+static void add_rows_clear(float *dst, size_t dst_row, float *src, size_t rows, size_t d) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < d; c++) {
+            dst[r * dst_row + c] += src[r * d + c];
+            src[r * d + c] = 0.0f;
+        }
+}
+
 /* Rows [r_begin, r_end) of head h (r_begin a multiple of QT) against key block kb, a tile at a
- * time, dv in blocks of DV_ROWS rows (above). A block whose tiles count nowhere adds nothing, so
- * that an order that also visits the tiles before the first row seeing kb (chunk_unit_serial)
- * adds to dv exactly what backward_keys does. */
+ * time, dv in blocks of dv_rows rows (above; t->dv holds zeros on entry, and again on return). A
+ * block whose tiles count nowhere adds nothing, so that an order that also visits the tiles before
+ * the first row seeing kb (chunk_unit_serial) adds to dv exactly what backward_keys does. */
 static void rows_against_keys(const backward_run *run, tiles *t, const head *h, key_block *kb,
                               size_t r_begin, size_t r_end) {
     const size_t d_v = run->bp->fwd.d_v;
@@ -287,14 +297,13 @@ static void rows_against_keys(const backward_run *run, tiles *t, const head *h, 
         kb->dv_to = t->dv;
         kb->dv_to_row = d_v;
     }
+    const size_t rows = run->dv_rows;
     for (size_t q0 = r_begin; q0 < r_end;) {
-        const size_t end =
-            (q0 / DV_ROWS + 1) * DV_ROWS < r_end ? (q0 / DV_ROWS + 1) * DV_ROWS : r_end;
+        const size_t end = (q0 / rows + 1) * rows < r_end ? (q0 / rows + 1) * rows : r_end;
         int added = 0;
-        if (blocked) memset(t->dv, 0, kb->nk * d_v * sizeof(float));
         for (; q0 < end; q0 += QT)
             added |= backward_tile(run, t, h, kb, q0, end - q0 < QT ? end - q0 : QT);
-        if (blocked && added) add_rows(kb->dv, run->bp->dv_stride[2], t->dv, d_v, kb->nk, d_v);
+        if (blocked && added) add_rows_clear(kb->dv, run->bp->dv_stride[2], t->dv, kb->nk, d_v);
     }
 }
 
@@ -371,6 +380,7 @@ static void backward_task(void *arg, size_t index) {
     const attention_problem *p = &bp->fwd;
     const size_t b0 = index / run->tasks_h * run->task_b, h0 = index % run->tasks_h * run->task_h;
     tiles t;
+    memset(t.dv, 0, sizeof t.dv);
     for (size_t b = b0; b < b0 + run->task_b; b++)
         for (size_t hk = h0; hk < h0 + run->task_h; hk++) {
             zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
@@ -396,7 +406,7 @@ static void backward_task(void *arg, size_t index) {
  * row gets the same tiles in the same order (query heads, then blocks of rows), and every dq row
  * the same partials, so the bits are those of the parallel path, at any thread count. Units own
  * no summed axis (task_b = task_h = 1, and dq not summed over query heads), and d_k is at most
- * CHUNK_MAX_D (a band of at least DV_ROWS rows in the stack tile: bands of whole blocks of dv
+ * CHUNK_MAX_D (a band of at least dv_rows rows in the stack tile: bands of whole blocks of dv
  * rows, so that each dv row gets the same block sums in the same order). */
 #define CHUNK_KEYS   512
 #define CHUNK_TASKS  16
@@ -438,6 +448,7 @@ static void chunk_task(void *arg, size_t index) {
     chunk_keys(ch, c, &k_begin, &k_end);
     float *partial = c ? ch->ws + (u * (ch->n_chunks - 1) + c - 1) * ch->part : NULL;
     tiles t;
+    memset(t.dv, 0, sizeof t.dv);
     zero_rows(bp->dk, bp->dk_stride, b, hk, k_begin, k_end - k_begin, p->d_k);
     zero_rows(bp->dv, bp->dv_stride, b, hk, k_begin, k_end - k_begin, p->d_v);
     if (partial)
@@ -456,8 +467,9 @@ static void chunk_unit_serial(const chunked *ch, size_t u) {
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
     const size_t b = u / run->tasks_h, hk = u % run->tasks_h;
-    const size_t band = CHUNK_ACC / p->d_k / DV_ROWS * DV_ROWS; /* whole blocks of dv rows */
+    const size_t band = CHUNK_ACC / p->d_k / run->dv_rows * run->dv_rows; /* whole dv blocks */
     tiles t;
+    memset(t.dv, 0, sizeof t.dv);
     float acc[CHUNK_ACC];
     zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
     zero_rows(bp->dv, bp->dv_stride, b, hk, 0, p->len_kv, p->d_v);
@@ -520,6 +532,7 @@ static void backward_run_all(const backward_problem *bp) {
                  p->d_v <= SDPA_ATTN_PACK_MAX_D;
     run.keys = run.packed ? SDPA_ATTN_MAX_BLOCK_KV : run.a->block_q;
     run.group = p->heads_q / p->heads_kv;
+    run.dv_rows = p->d_k <= 128 ? 4 * QT : 2 * QT;
     /* a gradient summed over an axis (stride 0) is written by one task for the whole axis */
     const int all_b = p->batch > 1 && (!bp->dq_stride[0] || !bp->dk_stride[0] || !bp->dv_stride[0]);
     const int all_h = p->heads_kv > 1 && (!bp->dk_stride[1] || !bp->dv_stride[1] ||

@@ -306,8 +306,8 @@ SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const f
  * for dk and dq, in those units). With another scale the bounds grow with the scores, whose
  * rounding moves P: times max(1, |scale| sqrt(d_k)), their standard deviation for unit-normal
  * q and k.
- * Memory and threads: each task's tiles are on its thread's stack (about 50 KiB; 114 KiB on one
- * thread with key chunks). A unit is one (batch, kv head), or the whole batch or head axis when
+ * Memory and threads: each task's tiles are on its thread's stack (about 180 KiB; 245 KiB on
+ * one thread with key chunks). A unit is one (batch, kv head), or the whole batch or head axis when
  * a gradient is summed over it; its task owns the unit's dk and dv rows and the dq rows of the
  * query heads that read it, and nothing is allocated. A call with fewer than 16 units, more
  * than 512 keys, d_k <= 256 and no summed axis (dq summed over query heads included) also cuts

@@ -291,10 +291,10 @@ SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa
  * the pool busy, or that runs inside one of sdpa's tasks, runs on its own thread; a thread that
  * cannot be created means fewer threads, never a failure. A host whose parallel_for cannot nest
  * sets 1 thread around calls made inside its own tasks. Idle pool threads sleep; after fork()
- * the child may call at once. Memory: under 128 KiB of stack a task (about 130 KiB more with
- * 16-bit views); with more than one thread, a split-KV workspace of at most 8.4 MB (16 MiB for
- * the backward), kept and reused until unload. Details: docs/numerics.md, "Tasks, threads and
- * memory". */
+ * the child may call at once. Memory: a task's scratch is on its thread's stack, under 128 KiB
+ * forward (about 130 KiB more with 16-bit views) and about 180 KiB backward; with more than one
+ * thread, a split-KV workspace of at most 8.5 MB (16 MiB backward), reused until unload.
+ * Details: docs/numerics.md, "Tasks, threads and memory". */
 
 /* Threads per call: 0 is the default (the CPUs of the affinity mask, or SDPA_NUM_THREADS), 1 the
  * caller's only. At most 1024, else SDPA_ERR_ARG. Process-wide, for calls that start later. */

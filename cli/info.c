@@ -36,7 +36,7 @@ static const char *loaded_file(void *handle, const char *part, char *buf, size_t
 
 enum { MAX_FEATURES = 32, MAX_ADDONS = 16 };
 
-/* The index-th entry of kind, or one of empty strings if the library has no such entry (an older
+/* The index-th entry of kind, or an entry of empty strings if the library has none such (an older
  * library without sdpa_info: the rows then say so). */
 static sdpa_info_entry entry_of(sdpa_info_kind kind, size_t index) {
     sdpa_info_entry e = {sizeof e, 0, "", "", "", "", "", "", "", {-1, -1, -1, -1}};

@@ -16,7 +16,7 @@
 
 enum sdpa_exp_kind { SDPA_EXP_FAST = 0, SDPA_EXP_SLEEF = 1, SDPA_EXP_KINDS = 2 };
 
-/* Element types, as sdpa.h's sdpa_dtype numbers them. */
+/* Element types, as sdpa.h's sdpa_dtype numbers them (src/convert.c asserts it). */
 enum sdpa_type { SDPA_TYPE_F32 = 0, SDPA_TYPE_F16 = 1, SDPA_TYPE_BF16 = 2, SDPA_TYPES = 3 };
 
 /* Largest tile the attention driver (src/attention.c) keeps on its stack: a backend's block_q
@@ -156,8 +156,8 @@ typedef struct sdpa_kernels {
     size_t exp_sum_block;
     /* optional (NULL: max_scaled, then exp_sum): exp_sum that also stores the max of scale * x[i]
        in *max (a NaN in x may or may not show in it), for a shift that may lie below that max
-       ("A guessed shift" below): results for arguments up to 88 are exp's; beyond, they are
-       unspecified. y must not overlap x. */
+       (shift_guess.h, "A guessed shift"): results for arguments up to 88 are exp's; beyond, they
+       are unspecified. y must not overlap x. */
     float (*exp_sum_max[SDPA_EXP_KINDS])(float *y, const float *x, size_t n, float scale,
                                          float shift, float *max);
     /* y[i] *= factor, then weights below FLT_MIN become exactly 0 */

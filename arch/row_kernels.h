@@ -18,7 +18,7 @@
  * Row exps (<isa>_exp.h; arch/row_exp_plain.h where the exps take no fold):
  *   row_exp     the constants of one row's exps, from row_exp_shift(shift, folded)
  *   row_exps(z, count, c, kind)  z[u] = exp(z[u] - shift) for u < count, side by side, with
- *               z[u] already less the shift unless folded (kernels.h, "A row's shift")
+ *               z[u] already less the shift unless folded (exp_constants.h, "A row's shift")
  *   row_exp_folds(kind); row_exp_nearest(kind), the faster form of kind for callers that round
  *               to nearest (or kind); exp_whole(x, c, kind), the exp entry's, whole range
  *   row_sums_after(kind)  exp_sum sums in a second pass over y, in L1, rather than keeping its

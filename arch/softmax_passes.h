@@ -7,7 +7,7 @@
  * calls between the passes and the latency from one pass to the next are a visible part of the
  * row's time.
  *
- * The exps first run against a guessed shift (kernels.h, "A guessed shift"), when y and x are
+ * The exps first run against a guessed shift (shift_guess.h, "A guessed shift"), when y and x are
  * apart, so that x is still there to start again from: the max comes beside the exps and checks
  * the guess after the stores. A row that fails the check, or whose y is x, finds its max first.
  * Against the max, the weights are exp(z - max) times one constant factor near 1, which the

@@ -1,5 +1,7 @@
 /* sdpa info: the library, the CPU and its features, and every backend with whether it is
- * compiled in, whether this CPU runs it, and why the active one was chosen. */
+ * compiled in, whether this CPU runs it, and why the active one was chosen. Everything about the
+ * CPU, the backends and the add-ons comes from the library it loads (sdpa_info), which is what
+ * decided: this command probes nothing and lists nothing of its own. */
 #include <dlfcn.h>
 #include <limits.h>
 #include <link.h>
@@ -7,21 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__linux__) && (defined(__x86_64__) || defined(__i386__))
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
-#include "backends.h"
-#include "bf16_dot_default.h"
 #include "cli.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpu_features/cpuinfo_x86.h>
-#include <cpuid.h>
-#elif defined(__aarch64__)
-#include <cpu_features/cpuinfo_aarch64.h>
-#endif
 
 #ifndef SDPA_SLEEF_VERSION
 #define SDPA_SLEEF_VERSION "unknown"
@@ -44,230 +32,74 @@ static const char *loaded_file(void *handle, const char *part, char *buf, size_t
     return buf;
 }
 
-/* ---- CPU ---- */
+/* ---- what the library saw and chose ---- */
 
-typedef struct feature {
-    const char *name;
-    int present;
-    const char *os_off; /* when absent: the reason if the OS, not the CPU, lacks it; else NULL */
-} feature;
+enum { MAX_FEATURES = 32, MAX_ADDONS = 16 };
+
+/* The index-th entry of kind, or an entry of empty strings if the library has none such (an older
+ * library without sdpa_info: the rows then say so). */
+static sdpa_info_entry entry_of(sdpa_info_kind kind, size_t index) {
+    sdpa_info_entry e = {sizeof e, 0, "", "", "", "", "", "", "", {-1, -1, -1, -1}};
+    if (SDPA_API_HAS(api, info) && api->info(kind, index, &e) != SDPA_OK) e.name = "";
+    return e;
+}
+
+static size_t count_of(sdpa_info_kind kind, size_t max) {
+    size_t n = SDPA_API_HAS(api, info_count) ? api->info_count(kind) : 0;
+    return n < max ? n : max;
+}
 
 typedef struct cpu_report {
-    char vendor[16];
-    char model[64];
-    int family, model_number, stepping;
-    feature features[10];
-    int n_features;
-    int os_known, os_ymm, os_zmm; /* OS saves the AVX / AVX-512 register state (XCR0) */
-    unsigned long long xcr0;
+    sdpa_info_entry cpu, features[MAX_FEATURES];
+    size_t n_features;
 } cpu_report;
 
-#if defined(__x86_64__) || defined(__i386__)
-/* XCR0, read only when CPUID says the OS has enabled XSAVE (else xgetbv would fault). */
-static int read_xcr0(unsigned long long *xcr0) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return 0;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    *xcr0 = ((unsigned long long)hi << 32) | lo;
-    return 1;
-}
-#endif
-
-static cpu_report cpu_probe(void) {
+static cpu_report cpu_report_get(void) {
     cpu_report r;
-    memset(&r, 0, sizeof r);
-#if defined(__x86_64__) || defined(__i386__)
-    X86Info info = GetX86Info();
-    snprintf(r.vendor, sizeof r.vendor, "%s", info.vendor);
-    const char *brand = info.brand_string;
-    while (*brand == ' ') brand++;
-    snprintf(r.model, sizeof r.model, "%s", brand);
-    for (size_t len = strlen(r.model); len && r.model[len - 1] == ' ';) r.model[--len] = 0;
-    r.family = info.family;
-    r.model_number = info.model;
-    r.stepping = info.stepping;
-    r.os_known = read_xcr0(&r.xcr0);
-    r.os_ymm = (r.xcr0 & 0x6) == 0x6;   /* SSE and AVX state */
-    r.os_zmm = (r.xcr0 & 0xe6) == 0xe6; /* plus opmask, ZMM0-15 upper halves, ZMM16-31 */
-    /* cpu_features reports the wide-register features only when the OS saves their state */
-    const char *no_ymm = r.os_known && !r.os_ymm ? "OS does not enable the YMM state" : NULL;
-    const char *no_zmm = r.os_known && !r.os_zmm ? "OS does not enable the ZMM/opmask state" : NULL;
-    /* AMX as the library counts it at its first all-bf16 call (src/dispatch.c): the OS saves
-       the tile state, and Linux grants it to the process (this command asks as the library
-       would; asking twice changes nothing) */
-    const int os_tiles = r.os_known && (r.xcr0 & 0x60000) == 0x60000;
-    int granted = 0;
-#if defined(__linux__) && defined(SYS_arch_prctl)
-    if (os_tiles && info.features.amx_tile)
-        granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                          18 /* XFEATURE_XTILEDATA */) == 0;
-#endif
-    const char *no_tiles = !os_tiles  ? "OS does not enable the AMX tile state"
-                           : !granted ? "the OS did not grant the AMX tile state"
-                                      : NULL;
-    feature f[] = {{"SSE4.1", info.features.sse4_1, NULL},
-                   {"AVX", info.features.avx, no_ymm},
-                   {"AVX2", info.features.avx2, no_ymm},
-                   {"FMA", info.features.fma3, no_ymm},
-                   {"F16C", info.features.f16c, no_ymm},
-                   {"AVX-512F", info.features.avx512f, no_zmm},
-                   {"AVX512BW", info.features.avx512bw, no_zmm},
-                   {"AVX512_BF16", info.features.avx512_bf16, no_zmm},
-                   {"AMX_TILE", info.features.amx_tile && granted, no_tiles},
-                   {"AMX_BF16", info.features.amx_bf16 && granted, no_tiles}};
-    r.n_features = (int)(sizeof f / sizeof f[0]);
-    memcpy(r.features, f, sizeof f);
-#elif defined(__aarch64__)
-    Aarch64Info info = GetAarch64Info();
-    snprintf(r.vendor, sizeof r.vendor, "0x%02x", info.implementer);
-    snprintf(r.model, sizeof r.model, "part 0x%03x, variant %d, revision %d", info.part,
-             info.variant, info.revision);
-    feature f[] = {{"ASIMD", info.features.asimd, NULL}, {"SVE", info.features.sve, NULL}};
-    r.n_features = (int)(sizeof f / sizeof f[0]);
-    memcpy(r.features, f, sizeof f);
-#else
-    snprintf(r.vendor, sizeof r.vendor, "unknown");
-#endif
+    r.cpu = entry_of(SDPA_INFO_CPU, 0);
+    r.n_features = count_of(SDPA_INFO_FEATURE, MAX_FEATURES);
+    for (size_t i = 0; i < r.n_features; i++) r.features[i] = entry_of(SDPA_INFO_FEATURE, i);
     return r;
 }
 
-/* The feature named by the len characters at name; NULL if this CPU report has none such. */
-static const feature *find_feature(const cpu_report *r, const char *name, size_t len) {
-    for (int i = 0; i < r->n_features; i++)
-        if (strncmp(r->features[i].name, name, len) == 0 && r->features[i].name[len] == 0)
-            return &r->features[i];
-    return NULL;
-}
+/* XCR0's AVX (SSE and YMM) and AVX-512 (opmask, ZMM0-15 upper halves, ZMM16-31) state bits */
+static int xcr0_has(int64_t xcr0, int64_t bits) { return xcr0 >= 0 && (xcr0 & bits) == bits; }
 
-/* What this command was built with about each backend (backends.h, from the records in
- * meson.build). The library it loads is normally the one built with it; the rows of `sdpa info`
- * come from the library, and a name this list lacks gets no reasons. */
-typedef struct record {
-    const char *name;
-    int built;
-    const char *arch, *requires, *description;
-} record;
-
-#define RECORD_(unused, name, built, table, arch, requires, description)                           \
-    {#name, built, arch, requires, description},
-static const record RECORDS[] = {SDPA_BACKENDS(RECORD_, )};
-#undef RECORD_
-
-static const record *record_of(const char *name) {
-    for (size_t i = 0; i < sizeof RECORDS / sizeof RECORDS[0]; i++)
-        if (strcmp(RECORDS[i].name, name) == 0) return &RECORDS[i];
-    return NULL;
-}
-
-/* Why this CPU cannot run a backend, from its record: it is for another architecture, or the
- * CPU (or the OS) lacks a feature it requires; NULL if neither. Written into buf when composed. */
-static const char *cpu_reason(const cpu_report *r, const record *rec, char *buf, size_t size) {
-    if (!rec) return NULL;
-    if (*rec->arch && strcmp(rec->arch, SDPA_BUILD_ARCH) != 0) {
-        snprintf(buf, size, "%s only", rec->arch);
-        return buf;
-    }
-    for (const char *p = rec->requires; *p;) {
-        size_t len = strcspn(p, "+");
-        const feature *f = find_feature(r, p, len);
-        if (!f || !f->present) {
-            if (f && f->os_off) return f->os_off;
-            snprintf(buf, size, "CPU lacks %.*s", (int)len, p);
-            return buf;
-        }
-        p += len + (p[len] == '+');
-    }
-    return NULL;
-}
-
-/* ---- add-ons ---- */
-
-/* A backend's add-on as this command was built with it (the records' 'addons', backends.h). */
-typedef struct addon_record {
-    const char *name, *kind, *backend;
-    int built;
-    const char *requires, *env;
-    int default_on;
-    const char *description;
-} addon_record;
-
-#define ADDON_RECORD_(unused, name, kind, built, table, backend, requires, env, default_on,        \
-                      description)                                                                 \
-    {#name, #kind, #backend, built, requires, env, default_on, description},
-static const addon_record ADDON_RECORDS[] = {SDPA_ADDONS(ADDON_RECORD_, )};
-#undef ADDON_RECORD_
-#define N_ADDONS (sizeof ADDON_RECORDS / sizeof ADDON_RECORDS[0])
-
-/* Whether an add-on is in use, and why not: the library's load-time rule (src/dispatch.c)
- * applied here to the same records, CPU and environment, with its backend active. The plugin
- * ABI has no call that asks the library itself. */
 typedef struct addon_row {
-    const addon_record *rec;
-    int on, in_use; /* on: the library turns it on (whichever backend is active) */
+    sdpa_info_entry e;
     char note[160];
 } addon_row;
 
-/* Of the add-ons of rec's kind and backend, the one before row n that is in use (the library
- * uses the first of a kind that is on); NULL if none */
-static const addon_row *first_in_use(const addon_row *rows, size_t n, const addon_record *rec) {
-    for (size_t i = 0; i < n; i++)
-        if (rows[i].in_use && strcmp(rows[i].rec->kind, rec->kind) == 0 &&
-            strcmp(rows[i].rec->backend, rec->backend) == 0)
-            return &rows[i];
-    return NULL;
-}
-
-/* Whether the add-on of row i is on, and why, as the library's load-time rule decides it. */
-static sdpa_addon_choice addon_choice(const cpu_report *cpu, const addon_row *rows, size_t i,
-                                      int runnable) {
-    const addon_record *rec = rows[i].rec;
-    const char *env = getenv(rec->env);
-    if (rec->default_on < 0) {
-        sdpa_cpu_id id = {cpu->vendor, cpu->family, cpu->model_number, runnable, 0};
-        for (size_t j = 0; j < i; j++)
-            if (rows[j].on && strcmp(rows[j].rec->kind, rec->kind) == 0 &&
-                strcmp(rows[j].rec->backend, rec->backend) == 0)
-                id.amx_on = 1;
-        return sdpa_bf16_dot_default(&id, env);
-    }
-    const int set = env && (strcmp(env, "on") == 0 || strcmp(env, "off") == 0);
-    sdpa_addon_choice c = {set ? strcmp(env, "on") == 0 : rec->default_on, 0, NULL};
-    c.reason = set    ? (c.on ? "turned on" : "turned off")
-               : c.on ? "on by default"
-                      : "off by default";
-    return c;
-}
-
-static void addon_rows(const cpu_report *cpu, addon_row *rows) {
-    for (size_t i = 0; i < N_ADDONS; i++) {
-        const addon_row *first;
-        addon_row *a = &rows[i];
-        a->rec = &ADDON_RECORDS[i];
-        a->in_use = a->on = 0;
-        const record as_backend = {a->rec->backend, a->rec->built, SDPA_BUILD_ARCH,
-                                   a->rec->requires, a->rec->description};
-        char buf[64];
-        const char *why = cpu_reason(cpu, &as_backend, buf, sizeof buf);
-        const sdpa_addon_choice c = addon_choice(cpu, rows, i, why == NULL);
-        a->on = a->rec->built && !why && c.on;
-        if (!a->rec->built)
-            snprintf(a->note, sizeof a->note, "not compiled into this library");
-        else if (why)
-            snprintf(a->note, sizeof a->note, "off: %s", why);
-        else if (!c.on)
-            snprintf(a->note, sizeof a->note, "off: %s (%s=on turns it on)", c.reason, a->rec->env);
-        else if (strcmp(api->backend(), a->rec->backend) != 0)
-            snprintf(a->note, sizeof a->note, "off: its backend, %s, is not the active one",
-                     a->rec->backend);
-        else if ((first = first_in_use(rows, i, a->rec)) != NULL)
-            snprintf(a->note, sizeof a->note, "on, unused: %s comes first (%s=off)",
-                     first->rec->name, first->rec->env);
+/* What `sdpa info` says of each add-on, from its flags and the library's reason. */
+static size_t addon_rows(addon_row *rows) {
+    const size_t n = count_of(SDPA_INFO_ADDON, MAX_ADDONS);
+    for (size_t i = 0; i < n; i++) rows[i].e = entry_of(SDPA_INFO_ADDON, i);
+    for (size_t i = 0; i < n; i++) {
+        const sdpa_info_entry *a = &rows[i].e;
+        const char *var = a->variable, *env = getenv(var);
+        const int forced_on = env && strcmp(env, "on") == 0;
+        const sdpa_info_entry *first = NULL;
+        for (size_t j = 0; j < i && !first; j++)
+            if ((rows[j].e.flags & SDPA_INFO_IN_USE) && strcmp(rows[j].e.backend, a->backend) == 0)
+                first = &rows[j].e;
+        char *note = rows[i].note;
+        const size_t size = sizeof rows[i].note;
+        if (!(a->flags & SDPA_INFO_PRESENT))
+            snprintf(note, size, "%s", a->reason);
+        else if (!(a->flags & SDPA_INFO_RUNNABLE))
+            snprintf(note, size, "off: %s", a->reason);
+        else if (!(a->flags & SDPA_INFO_ON))
+            snprintf(note, size, forced_on ? "off: %s" : "off: %s (%s=on turns it on)", a->reason,
+                     var);
+        else if (a->flags & SDPA_INFO_IN_USE)
+            snprintf(note, size, "in use: %s (%s=off turns it off)", a->reason, var);
+        else if (strcmp(api->backend(), a->backend) != 0)
+            snprintf(note, size, "off: its backend, %s, is not the active one", a->backend);
         else
-            snprintf(a->note, sizeof a->note, "in use: %s (%s=off turns it off)", c.reason,
-                     a->rec->env),
-                a->in_use = 1;
+            snprintf(note, size, "on, unused: %s comes first (%s=off)",
+                     first ? first->name : "another", first ? first->variable : "its variable");
     }
+    return n;
 }
 
 /* ---- JSON ---- */
@@ -291,15 +123,14 @@ const char *json_bool(int b) { return b ? "true" : "false"; }
 /* ---- info ---- */
 
 typedef struct backend_row {
-    const char *name;
-    const record *rec; /* NULL for a name this command was not built with */
+    sdpa_info_entry e;
     int compiled, supported, active;
     char note[128];
 } backend_row;
 
 /* The backend table of `sdpa info`; returns the number of rows and whether SDPA_BACKEND forced
  * the active backend. */
-static size_t backend_rows(const cpu_report *cpu, backend_row *rows, int *forced) {
+static size_t backend_rows(backend_row *rows, int *forced) {
     const char *env = getenv("SDPA_BACKEND");
     int env_set = env && *env && strcmp(env, "auto") != 0;
     const char *active = api->backend();
@@ -308,26 +139,25 @@ static size_t backend_rows(const cpu_report *cpu, backend_row *rows, int *forced
     const char *best = NULL;
     for (size_t i = 0; api->backend_name(i) && n < MAX_BACKENDS; i++, n++) {
         backend_row *r = &rows[i];
-        r->name = api->backend_name(i);
-        r->supported = api->backend_supported(r->name);
-        r->rec = record_of(r->name);
-        r->compiled = r->supported || (r->rec && r->rec->built);
-        r->active = strcmp(r->name, active) == 0;
+        r->e = entry_of(SDPA_INFO_BACKEND, i);
+        r->e.name = api->backend_name(i);
+        r->supported = api->backend_supported(r->e.name);
+        r->compiled = r->supported || (r->e.flags & SDPA_INFO_PRESENT);
+        r->active = strcmp(r->e.name, active) == 0;
         if (r->active) active_index = i;
-        if (r->supported && !best) best = r->name;
+        if (r->supported && !best) best = r->e.name;
     }
     for (size_t i = 0; i < n; i++) {
         backend_row *r = &rows[i];
-        char buf[64];
-        const char *why = cpu_reason(cpu, r->rec, buf, sizeof buf);
+        const char *why = *r->e.reason ? r->e.reason : NULL;
         if (r->active)
             snprintf(r->note, sizeof r->note, "%s",
-                     *forced                              ? "active: forced by SDPA_BACKEND"
-                     : best && strcmp(best, r->name) == 0 ? "active: the best this CPU and OS run"
-                                                          : "active: chosen with sdpa_set_backend");
+                     *forced ? "active: forced by SDPA_BACKEND"
+                     : best && strcmp(best, r->e.name) == 0
+                         ? "active: the best this CPU and OS run"
+                         : "active: chosen with sdpa_set_backend");
         else if (!r->compiled)
-            snprintf(r->note, sizeof r->note, "not compiled into this library%s%s%s",
-                     why ? " (" : "", why ? why : "", why ? ")" : "");
+            snprintf(r->note, sizeof r->note, "%s", why ? why : "not compiled into this library");
         else if (!r->supported)
             snprintf(r->note, sizeof r->note, "%s", why ? why : "not runnable here");
         else if (i < active_index)
@@ -339,123 +169,158 @@ static size_t backend_rows(const cpu_report *cpu, backend_row *rows, int *forced
     return n;
 }
 
-int cmd_info(int json) {
-    cpu_report cpu = cpu_probe();
-    backend_row rows[MAX_BACKENDS];
+/* Everything `sdpa info` shows, gathered once. */
+typedef struct info_report {
+    cpu_report cpu;
+    backend_row backends[MAX_BACKENDS];
+    size_t n_backends;
+    addon_row addons[MAX_ADDONS];
+    size_t n_addons;
     int forced;
-    size_t n = backend_rows(&cpu, rows, &forced);
+    const char *env; /* SDPA_BACKEND */
     char lib_path[PATH_MAX], sleef_path[PATH_MAX];
-    loaded_file(library, NULL, lib_path, sizeof lib_path);
-    loaded_file(library, "libsleef", sleef_path, sizeof sleef_path);
-    const char *env = getenv("SDPA_BACKEND");
-    addon_row addons[N_ADDONS];
-    addon_rows(&cpu, addons);
+} info_report;
 
-    if (json) {
-        printf("{\n  \"command_version\": ");
-        json_string(SDPA_COMMAND_VERSION);
-        printf(",\n  \"library\": {\"path\": ");
-        json_string(lib_path);
-        printf(", \"version\": ");
-        json_string(api->version());
-        printf(", \"abi_version\": %u, \"table_size\": %u},\n", api->abi_version_fn(),
-               api->struct_size);
-        printf("  \"sleef\": {\"version\": ");
-        json_string(SDPA_SLEEF_VERSION);
-        printf(", \"path\": ");
-        json_string(sleef_path);
-        printf("},\n  \"cpu\": {\"vendor\": ");
-        json_string(cpu.vendor);
-        printf(", \"model\": ");
-        json_string(cpu.model);
-        printf(", \"family\": %d, \"model_number\": %d, \"stepping\": %d, \"features\": {",
-               cpu.family, cpu.model_number, cpu.stepping);
-        for (int i = 0; i < cpu.n_features; i++) {
-            printf("%s", i ? ", " : "");
-            json_string(cpu.features[i].name);
-            printf(": %s", json_bool(cpu.features[i].present));
-        }
-        printf("}");
-        if (cpu.os_known)
-            printf(", \"os\": {\"xcr0\": %llu, \"ymm_state\": %s, \"zmm_state\": %s}", cpu.xcr0,
-                   json_bool(cpu.os_ymm), json_bool(cpu.os_zmm));
-        printf("},\n  \"backends\": [\n");
-        for (size_t i = 0; i < n; i++) {
-            printf("    {\"name\": ");
-            json_string(rows[i].name);
-            printf(", \"compiled\": %s, \"supported\": %s, \"active\": %s, \"note\": ",
-                   json_bool(rows[i].compiled), json_bool(rows[i].supported),
-                   json_bool(rows[i].active));
-            json_string(rows[i].note);
-            if (rows[i].rec) {
-                printf(", \"requires\": ");
-                json_string(rows[i].rec->requires);
-                printf(", \"description\": ");
-                json_string(rows[i].rec->description);
-            }
-            printf("}%s\n", i + 1 < n ? "," : "");
-        }
-        printf("  ],\n  \"addons\": [\n");
-        for (size_t i = 0; i < N_ADDONS; i++) {
-            printf("    {\"name\": ");
-            json_string(addons[i].rec->name);
-            printf(", \"kind\": ");
-            json_string(addons[i].rec->kind);
-            printf(", \"backend\": ");
-            json_string(addons[i].rec->backend);
-            printf(", \"in_use\": %s, \"note\": ", json_bool(addons[i].in_use));
-            json_string(addons[i].note);
-            printf(", \"description\": ");
-            json_string(addons[i].rec->description);
-            printf("}%s\n", i + 1 < N_ADDONS ? "," : "");
-        }
-        printf("  ],\n  \"active\": ");
-        json_string(api->backend());
-        printf(",\n  \"forced\": %s,\n  \"sdpa_backend_env\": ", json_bool(forced));
-        if (env)
-            json_string(env);
-        else
-            printf("null");
-        printf(",\n  \"exp_mode\": ");
-        json_string(api->exp_mode());
-        if (SDPA_API_HAS(api, num_threads)) printf(",\n  \"threads\": %zu", api->num_threads());
-        printf("\n}\n");
-        return 0;
+static void json_cpu(const cpu_report *cpu) {
+    printf("  \"cpu\": {\"vendor\": ");
+    json_string(cpu->cpu.name);
+    printf(", \"model\": ");
+    json_string(cpu->cpu.description);
+    printf(", \"family\": %lld, \"model_number\": %lld, \"stepping\": %lld, \"features\": {",
+           (long long)cpu->cpu.number[0], (long long)cpu->cpu.number[1],
+           (long long)cpu->cpu.number[2]);
+    for (size_t i = 0; i < cpu->n_features; i++) {
+        printf("%s", i ? ", " : "");
+        json_string(cpu->features[i].name);
+        printf(": %s", json_bool(cpu->features[i].flags & SDPA_INFO_PRESENT));
     }
+    printf("}");
+    const int64_t xcr0 = cpu->cpu.number[3];
+    if (xcr0 >= 0)
+        printf(", \"os\": {\"xcr0\": %lld, \"ymm_state\": %s, \"zmm_state\": %s}", (long long)xcr0,
+               json_bool(xcr0_has(xcr0, 0x6)), json_bool(xcr0_has(xcr0, 0xe6)));
+    printf("},\n");
+}
 
-    printf("sdpa %s\n", SDPA_COMMAND_VERSION);
-    printf("  library   %s\n            version %s, ABI %u (table of %u bytes)\n", lib_path,
-           api->version(), api->abi_version_fn(), api->struct_size);
-    printf("  SLEEF     %s%s%s\n", SDPA_SLEEF_VERSION, *sleef_path ? ", " : "", sleef_path);
-    printf("\nCPU\n  vendor    %s\n  model     %s\n", cpu.vendor, *cpu.model ? cpu.model : "?");
-#if defined(__x86_64__) || defined(__i386__)
-    printf("            family %d, model %d, stepping %d\n", cpu.family, cpu.model_number,
-           cpu.stepping);
-#endif
+static void json_rows(const info_report *r) {
+    printf("  \"backends\": [\n");
+    for (size_t i = 0; i < r->n_backends; i++) {
+        const backend_row *b = &r->backends[i];
+        printf("    {\"name\": ");
+        json_string(b->e.name);
+        printf(", \"compiled\": %s, \"supported\": %s, \"active\": %s, \"note\": ",
+               json_bool(b->compiled), json_bool(b->supported), json_bool(b->active));
+        json_string(b->note);
+        printf(", \"requires\": ");
+        json_string(b->e.requires);
+        printf(", \"description\": ");
+        json_string(b->e.description);
+        printf("}%s\n", i + 1 < r->n_backends ? "," : "");
+    }
+    printf("  ],\n  \"addons\": [\n");
+    for (size_t i = 0; i < r->n_addons; i++) {
+        const addon_row *a = &r->addons[i];
+        printf("    {\"name\": ");
+        json_string(a->e.name);
+        printf(", \"backend\": ");
+        json_string(a->e.backend);
+        printf(", \"in_use\": %s, \"note\": ", json_bool(a->e.flags & SDPA_INFO_IN_USE));
+        json_string(a->note);
+        printf(", \"description\": ");
+        json_string(a->e.description);
+        printf("}%s\n", i + 1 < r->n_addons ? "," : "");
+    }
+    printf("  ],\n");
+}
+
+static void print_json(const info_report *r) {
+    printf("{\n  \"command_version\": ");
+    json_string(SDPA_COMMAND_VERSION);
+    printf(",\n  \"library\": {\"path\": ");
+    json_string(r->lib_path);
+    printf(", \"version\": ");
+    json_string(api->version());
+    printf(", \"abi_version\": %u, \"table_size\": %u},\n", api->abi_version_fn(),
+           api->struct_size);
+    printf("  \"sleef\": {\"version\": ");
+    json_string(SDPA_SLEEF_VERSION);
+    printf(", \"path\": ");
+    json_string(r->sleef_path);
+    printf("},\n");
+    json_cpu(&r->cpu);
+    json_rows(r);
+    printf("  \"active\": ");
+    json_string(api->backend());
+    printf(",\n  \"forced\": %s,\n  \"sdpa_backend_env\": ", json_bool(r->forced));
+    if (r->env)
+        json_string(r->env);
+    else
+        printf("null");
+    printf(",\n  \"exp_mode\": ");
+    json_string(api->exp_mode());
+    if (SDPA_API_HAS(api, num_threads)) printf(",\n  \"threads\": %zu", api->num_threads());
+    printf("\n}\n");
+}
+
+static void print_cpu(const cpu_report *cpu) {
+    const sdpa_info_entry *c = &cpu->cpu;
+    printf("\nCPU\n  vendor    %s\n  model     %s\n", *c->name ? c->name : "?",
+           *c->description ? c->description : "?");
+    if (c->number[0] >= 0)
+        printf("            family %lld, model %lld, stepping %lld\n", (long long)c->number[0],
+               (long long)c->number[1], (long long)c->number[2]);
     printf("  features ");
-    for (int i = 0; i < cpu.n_features; i++)
-        printf(" %s %s", cpu.features[i].name, cpu.features[i].present ? "yes" : "no");
+    for (size_t i = 0; i < cpu->n_features; i++)
+        printf(" %s %s", cpu->features[i].name,
+               cpu->features[i].flags & SDPA_INFO_PRESENT ? "yes" : "no");
     printf("\n");
-    if (cpu.os_known)
+    if (c->number[3] >= 0)
         printf("  OS        saves AVX (YMM) state: %s, AVX-512 (ZMM, opmask) state: %s "
                "(XCR0 = 0x%llx)\n",
-               cpu.os_ymm ? "yes" : "no", cpu.os_zmm ? "yes" : "no", cpu.xcr0);
+               xcr0_has(c->number[3], 0x6) ? "yes" : "no",
+               xcr0_has(c->number[3], 0xe6) ? "yes" : "no", (unsigned long long)c->number[3]);
+}
+
+static void print_text(const info_report *r) {
+    printf("sdpa %s\n", SDPA_COMMAND_VERSION);
+    printf("  library   %s\n            version %s, ABI %u (table of %u bytes)\n", r->lib_path,
+           api->version(), api->abi_version_fn(), api->struct_size);
+    printf("  SLEEF     %s%s%s\n", SDPA_SLEEF_VERSION, *r->sleef_path ? ", " : "", r->sleef_path);
+    print_cpu(&r->cpu);
     printf("\nBackends, best first\n  %-8s %-9s %-10s %-7s %s\n", "name", "compiled", "supported",
            "active", "");
-    for (size_t i = 0; i < n; i++)
-        printf("  %-8s %-9s %-10s %-7s %s\n", rows[i].name, rows[i].compiled ? "yes" : "no",
-               rows[i].supported ? "yes" : "no", rows[i].active ? "yes" : "-", rows[i].note);
-    if (env && *env && strcmp(env, "auto") != 0 && !forced)
+    for (size_t i = 0; i < r->n_backends; i++) {
+        const backend_row *b = &r->backends[i];
+        printf("  %-8s %-9s %-10s %-7s %s\n", b->e.name, b->compiled ? "yes" : "no",
+               b->supported ? "yes" : "no", b->active ? "yes" : "-", b->note);
+    }
+    const char *env = r->env;
+    if (env && *env && strcmp(env, "auto") != 0 && !r->forced)
         printf("\n  SDPA_BACKEND=%s was ignored: %s\n", env,
                api->backend_supported(env) ? "another backend was set at run time"
                                            : "not a backend this library and CPU can run");
     printf("\nAdd-ons\n");
-    for (size_t i = 0; i < N_ADDONS; i++)
-        printf("  %-8s of %-7s %s\n            %s\n", addons[i].rec->name, addons[i].rec->backend,
-               addons[i].note, addons[i].rec->description);
+    if (!SDPA_API_HAS(api, info)) printf("  (this library does not say)\n");
+    for (size_t i = 0; i < r->n_addons; i++)
+        printf("  %-8s of %-7s %s\n            %s\n", r->addons[i].e.name, r->addons[i].e.backend,
+               r->addons[i].note, r->addons[i].e.description);
     printf("\nactive backend: %s%s; exp: %s\n", api->backend(),
-           forced ? " (forced by SDPA_BACKEND)" : "", api->exp_mode());
+           r->forced ? " (forced by SDPA_BACKEND)" : "", api->exp_mode());
     if (SDPA_API_HAS(api, num_threads))
         printf("threads per attention call: %zu\n", api->num_threads());
+}
+
+int cmd_info(int json) {
+    static info_report r; /* large: the paths */
+    r.cpu = cpu_report_get();
+    r.n_backends = backend_rows(r.backends, &r.forced);
+    r.n_addons = addon_rows(r.addons);
+    r.env = getenv("SDPA_BACKEND");
+    loaded_file(library, NULL, r.lib_path, sizeof r.lib_path);
+    loaded_file(library, "libsleef", r.sleef_path, sizeof r.sleef_path);
+    if (json)
+        print_json(&r);
+    else
+        print_text(&r);
     return 0;
 }

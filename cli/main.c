@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends.h"
 #include "cli.h"
 
 const sdpa_api *api;
@@ -124,24 +123,31 @@ static const char HELP[] =
     "\n"
     "Backends, best first (the first one this CPU runs is the default):\n";
 
-/* A line of HELP's backend list, from the generated list (backends.h). */
-static void help_backend(const char *name, const char *arch, const char *requires,
-                         const char *description) {
-    char needs[32];
-    snprintf(needs, sizeof needs, "%s%s%s", *arch ? arch : "any CPU", *requires ? " " : "",
-             requires);
-    printf("  %-8s %-17s %s\n", name, needs, description);
+/* HELP's list of backends and add-ons, as the library it loads describes them. */
+static void help_backends(void) {
+    if (load_library() || !SDPA_API_HAS(api, info)) {
+        printf("  (sdpa info lists them: this library does not say)\n");
+        return;
+    }
+    for (size_t i = 0; i < api->info_count(SDPA_INFO_BACKEND); i++) {
+        sdpa_info_entry e = {sizeof e, 0, "", "", "", "", "", "", "", {0, 0, 0, 0}};
+        if (api->info(SDPA_INFO_BACKEND, i, &e) != SDPA_OK) continue;
+        char needs[32];
+        snprintf(needs, sizeof needs, "%s%s%s", *e.arch ? e.arch : "any CPU",
+                 *e.requires ? " " : "", e.requires);
+        printf("  %-8s %-17s %s\n", e.name, needs, e.description);
+    }
+    printf("\nAdd-ons of a backend, where the CPU has what they need ('sdpa info': in use?):\n");
+    for (size_t i = 0; i < api->info_count(SDPA_INFO_ADDON); i++) {
+        sdpa_info_entry e = {sizeof e, 0, "", "", "", "", "", "", "", {0, 0, 0, 0}};
+        if (api->info(SDPA_INFO_ADDON, i, &e) != SDPA_OK) continue;
+        printf("  %s of %s, needs %s; %s, %s=on|off\n      %s\n", e.name, e.backend, e.requires,
+               e.number[0] < 0 ? "on or off by default by CPU (sdpa info says which)"
+               : e.number[0]   ? "on by default"
+                               : "off by default",
+               e.variable, e.description);
+    }
 }
-#define HELP_BACKEND_(unused, name, built, table, arch, requires, description)                     \
-    help_backend(#name, arch, requires, description);
-/* A line of HELP's add-on list (backends.h): what it is, what it needs, how to switch it. */
-#define HELP_ADDON_(unused, name, kind, built, table, backend, requires, env, default_on,          \
-                    description)                                                                   \
-    printf("  %s of %s, needs %s; %s, %s=on|off\n      %s\n", #name, #backend, requires,           \
-           default_on < 0 ? "on or off by default by CPU (sdpa info says which)"                   \
-           : default_on   ? "on by default"                                                        \
-                          : "off by default",                                                        \
-           env, description);
 
 static const char HELP_INFO[] =
     "Usage: sdpa info [--json] [--threads N]\n"
@@ -154,9 +160,6 @@ static const char HELP_INFO[] =
     "  --json         the same as one JSON object\n"
     "  --threads N    set the thread count first (0: the default)\n";
 
-/* " avx512 avx2 ...": every name the generated list (backends.h) holds, best first */
-#define BACKEND_NAME_(unused, name, ...) " " #name
-#define BACKEND_NAMES                    SDPA_BACKENDS(BACKEND_NAME_, )
 static const char HELP_DEMO[] =
     "Usage: sdpa demo [--seed N] [--dims LIST] [--backend NAME] [--plot FILE.png]\n"
     "                 [--threads N]\n"
@@ -169,7 +172,7 @@ static const char HELP_DEMO[] =
     "  --seed N          random seed (default 1)\n"
     "  --dims LIST       dimensions for sections 2 and 4, comma-separated, at most 8\n"
     "                    (default 3,10,100,1000)\n"
-    "  --backend NAME    run on this backend:" BACKEND_NAMES "\n"
+    "  --backend NAME    run on this backend (sdpa --help and sdpa info list them)\n"
     "  --plot FILE.png   also draw the distributions of section 2 with gnuplot, and\n"
     "                    section 6 in FILE-gradients.png\n"
     "  --threads N       threads per attention call (0: the default)\n";
@@ -190,10 +193,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         fputs(HELP, stdout);
-        SDPA_BACKENDS(HELP_BACKEND_, )
-        printf(
-            "\nAdd-ons of a backend, where the CPU has what they need ('sdpa info': in use?):\n");
-        SDPA_ADDONS(HELP_ADDON_, )
+        help_backends();
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {

@@ -436,13 +436,15 @@ static const void *element(const void *base, size_t index, uint32_t t) {
  * partial results are merged in key order on the calling thread, so the bits never depend on
  * which thread ran what, or how many there were. */
 
-/* Split-KV: keys come in pieces of SPLIT_PIECE (a multiple of every backend's block_kv, so a
-   chunk's blocks are the unsplit call's blocks); a unit's chunks are whole runs of pieces, the
-   last one taking the remainder, as many as there are pieces but no more than give about
-   SPLIT_TASKS tasks. It applies to units of few rows (len_q <= SPLIT_MAX_Q, or grouped decode)
-   over at least two pieces, with d_v <= SPLIT_MAX_D_V, so that a chunk's partial rows fit a
-   stack tile on the 1-thread path, and to an f32 out (a 16-bit out must be rounded once, from
-   the merged float row). */
+/* Split-KV: keys come in pieces of SPLIT_PIECE, a multiple of every backend's block_kv, so a
+   chunk's blocks are those of an unsplit run; not so for 16-bit K/V with d > 128, whose blocks
+   shrink to SDPA_WIDE_FLOATS / d keys (40 at d = 200), which need not divide a piece: a chunk then
+   ends in a shorter block. The 1-thread call runs the same chunks, so the bits still depend on the
+   shape alone. A unit's chunks are whole runs of pieces, the last one taking the remainder, as
+   many as there are pieces but no more than give about SPLIT_TASKS tasks. It applies to units of
+   few rows (len_q <= SPLIT_MAX_Q, or grouped decode) over at least two pieces, with d_v <=
+   SPLIT_MAX_D_V, so that a chunk's partial rows fit a stack tile on the 1-thread path, and to an
+   f32 out (a 16-bit out must be rounded once, from the merged float row). */
 #define SPLIT_PIECE   512
 #define SPLIT_TASKS   128
 #define SPLIT_MAX_Q   16

@@ -1,6 +1,7 @@
 /* Whether the avx512 backend's vdpbf16ps add-on (bf16_dot, the record whose 'default' is
  * 'per-cpu' in meson.build) is on, and why: a pure function of what the CPU reports and of
- * SDPA_BF16_DOT, so that the library (src/dispatch.c), `sdpa info` and the tests apply one rule.
+ * SDPA_BF16_DOT, so that the library (src/dispatch.c) and the tests apply one rule (`sdpa info`
+ * asks the library for its answer, sdpa_info).
  *
  * The rule, in order:
  *   1. SDPA_BF16_DOT=on or off decides (on only where the CPU has AVX512_BF16);

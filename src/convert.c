@@ -9,6 +9,12 @@
 #include "sdpa.h"
 #include "sizes.h"
 
+/* The kernel tables index widen and narrow by the public type number: the two enums must agree. */
+_Static_assert(SDPA_TYPE_F32 == (int)SDPA_F32, "sdpa_dtype and enum sdpa_type disagree on f32");
+_Static_assert(SDPA_TYPE_F16 == (int)SDPA_F16, "sdpa_dtype and enum sdpa_type disagree on f16");
+_Static_assert(SDPA_TYPE_BF16 == (int)SDPA_BF16, "sdpa_dtype and enum sdpa_type disagree on bf16");
+_Static_assert(SDPA_TYPES == (int)SDPA_BF16 + 1, "a public type without an internal number");
+
 /* f16 <-> bf16 go through float in chunks this long, on the stack */
 #define CHUNK 1024
 
@@ -52,8 +58,8 @@ SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *sr
         return sdpa_fail(SDPA_ERR_SIZE, "n (%zu) elements are past PTRDIFF_MAX bytes", n);
     const int in_place = dst == src && dst_size == src_size;
     if (!in_place && sdpa_bytes_overlap(dst, n * dst_size, src, n * src_size))
-        return sdpa_fail(SDPA_ERR_ARG, "dst and src overlap, and are not the same array of "
-                                       "elements of one size");
+        return sdpa_fail(SDPA_ERR_SIZE, "dst and src overlap, and are not the same array of "
+                                        "elements of one size");
 
     const sdpa_kernels *k = sdpa_kernels_now();
     if (dst_type == src_type) {

@@ -40,13 +40,14 @@ typedef struct backend {
     const char *name;
     const sdpa_kernels *kernels; /* NULL when not compiled into this library */
     const char *requires;        /* CPU features, joined by '+': the CPU must have every one */
+    const char *arch, *description;
 } backend;
 
 /* Best first: the dispatcher takes the first entry that is compiled in and runnable. */
 #define KERNELS_IF_BUILT_1(table) &table
 #define KERNELS_IF_BUILT_0(table) NULL
 #define BACKEND_(unused, name, built, table, arch, requires, description)                          \
-    {#name, KERNELS_IF_BUILT_##built(table), requires},
+    {#name, KERNELS_IF_BUILT_##built(table), requires, arch, description},
 static const backend BACKENDS[] = {SDPA_BACKENDS(BACKEND_, )};
 #undef BACKEND_
 #define N_BACKENDS (sizeof BACKENDS / sizeof BACKENDS[0])
@@ -58,6 +59,15 @@ typedef struct cpu_feature {
 } cpu_feature;
 
 #if defined(__x86_64__) || defined(__i386__)
+/* XCR0, the register state the OS saves; read only when CPUID says the OS enabled XSAVE (else
+ * xgetbv faults). 0 if not. */
+static unsigned long long read_xcr0(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
 /* cpu_features checks OS support (XCR0) for the wide registers. On CPUs without OSXSAVE it takes
  * the SSE flags from /proc/cpuinfo, which under an emulator describes the host: CPUID itself
  * (GCC's builtin) must agree before SSE4.1 code runs. */
@@ -81,12 +91,8 @@ static int cpu_has_avx512_bf16(void) { return x86_features().avx512_bf16 != 0; }
  * On other systems AMX counts as absent. */
 static int amx_os_saves_tiles(void) {
 #if defined(__linux__) && defined(SYS_arch_prctl)
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return 0;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    const unsigned tile_state = (1u << 17) | (1u << 18);
-    return (lo & tile_state) == tile_state;
+    const unsigned long long tile_state = (1u << 17) | (1u << 18);
+    return (read_xcr0() & tile_state) == tile_state;
 #else
     return 0; /* no way to ask for the tile data */
 #endif
@@ -148,8 +154,67 @@ static int cpu_has_all(const char *requires) {
     return cpu_missing(requires, &len) == NULL;
 }
 
-/* Which backends this CPU can run, probed once by init (a probe per call would be slow). */
+/* Which backends this CPU can run, probed once by init (a probe per call would be slow), and
+ * why not, for sdpa_info. */
 static int runnable[N_BACKENDS];
+static char backend_reason[N_BACKENDS][80];
+
+/* The CPU as the dispatcher saw it, for sdpa_info and the per-CPU add-on rule; set by init. */
+static struct {
+    char vendor[16], model[64];
+    int64_t number[4]; /* family, model, stepping, XCR0; -1 where unknown */
+} cpu_seen;
+
+#if defined(__aarch64__) && !defined(HWCAP_CPUID)
+#define HWCAP_CPUID (1ul << 11)
+#endif
+
+static void cpu_identify(void) {
+    for (int i = 0; i < 4; i++) cpu_seen.number[i] = -1;
+    snprintf(cpu_seen.vendor, sizeof cpu_seen.vendor, "unknown");
+#if defined(__x86_64__) || defined(__i386__)
+    const X86Info info = GetX86Info();
+    snprintf(cpu_seen.vendor, sizeof cpu_seen.vendor, "%s", info.vendor);
+    const char *brand = info.brand_string;
+    while (*brand == ' ') brand++;
+    snprintf(cpu_seen.model, sizeof cpu_seen.model, "%s", brand);
+    for (size_t len = strlen(cpu_seen.model); len && cpu_seen.model[len - 1] == ' ';)
+        cpu_seen.model[--len] = 0;
+    cpu_seen.number[0] = info.family;
+    cpu_seen.number[1] = info.model;
+    cpu_seen.number[2] = info.stepping;
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d) && (c & bit_OSXSAVE))
+        cpu_seen.number[3] = (int64_t)read_xcr0();
+#elif defined(__aarch64__)
+    /* MIDR_EL1: Linux emulates the read for user space where it sets HWCAP_CPUID */
+    if (getauxval(AT_HWCAP) & HWCAP_CPUID) {
+        uint64_t midr;
+        __asm__ volatile("mrs %0, MIDR_EL1" : "=r"(midr));
+        snprintf(cpu_seen.vendor, sizeof cpu_seen.vendor, "0x%02x", (unsigned)(midr >> 24) & 0xff);
+        snprintf(cpu_seen.model, sizeof cpu_seen.model, "part 0x%03x, variant %u, revision %u",
+                 (unsigned)(midr >> 4) & 0xfff, (unsigned)(midr >> 20) & 0xf, (unsigned)midr & 0xf);
+    }
+#endif
+}
+
+/* Which backends this CPU runs, and in words why one does not. */
+static void backends_probe(void) {
+    for (size_t i = 0; i < N_BACKENDS; i++) {
+        const backend *b = &BACKENDS[i];
+        size_t len = 0;
+        const char *missing = b->kernels ? cpu_missing(b->requires, &len) : NULL;
+        runnable[i] = b->kernels != NULL && missing == NULL;
+        char *why = backend_reason[i];
+        if (!b->kernels && *b->arch && strcmp(b->arch, SDPA_BUILD_ARCH) != 0)
+            snprintf(why, sizeof backend_reason[i], "not compiled into this library (%s only)",
+                     b->arch);
+        else if (!b->kernels)
+            snprintf(why, sizeof backend_reason[i], "not compiled into this library");
+        else if (missing)
+            snprintf(why, sizeof backend_reason[i], "this CPU or OS lacks %.*s", (int)len, missing);
+    }
+}
 
 /* The add-ons (meson.build: a record's 'addons'), and which are on: compiled in, every feature
  * present (the backend's and the add-on's own), and on by its variable or by default; set by
@@ -160,14 +225,17 @@ typedef struct addon {
     const sdpa_bf16_dot_kernels *table; /* NULL when not compiled into this library */
     const char *requires, *env;
     int default_on;
+    const char *description;
 } addon;
 #define ADDON_(unused, name, kind, built, table, backend, requires, env, default_on, description)  \
-    {#name, #kind, #backend, KERNELS_IF_BUILT_##built(table), requires, env, default_on},
-static const addon ADDONS[] = {SDPA_ADDONS(ADDON_, ){NULL, NULL, NULL, NULL, NULL, NULL, 0}};
+    {#name,    #kind, #backend,   KERNELS_IF_BUILT_##built(table),                                 \
+     requires, env,   default_on, description},
+static const addon ADDONS[] = {SDPA_ADDONS(ADDON_, ){NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL}};
 #undef ADDON_
 #define N_ADDONS (sizeof ADDONS / sizeof ADDONS[0] - 1)
 static int addon_on[N_ADDONS + 1];
-static int addon_default[N_ADDONS + 1]; /* the default resolved for this CPU: 1 on, 0 off */
+static int addon_default[N_ADDONS + 1];        /* the default resolved for this CPU: 1 on, 0 off */
+static const char *addon_reason[N_ADDONS + 1]; /* why it is on or off, for sdpa_info */
 
 static const backend *find(const char *name) {
     for (size_t i = 0; i < N_BACKENDS; i++)
@@ -188,11 +256,9 @@ static const char *const EXP_NAMES[SDPA_EXP_KINDS] = {"fast", "sleef"};
 static sdpa_cpu_id cpu_id_for(size_t i) {
     sdpa_cpu_id id = {"", 0, 0, cpu_has_all(ADDONS[i].requires), 0};
 #if defined(__x86_64__) || defined(__i386__)
-    static X86Info info; /* init runs once: the vendor string outlives this call */
-    info = GetX86Info();
-    id.vendor = info.vendor;
-    id.family = info.family;
-    id.model = info.model;
+    id.vendor = cpu_seen.vendor;
+    id.family = (int)cpu_seen.number[0];
+    id.model = (int)cpu_seen.number[1];
 #endif
     for (size_t j = 0; j < i; j++)
         if (addon_on[j] && strcmp(ADDONS[j].kind, ADDONS[i].kind) == 0 &&
@@ -217,9 +283,10 @@ static int addon_choose(size_t i) {
         addon_default[i] = a->default_on;
         c.env_invalid = env && *env && strcmp(env, "auto") != 0 && strcmp(env, "on") != 0 &&
                         strcmp(env, "off") != 0;
-        c.on =
-            env && (!strcmp(env, "on") || !strcmp(env, "off")) ? !strcmp(env, "on") : a->default_on;
-        c.reason = a->default_on ? "on by default" : "off by default";
+        const int set = env && (!strcmp(env, "on") || !strcmp(env, "off"));
+        c.on = set ? !strcmp(env, "on") : a->default_on;
+        c.reason = set ? (c.on ? "turned on" : "turned off")
+                       : (a->default_on ? "on by default" : "off by default");
     }
     if (!a->table) {
         c.on = 0, c.reason = "not compiled into this library";
@@ -233,6 +300,7 @@ static int addon_choose(size_t i) {
     if (c.env_invalid)
         fprintf(stderr, "sdpa: %s=%s is not on, off or auto; using auto: %s (%s)\n", a->env, env,
                 c.on ? "on" : "off", c.reason);
+    addon_reason[i] = c.reason;
     return c.on;
 }
 
@@ -241,9 +309,8 @@ static void addons_init(void) {
 }
 
 static void init_once(void) {
-    for (size_t i = 0; i < N_BACKENDS; i++)
-        runnable[i] = BACKENDS[i].kernels != NULL && cpu_has_all(BACKENDS[i].requires);
-
+    cpu_identify();
+    backends_probe();
     addons_init();
 
     const sdpa_kernels *chosen = best();
@@ -360,4 +427,93 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name) {
         }
     }
     return sdpa_fail(SDPA_ERR_UNSUPPORTED, "exp mode \"%.64s\" is not \"fast\" or \"sleef\"", name);
+}
+
+/* ---- sdpa_info: what init saw and chose ---- */
+
+static size_t n_features(void) {
+    size_t n = 0;
+    while (FEATURES[n].name) n++;
+    return n;
+}
+
+SDPA_API size_t sdpa_info_count(sdpa_info_kind kind) {
+    switch (kind) {
+    case SDPA_INFO_CPU: return 1;
+    case SDPA_INFO_FEATURE: return n_features();
+    case SDPA_INFO_BACKEND: return N_BACKENDS;
+    case SDPA_INFO_ADDON: return N_ADDONS;
+    }
+    return 0;
+}
+
+/* The add-on i's flags: on as init chose it (an AMX one also needs Linux's grant, asked here as
+ * at the first call that would use it), in use where its backend is active and no add-on of its
+ * kind before it is on. */
+static uint32_t addon_flags(size_t i, const char **reason) {
+    const addon *a = &ADDONS[i];
+    uint32_t flags = a->table ? SDPA_INFO_PRESENT : 0;
+    if (a->table && cpu_has_all(a->requires)) flags |= SDPA_INFO_RUNNABLE;
+    if (!addon_on[i]) return flags;
+    if (!addon_permitted(i)) {
+        *reason = "Linux did not grant the AMX tile state";
+        return flags;
+    }
+    flags |= SDPA_INFO_ON;
+    if (strcmp(a->backend, sdpa_backend()) != 0) return flags;
+    for (size_t j = 0; j < i; j++)
+        if (addon_on[j] && strcmp(ADDONS[j].kind, a->kind) == 0 &&
+            strcmp(ADDONS[j].backend, a->backend) == 0 && addon_permitted(j))
+            return flags;
+    return flags | SDPA_INFO_IN_USE;
+}
+
+static void info_fill(sdpa_info_kind kind, size_t i, sdpa_info_entry *e) {
+    if (kind == SDPA_INFO_CPU) {
+        e->name = cpu_seen.vendor;
+        e->description = cpu_seen.model;
+        for (int j = 0; j < 4; j++) e->number[j] = cpu_seen.number[j];
+    } else if (kind == SDPA_INFO_FEATURE) {
+        e->name = FEATURES[i].name;
+        e->flags = FEATURES[i].present() ? SDPA_INFO_PRESENT : 0;
+    } else if (kind == SDPA_INFO_BACKEND) {
+        const backend *b = &BACKENDS[i];
+        e->name = b->name;
+        e->description = b->description;
+        e->requires = b->requires;
+        e->arch = b->arch;
+        e->reason = backend_reason[i];
+        e->flags = (b->kernels ? SDPA_INFO_PRESENT : 0) | (runnable[i] ? SDPA_INFO_RUNNABLE : 0);
+        if (b->kernels && b->kernels == sdpa_kernels_now())
+            e->flags |= SDPA_INFO_ON | SDPA_INFO_IN_USE;
+    } else {
+        const addon *a = &ADDONS[i];
+        e->name = a->name;
+        e->description = a->description;
+        e->requires = a->requires;
+        e->backend = a->backend;
+        e->variable = a->env;
+        e->reason = addon_reason[i];
+        e->flags = addon_flags(i, &e->reason);
+        e->number[0] = a->default_on;
+        e->number[1] = addon_default[i];
+    }
+}
+
+SDPA_API sdpa_status sdpa_info(sdpa_info_kind kind, size_t index, sdpa_info_entry *entry) {
+    if (!entry) return sdpa_fail(SDPA_ERR_NULL, "entry is NULL");
+    const size_t count = sdpa_info_count(kind);
+    if (count == 0) return sdpa_fail(SDPA_ERR_ARG, "kind (%d) is not an sdpa_info_kind", (int)kind);
+    if (index >= count)
+        return sdpa_fail(SDPA_ERR_ARG, "index (%zu) is past the last of %zu entries", index, count);
+    /* ABI 1.3's struct; a later, longer one keeps it as its prefix */
+    if (entry->struct_size < sizeof(sdpa_info_entry))
+        return sdpa_fail(SDPA_ERR_ARG,
+                         "entry->struct_size (%u) is below %zu, sizeof(sdpa_info_entry)",
+                         (unsigned)entry->struct_size, sizeof(sdpa_info_entry));
+    sdpa_dispatch_init();
+    sdpa_info_entry e = {(uint32_t)sizeof e, 0, "", "", "", "", "", "", "", {0, 0, 0, 0}};
+    info_fill(kind, index, &e);
+    *entry = e;
+    return SDPA_OK;
 }

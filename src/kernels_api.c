@@ -148,9 +148,6 @@ static float weight_factor(double want, double bound) {
     return f;
 }
 
-/* Each chunk's weights are computed against the running max when the chunk is reached (its
- * shift); the final pass scales chunk c by exp(shift[c] - max) / sum, which is exactly 1 / sum for
- * a row of one chunk. A chunk whose z are all -inf has no weights and gets zeros. */
 /* Each exp_sum call covers at most the backend's exp_sum_block floats and the calls' float sums
  * are added in double: a backend's lane sums then stay well inside the 2e-5 bound even when every
  * rounding errs the same way (the scalar backend's four lane sums did 3.1e-5 on a row of equal
@@ -181,7 +178,10 @@ static double exp_sum_max_blocked(const sdpa_kernels *k, int exp_kind, float *y,
 
 /* softmax of a row that softmax_short does not take, in chunks; apart from sdpa_softmax_f32 so
  * that the short rows' path carries none of this one's frame (six saved registers and the chunks'
- * shifts) */
+ * shifts). Each chunk's weights are computed against the running max when the chunk is
+ * reached (its shift); the final pass scales chunk c by exp(shift[c] - max) / sum, which is
+ * exactly 1 / sum for a row of one chunk. A chunk whose z are all -inf has no weights and gets
+ * zeros. */
 static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int exp_kind, float *y,
                                                       const float *x, size_t n, float scale) {
     if (n <= SOFTMAX_CHUNK) {
@@ -203,10 +203,10 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
     float m = -INFINITY;
     double sum = 0.0;
     size_t c = 0;
-    /* with exp_sum_max and y apart from x, a chunk's shift is guessed (arch/kernels.h, "A guessed
-       shift") and its max comes with its exps: no max pass over x. The guess is the larger of m
-       and the chunk's two ends, so never above the row's max; a chunk whose max passes it by more
-       than the guess's range is done again against its max, from x, which is still whole. */
+    /* with exp_sum_max and y apart from x, a chunk's shift is guessed (arch/shift_guess.h, "A
+       guessed shift") and its max comes with its exps: no max pass over x. The guess is the larger
+       of m and the chunk's two ends, so never above the row's max; a chunk whose max passes it by
+       more than the guess's range is done again against its max, from x, which is still whole. */
     const int guess = k->exp_sum_max[exp_kind] && sdpa_apart(y, x, n);
     for (size_t i = 0; i < n; i += chunk, c++) {
         size_t len = n - i < chunk ? n - i : chunk;

@@ -257,6 +257,111 @@ static void check_table(const sdpa_api *api, get_api_fn get) {
     CHECK(api->set_exp_mode("no-such-exp") == SDPA_ERR_UNSUPPORTED, "set_exp_mode(bogus)");
 }
 
+static sdpa_info_entry info_entry(const sdpa_api *api, sdpa_info_kind kind, size_t i) {
+    sdpa_info_entry e;
+    memset(&e, 0, sizeof e);
+    e.struct_size = sizeof e;
+    sdpa_status st = api->info(kind, i, &e);
+    CHECK(st == SDPA_OK, "info(%d, %zu): %s", (int)kind, i, api->last_error_detail());
+    CHECK(e.name && e.description && e.requires && e.arch && e.reason && e.backend && e.variable,
+          "info(%d, %zu) leaves a string NULL", (int)kind, i);
+    return e;
+}
+
+/* The features the dispatcher reports against the compiler's own CPUID prober, which also asks
+ * the OS (XCR0) for the wide registers; the names both know. */
+static void check_features(const sdpa_api *api) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    const struct {
+        const char *name;
+        int present;
+    } expect[] = {{"SSE4.1", __builtin_cpu_supports("sse4.1") != 0},
+                  {"AVX2", __builtin_cpu_supports("avx2") != 0},
+                  {"FMA", __builtin_cpu_supports("fma") != 0},
+                  {"AVX-512F", __builtin_cpu_supports("avx512f") != 0},
+                  {"AVX512BW", __builtin_cpu_supports("avx512bw") != 0}};
+    for (size_t j = 0; j < sizeof expect / sizeof expect[0]; j++) {
+        int found = 0;
+        for (size_t i = 0; i < api->info_count(SDPA_INFO_FEATURE); i++) {
+            sdpa_info_entry f = info_entry(api, SDPA_INFO_FEATURE, i);
+            if (strcmp(f.name, expect[j].name) != 0) continue;
+            found = 1;
+            CHECK(!!(f.flags & SDPA_INFO_PRESENT) == expect[j].present,
+                  "feature %s: library says %d, CPUID %d", f.name, !!(f.flags & SDPA_INFO_PRESENT),
+                  expect[j].present);
+        }
+        CHECK(found, "feature %s is not among those the library reports", expect[j].name);
+    }
+    sdpa_info_entry cpu = info_entry(api, SDPA_INFO_CPU, 0);
+    CHECK(*cpu.name && cpu.number[0] > 0, "CPU vendor \"%s\", family %lld", cpu.name,
+          (long long)cpu.number[0]);
+#else
+    (void)api;
+#endif
+}
+
+/* sdpa_info agrees with the other calls: the backends in sdpa_backend_name's order, runnable
+ * exactly where sdpa_backend_supported says so, the active one flagged alone; an add-on in use
+ * is on, runnable and of the active backend, at most one per backend; bad arguments fail and
+ * leave the entry alone. */
+static void check_info(const sdpa_api *api) {
+    CHECK(SDPA_API_HAS(api, info) && SDPA_API_HAS(api, info_count), "sdpa_info in the table");
+    if (!SDPA_API_HAS(api, info)) return;
+    size_t n = 0, active = 0;
+    while (api->backend_name(n)) n++;
+    CHECK(api->info_count(SDPA_INFO_BACKEND) == n, "info_count(BACKEND) %zu, backend names %zu",
+          api->info_count(SDPA_INFO_BACKEND), n);
+    for (size_t i = 0; i < n && i < api->info_count(SDPA_INFO_BACKEND); i++) {
+        sdpa_info_entry b = info_entry(api, SDPA_INFO_BACKEND, i);
+        const char *name = api->backend_name(i);
+        CHECK(strcmp(b.name, name) == 0, "backend %zu: %s, not %s", i, b.name, name);
+        CHECK(!!(b.flags & SDPA_INFO_RUNNABLE) == api->backend_supported(name),
+              "backend %s: runnable flag against backend_supported", name);
+        CHECK(!(b.flags & SDPA_INFO_RUNNABLE) || (b.flags & SDPA_INFO_PRESENT),
+              "backend %s runnable but not compiled", name);
+        CHECK((b.flags & SDPA_INFO_RUNNABLE) || *b.reason, "backend %s not runnable, no reason",
+              name);
+        const int is_active = strcmp(api->backend(), name) == 0;
+        CHECK(!!(b.flags & SDPA_INFO_IN_USE) == is_active, "backend %s: in-use flag", name);
+        active += (b.flags & SDPA_INFO_IN_USE) != 0;
+    }
+    CHECK(active == 1, "%zu backends flagged active", active);
+    for (size_t i = 0; i < api->info_count(SDPA_INFO_ADDON); i++) {
+        sdpa_info_entry a = info_entry(api, SDPA_INFO_ADDON, i);
+        const uint32_t f = a.flags;
+        CHECK(*a.name && *a.backend && *a.variable && *a.reason, "add-on %zu: empty field", i);
+        CHECK(!(f & SDPA_INFO_IN_USE) ||
+                  ((f & SDPA_INFO_ON) && strcmp(a.backend, api->backend()) == 0),
+              "add-on %s in use but off or of another backend", a.name);
+        CHECK(!(f & SDPA_INFO_ON) || (f & SDPA_INFO_RUNNABLE), "add-on %s on, not runnable",
+              a.name);
+        CHECK(!(f & SDPA_INFO_RUNNABLE) || (f & SDPA_INFO_PRESENT), "add-on %s runnable, absent",
+              a.name);
+        for (size_t j = 0; j < i; j++) {
+            sdpa_info_entry b = info_entry(api, SDPA_INFO_ADDON, j);
+            CHECK(!((f & b.flags & SDPA_INFO_IN_USE) && strcmp(a.backend, b.backend) == 0),
+                  "add-ons %s and %s both in use", b.name, a.name);
+        }
+    }
+    check_features(api);
+    sdpa_info_entry e;
+    memset(&e, 0x5a, sizeof e);
+    e.struct_size = sizeof e;
+    const size_t n_cpu = api->info_count(SDPA_INFO_CPU);
+    CHECK(n_cpu == 1 && api->info_count((sdpa_info_kind)99) == 0, "info_count of CPU, of 99");
+    CHECK(api->info(SDPA_INFO_CPU, 0, NULL) == SDPA_ERR_NULL, "info(NULL entry)");
+    CHECK(api->info((sdpa_info_kind)99, 0, &e) == SDPA_ERR_ARG, "info(kind 99)");
+    CHECK(api->info(SDPA_INFO_BACKEND, n, &e) == SDPA_ERR_ARG, "info(backend past the end)");
+    CHECK(strstr(api->last_error_detail(), "index"), "detail names the index: %s",
+          api->last_error_detail());
+    e.struct_size = sizeof e - 1;
+    CHECK(api->info(SDPA_INFO_CPU, 0, &e) == SDPA_ERR_ARG, "info(struct_size too small)");
+    CHECK(e.flags == 0x5a5a5a5au, "a failed info call wrote the entry");
+    printf("sdpa_info: %zu backends, %zu add-ons, %zu features, agreeing\n", n,
+           api->info_count(SDPA_INFO_ADDON), api->info_count(SDPA_INFO_FEATURE));
+}
+
 /* The kernels on every backend this CPU runs and in both exp modes; leaves the library as it
  * found it. */
 static void check_kernels(const sdpa_api *api) {
@@ -305,6 +410,7 @@ static int test_load(const char *path) {
         return 1;
     }
     check_table(api, get);
+    check_info(api);
 
     /* What SDPA_BACKEND should have done: a name this CPU runs is active and silent; anything
      * else falls back to the best backend with exactly one line on stderr. */

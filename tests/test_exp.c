@@ -145,8 +145,9 @@ static void check_exp_sum(const char *backend, int kind, double max_ulp) {
 }
 
 /* exp_sum(y, x, n, scale, shift) with the shifts softmax passes (a row's max): the avx512 and
- * avx2 backends fold the shift into their exp (kernels.h) up to |shift| = 2^16 and subtract it
- * beyond, so shifts on both sides of that, negative ones, and one with all 24 bits set. x = shift
+ * avx2 backends fold the shift into their exp (exp_constants.h) up to |shift| = 2^16 and subtract
+ * it beyond, so shifts on both sides of that, negative ones, and one with all 24 bits set. x =
+ * shift
  * + d for d over [-88, 0] (and twice that with scale 0.5); the bound applies where the argument
  * z - shift is a float (so that every backend gets the same exact argument), which is every
  * element for most of these shifts and the ones near the shift for the others. */
@@ -197,10 +198,10 @@ static void check_exp_sum_shifted(const char *backend, int kind, double max_ulp)
  * other entries lie below -26 sums to exactly 1 in float (their exps add up to less than half an
  * ULP of 1), so its normalisation multiplies by exactly 1 and every weight is the exp of its
  * entry, unrounded by anything else. That reads softmax_short's own exp (avx512's 32-entry one,
- * kernels.h) as well as exp_sum's. The entries run densely over [-87.5, -26] (every table entry
- * and reduced argument many times over), rows of 1 to 16 floats (a single vector) and of 4081 to
- * 4096 (every tail), the max at varying places, with scale 1 and with scale 0.5 on doubled
- * entries. avx512 shifts the exps by a guess taken from the row's ends (kernels.h, "A guessed
+ * exp_constants.h) as well as exp_sum's. The entries run densely over [-87.5, -26] (every table
+ * entry and reduced argument many times over), rows of 1 to 16 floats (a single vector) and of 4081
+ * to 4096 (every tail), the max at varying places, with scale 1 and with scale 0.5 on doubled
+ * entries. avx512 shifts the exps by a guess taken from the row's ends (shift_guess.h, "A guessed
  * shift"): its fast exp folds the guess as a multiple of ln2, so the sum is then a power of two
  * and the weights stay exact, but SLEEF's exp(z - guess) carries the guess's rounding into the
  * normalisation. So with SLEEF's exp the max sits at an end, where the guess is the max. */

@@ -213,8 +213,8 @@ BACKEND_TEST(softmax, nan_poisons_the_row) {
 }
 
 /* avx512 shifts the exps by a guess from the row's two ends and checks it against the max
- * (arch/kernels.h, "A guessed shift"): the guess must hold while the ends lie up to 64 below the
- * max, with weights up to e^64 before the normalisation, and be dropped beyond (ends 64.5, 100,
+ * (arch/shift_guess.h, "A guessed shift"): the guess must hold while the ends lie up to 64 below
+ * the max, with weights up to e^64 before the normalisation, and be dropped beyond (ends 64.5, 100,
  * 1e4 below; 1e6 is past the range the guess folds). Rows held in registers check the guess by
  * their sum instead ("A capped guess"): ends 78 to 79.5 below straddle the sum's limit, and from
  * 80.5 below the max is capped, which only the sum's check keeps out of y (the ends' weights,

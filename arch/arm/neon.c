@@ -82,7 +82,7 @@ static inline float32x4_t flush_below_min(float32x4_t w) {
     return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(w), tiny));
 }
 
-/* The shared "fast" exp (kernels.h): 2^n goes into p's exponent bits. */
+/* The shared "fast" exp (exp_constants.h): 2^n goes into p's exponent bits. */
 static inline float32x4_t exp_fast_neon(float32x4_t x) {
     /* FMAX/FMIN return NaN when either operand is NaN: NaN passes through the clamp */
     x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(SDPA_EXP_X_CLAMP_LO)), vdupq_n_f32(SDPA_EXP_X_CLAMP_HI));

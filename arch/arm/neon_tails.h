@@ -1,7 +1,7 @@
 /* Partial vectors for the NEON files (neon.c, neon_attention.c): the first `len` (< 4) floats
  * of an array, loaded and stored lane by lane, so nothing past its end is touched. Element
  * accesses rather than a memcpy through a stack vector: that costs a call and a store-forwarding
- * stall per tail, as much as a short row's work (as on sse41, arch/x86/sse41.c). */
+ * stall per tail, as much as a short row's work (as on sse41, arch/x86/sse41.h). */
 #ifndef SDPA_NEON_TAILS_H
 #define SDPA_NEON_TAILS_H
 

@@ -47,7 +47,7 @@ static float max_scaled_scalar(const float *x, size_t n, float scale) {
     return m;
 }
 
-/* The shared "fast" exp (see kernels.h). */
+/* The shared "fast" exp (see exp_constants.h). */
 static float exp_fast_scalar(float x) {
     if (x >= SDPA_EXP_X_OVERFLOW) return INFINITY;
     if (!(x >= SDPA_EXP_X_CLAMP_LO)) return x != x ? x : 0.0f; /* NaN stays, -inf and tiny go */

@@ -97,7 +97,8 @@ ALWAYS_INLINE float softmax_regs(float *y, const float *x, size_t n, __m256 vs, 
     const float max = _mm256_cvtss_f32(vmax);
     const float g = sdpa_ends_guess(x, n, _mm256_cvtss_f32(vs));
     if (!isfinite(max)) return max;
-    /* against the guessed shift when it holds (kernels.h): its fold does not wait for the max */
+    /* against the guessed shift when it holds (shift_guess.h): its fold does not wait for the max
+     */
     if (sdpa_guess_fits(g, max)) {
         const row_exp c = row_exp_guess(_mm256_set1_ps(g), SDPA_EXP_FAST);
         regs_weights(y, z, V, last, lm, &c, 1);

@@ -5,9 +5,9 @@
 
 #include "avx2.h"
 
-/* The table of the "fast" exp (kernels.h), 2^(j/8) for lane j, with j << 20 taken off its bits:
- * adding N << 20 then adds (N div 8) << 23, 2^(N div 8) in the exponent, and puts j << 20 back
- * for j = N mod 8, the lane vpermps picks with N's low bits. */
+/* The table of the "fast" exp (exp_constants.h), 2^(j/8) for lane j, with j << 20 taken off its
+ * bits: adding N << 20 then adds (N div 8) << 23, 2^(N div 8) in the exponent, and puts j << 20
+ * back for j = N mod 8, the lane vpermps picks with N's low bits. */
 static const float EXP2_EIGHTHS[8] = {SDPA_EXP2_EIGHTHS};
 static inline __m256 exp_table_avx2(void) {
     return _mm256_castsi256_ps(
@@ -15,7 +15,7 @@ static inline __m256 exp_table_avx2(void) {
                          _mm256_slli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), 20)));
 }
 
-/* The shared "fast" exp (kernels.h). full = 0, for exp_sum, whose arguments are <= 0
+/* The shared "fast" exp (exp_constants.h). full = 0, for exp_sum, whose arguments are <= 0
  * (kernels.h): no upper clamp, and results below FLT_MIN are left below it for normalize's
  * flush. full = 1, the exp entry: the whole float range, where 2^(N div 8) can reach 2^128:
  * positive x take one power of two off T and multiply it back at the end (to +inf on overflow),
@@ -39,7 +39,7 @@ static inline __m256 exp_fast_avx2(__m256 x, __m256 table, int full) {
         tbits = _mm256_sub_epi32(
             tbits, _mm256_and_si256(_mm256_castps_si256(positive), _mm256_set1_epi32(1 << 23)));
     }
-    /* T p(r), so that nothing underflows before the last multiply (kernels.h) */
+    /* T p(r), so that nothing underflows before the last multiply (exp_constants.h) */
     __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(SDPA_EXP8_C3), r, _mm256_set1_ps(SDPA_EXP8_C2));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
@@ -58,11 +58,11 @@ static inline __m256 exp_sleef_avx2(__m256 x, __m256 table, int full) {
 }
 
 /* exp(z - shift) for a row's z <= shift, the exp of exp_sum, with the shift folded in
- * (kernels.h, "A row's shift"): N = round(z 8 / ln2) and r = z - N ln2 / 8 come from z itself,
- * never from z - shift (one operation fewer, and no rounding of the difference), and the table
- * takes Mi off: its entry j holds 2^((j - Mi) / 8) with j << 20 taken off, so that N's low bits
- * pick entry N mod 8 and N << 20 adds the rest, 2^((N - Mi) / 8) in all (exact modulo 2^32, and
- * the result's exponent is in range because N - Mi >= -1016 after the clamp). e^(M' - shift)
+ * (exp_constants.h, "A row's shift"): N = round(z 8 / ln2) and r = z - N ln2 / 8 come from z
+ * itself, never from z - shift (one operation fewer, and no rounding of the difference), and the
+ * table takes Mi off: its entry j holds 2^((j - Mi) / 8) with j << 20 taken off, so that N's low
+ * bits pick entry N mod 8 and N << 20 adds the rest, 2^((N - Mi) / 8) in all (exact modulo 2^32,
+ * and the result's exponent is in range because N - Mi >= -1016 after the clamp). e^(M' - shift)
  * scales the cubic's coefficients. `folded` = 0 is the plain form, for shifts beyond 2^16 and
  * for SLEEF's exp. */
 typedef struct row_exp {
@@ -149,7 +149,7 @@ ALWAYS_INLINE row_exp row_exp_max(__m256 max, int folded, int kind) {
     (void)kind;
     return row_exp_fast(_mm256_cvtss_f32(max), folded, 0);
 }
-/* ... and against a guessed shift g (kernels.h, "A guessed shift"), folded as k ln2 for
+/* ... and against a guessed shift g (shift_guess.h, "A guessed shift"), folded as k ln2 for
  * k = floor(g / ln2): the weights carry the factor 2^-k exactly, which the normalisation takes out
  * exactly (tests/test_exp.c reads them in ULP); the clamp stays at g - 87.5 */
 ALWAYS_INLINE row_exp row_exp_guess(__m256 g, int kind) {

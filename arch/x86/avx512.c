@@ -57,7 +57,7 @@ ALWAYS_INLINE __m512 vector_exps(__m512 z, __mmask16 valid, __m512 shift, const 
 
 /* A row of one vector, in a register from the load to the store, where longer rows store their
  * weights and load them again (a store and reload on the chain of a row this short); its guess
- * is checked by the sum, with no max (kernels.h, "A capped guess"). */
+ * is checked by the sum, with no max (shift_guess.h, "A capped guess"). */
 ALWAYS_INLINE float softmax_vector(float *y, const float *x, size_t n, __m512 vs, int unit,
                                    int kind) {
     const __mmask16 valid = tail_mask(n);
@@ -148,7 +148,7 @@ ALWAYS_INLINE float softmax_regs(float *y, const float *x, size_t n, __m512 vs, 
     const __m512 g = ends_guess(x, n, vs, unit);
     const float gs = _mm512_cvtss_f32(g);
     if (sdpa_guess_usable(gs)) {
-        /* no max: the sum checks the guess (kernels.h, "A capped guess") */
+        /* no max: the sum checks the guess (shift_guess.h, "A capped guess") */
         const row_exp c = row_exp_guess(g, EXP_FAST32);
         regs_exps(e, z, m, V, &c, g, g + _mm512_set1_ps(SDPA_GUESS_CAP), 1, 1);
         const __m512 total = vf_allsum(regs_tree(e, V, 0));

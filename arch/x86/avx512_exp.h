@@ -11,8 +11,8 @@ ALWAYS_INLINE __m512 keep_normal(__m512 w) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(w, _mm512_set1_ps(FLT_MIN), _CMP_NLT_UQ), w);
 }
 
-/* The table of the "fast" exp (kernels.h), 2^(j/16) for lane j, with j << 19 taken off its bits:
- * t's bits are 1.5 * 2^23 + N, so adding t << 19 adds (N div 16) << 23, 2^(N div 16) in the
+/* The table of the "fast" exp (exp_constants.h), 2^(j/16) for lane j, with j << 19 taken off its
+ * bits: t's bits are 1.5 * 2^23 + N, so adding t << 19 adds (N div 16) << 23, 2^(N div 16) in the
  * exponent, and puts j << 19 back for j = N mod 16, the lane vpermps picks with t's low bits. */
 static const float EXP2_SIXTEENTHS[16] = {SDPA_EXP2_SIXTEENTHS};
 static inline __m512 exp_table_avx512(void) {
@@ -21,7 +21,7 @@ static inline __m512 exp_table_avx512(void) {
         _mm512_castps_si512(_mm512_loadu_ps(EXP2_SIXTEENTHS)), _mm512_slli_epi32(lane, 19)));
 }
 
-/* The shared "fast" exp (kernels.h). full = 0, for exp_sum and exp_tile, whose arguments are
+/* The shared "fast" exp (exp_constants.h). full = 0, for exp_sum and exp_tile, whose arguments are
  * <= 0 (kernels.h): no upper clamp, and results below FLT_MIN are left below it for the callers'
  * flush. full = 1, the exp entry: the whole float range, where 2^(N div 16) can reach 2^128:
  * positive x take one power of two off T and multiply it back at the end (to +inf on overflow),
@@ -64,7 +64,7 @@ static inline __m512 exp_sleef_avx512(__m512 x, __m512 table, int full) {
 }
 
 /* exp(z - shift) for a row's z <= shift, the exp of exp_sum and softmax_short, with the shift
- * folded into the fast exp's rounding step (kernels.h, "A row's shift"): N = round(z K / ln2)
+ * folded into the fast exp's rounding step (exp_constants.h, "A row's shift"): N = round(z K / ln2)
  * against a magic number that already holds -round(shift K / ln2), and r from z itself, so the
  * subtraction z - shift is never formed (one operation fewer, and no rounding of it), and e^r's
  * polynomial carries the constant factor that the rounded shift leaves. `folded` = 0 is the
@@ -115,7 +115,7 @@ ALWAYS_INLINE row_exp row_exp_fast_lanes(__m512 shift, int folded) {
     return c;
 }
 
-/* softmax_short's exp (kernels.h, K = 32): the table's 2^(j/32) with j << 18 taken off, in
+/* softmax_short's exp (exp_constants.h, K = 32): the table's 2^(j/32) with j << 18 taken off, in
  * two registers for vpermt2ps; the shift folded as above, with no correction for its rounding,
  * which the weights' normalisation takes out */
 static const float EXP2_THIRTYSECONDS[32] = {SDPA_EXP2_THIRTYSECONDS};

@@ -5,8 +5,8 @@
 
 #include "sse41.h"
 
-/* The shared "fast" exp (kernels.h) without FMA: the 15-bit ln 2 split keeps n * LN2_HI exact.
- * x[u] = exp(x[u]) for u < count (at most 4), each step for all of them before the next: one
+/* The shared "fast" exp (exp_constants.h) without FMA: the 15-bit ln 2 split keeps n * LN2_HI
+ * exact. x[u] = exp(x[u]) for u < count (at most 4), each step for all of them before the next: one
  * exp is a chain of some fifty cycles, and only exps side by side in the instruction stream
  * keep the pipes busy (four fill them where one or two leave them waiting on the chain).
  * full = 1 (exp_sum, the exp entry): the whole float range. full = 0, for exp_pv, whose

@@ -8,6 +8,7 @@
 #include <sleef.h>
 #include <stdint.h>
 
+#include "any_address.h"
 #include "exp_constants.h"
 #include "kernels.h"
 #include "shift_guess.h"
@@ -149,7 +150,7 @@ typedef __mmask16 fv_lanes;
 #define FV_MASKED 1
 ALWAYS_INLINE fv fv_zero(void) { return _mm512_setzero_ps(); }
 ALWAYS_INLINE fv fv_set1(float x) { return _mm512_set1_ps(x); }
-ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm512_set1_ps(*p); }
+ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm512_set1_ps(load_f32(p)); }
 ALWAYS_INLINE fv fv_load(const float *p) { return _mm512_loadu_ps(p); }
 ALWAYS_INLINE fv fv_load_aligned(const float *p) { return _mm512_load_ps(p); } /* 64 bytes */
 ALWAYS_INLINE void fv_store(float *p, fv x) { _mm512_storeu_ps(p, x); }

@@ -459,16 +459,17 @@ BACKEND_TEST(regressions, softmax_no_weight_above_one_upward) {
  * (and in the backward), left the clamped value's exp, about 8e-39, as the weight of a key whose
  * score was -inf or far below the row's max: with v = 1e38 that key added 0.81 to the output, and
  * 1,099 keys masked with -1e30 added 889. exp(-1e30) is 0 in any precision, so each of these keys
- * must add exactly 0, on every path and backend, in both exp modes. Key 0 scores 0 with v = 0,
- * the others score `far` (through k with q = 1, or through a mask shared by the rows) with a
- * large v: every output is exactly 0. */
+ * must add exactly 0, on every path and backend, in both exp modes. Key 0 scores `top` (the
+ * row's max, which the fast exp folds into its constants) with v = 0, the others score `far`
+ * (through k with q = 1, or through a mask shared by the rows) with a large v: every output is
+ * exactly 0. */
 typedef struct far_keys {
     size_t heads, len_q, len_kv;
     sdpa_dtype kv_type;
     int masked;
 } far_keys;
 
-static void far_keys_add_nothing(const far_keys *c, float far) {
+static void far_keys_add_nothing(const far_keys *c, float top, float far) {
     const size_t n_kv = c->heads * c->len_kv, n_q = c->heads * c->len_q;
     const size_t size = c->kv_type == SDPA_F32 ? 4 : 2;
     /* the largest v of the type: f16 holds no 1e38 */
@@ -480,7 +481,7 @@ static void far_keys_add_nothing(const far_keys *c, float far) {
     for (size_t i = 0; i < n_q; i++) q[i] = 1.0f;
     for (size_t j = 0; j < n_kv; j++) {
         const int first = j % c->len_kv == 0;
-        k[j] = first || c->masked ? 0.0f : far;
+        k[j] = first ? top : c->masked ? 0.0f : far;
         v[j] = first ? 0.0f : big;
     }
     for (size_t j = 0; j < c->len_kv; j++) mask[j] = j == 0 ? 0.0f : far;
@@ -494,8 +495,9 @@ static void far_keys_add_nothing(const far_keys *c, float far) {
     if (c->masked) cr_assert_eq(sdpa_mha_desc_set_mask(&desc, mask, 0, 0, 0), SDPA_OK);
     cr_assert_eq(sdpa_mha(&desc, out, q, kt, vt), SDPA_OK);
     for (size_t i = 0; i < n_q; i++)
-        cr_assert(out[i] == 0.0f, "%s, exp %s, %zu x %zu keys, %s, %s %g: out[%zu] = %g, want 0",
-                  sdpa_backend(), sdpa_exp_mode(), c->len_q, c->len_kv,
+        cr_assert(out[i] == 0.0f,
+                  "%s, exp %s, %zu x %zu keys, %s, max %g, %s %g: out[%zu] = %g, want 0",
+                  sdpa_backend(), sdpa_exp_mode(), c->len_q, c->len_kv, top,
                   c->kv_type == SDPA_F32   ? "f32"
                   : c->kv_type == SDPA_F16 ? "f16"
                                            : "bf16",
@@ -515,6 +517,7 @@ BACKEND_TEST(regressions, attention_far_keys_add_exactly_nothing) {
         {1, 2, 300, SDPA_BF16, 1},  {2, 16, 150, SDPA_BF16, 0},
     };
     static const float FAR[] = {-INFINITY, -1e30f, -FLT_MAX};
+    static const float TOPS[] = {0.0f, 3.25f, -1234.5f, 60000.0f, 1e6f};
     for (size_t e = 0; e < 2; e++) {
         cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
         float out[1];
@@ -524,14 +527,17 @@ BACKEND_TEST(regressions, attention_far_keys_add_exactly_nothing) {
             for (size_t f = 0; f < sizeof FAR / sizeof FAR[0]; f++) {
                 /* f16 holds no -1e30: its k would be -inf, already covered */
                 if (CALLS[i].kv_type == SDPA_F16 && !CALLS[i].masked && isfinite(FAR[f])) continue;
-                far_keys_add_nothing(&CALLS[i], FAR[f]);
+                /* nor 1e6 */
+                for (size_t t = 0; t < sizeof TOPS / sizeof TOPS[0]; t++)
+                    if (CALLS[i].kv_type != SDPA_F16 || TOPS[t] < 65504.0f)
+                        far_keys_add_nothing(&CALLS[i], TOPS[t], FAR[f]);
             }
         /* split-KV (one query over many keys, in pieces): -inf only, finite far keys there
            are another matter (a piece's own max) */
         const far_keys split[] = {
             {1, 1, 1100, SDPA_F32, 1}, {1, 1, 4099, SDPA_F32, 0}, {1, 1, 2000, SDPA_BF16, 0}};
         for (size_t i = 0; i < sizeof split / sizeof split[0]; i++)
-            far_keys_add_nothing(&split[i], -INFINITY);
+            far_keys_add_nothing(&split[i], 3.25f, -INFINITY);
     }
     sdpa_set_exp_mode("fast");
 }

@@ -4,8 +4,10 @@
  * compiles each kernel at its own vector width W: one source, many targets, as in Highway. What
  * an ISA does its own way comes in through those operations: the tails (under a mask on avx512
  * and avx2, element by element on sse and neon), each ISA's exps and how many run side by side.
- * No loop starts at an address-dependent point (a head to reach alignment): every split, and so
- * the order of every sum, follows n alone, so that the same values anywhere give the same bits.
+ * No sum starts at an address-dependent point: its split, and so its order, follows n alone, so
+ * that the same values anywhere give the same bits. Only the loops whose results no split can
+ * change (scale and normalize, element by element, and the max, which is exact) take a head to
+ * a line boundary on avx512 (vf_lead).
  *
  * Vector operations (arch/x86/<isa>.h, arch/arm/neon.c), + - * being the compiler's operators:
  *   vf, W       a vector of W floats
@@ -14,6 +16,7 @@
  *   vpart       the lanes of a row's last vector: vpart_first(len) is lanes [0, len), with
  *               vf_load_part (0 in the other lanes), vf_store_part, and vf_max_part and
  *               vf_add_part (acc in the other lanes)
+ *   vf_lead(p)  floats from p to where the element-wise and max loops start (0: no alignment)
  *   rounds_to_nearest()  whether the caller's rounding mode is round-to-nearest
  * Row exps (<isa>_exp.h; arch/row_exp_plain.h where the exps take no fold):
  *   row_exp     the constants of one row's exps, from row_exp_shift(shift, folded)
@@ -59,6 +62,11 @@ ALWAYS_INLINE void store_some(float *p, vpart part, int whole, vf v) {
 static void scale_row(float *y, const float *x, size_t n, float alpha) {
     const vf va = vf_set1(alpha);
     size_t i = 0;
+    if (n >= 4 * W && vf_lead(y)) { /* the stores to a line boundary (and x with them) */
+        i = vf_lead(y);
+        const vpart part = vpart_first(i);
+        vf_store_part(y, part, va * vf_load_part(x, part));
+    }
     for (; i + 4 * W <= n; i += 4 * W) {
         vf x0 = vf_load(x + i), x1 = vf_load(x + i + W);
         vf x2 = vf_load(x + i + 2 * W), x3 = vf_load(x + i + 3 * W);
@@ -78,6 +86,11 @@ static void scale_row(float *y, const float *x, size_t n, float alpha) {
 ALWAYS_INLINE vf max_lanes(const float *x, size_t n, vf vs, int unit) {
     vf m0 = vf_set1(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
     size_t i = 0;
+    if (n >= 4 * W && vf_lead(x)) { /* x to a line boundary */
+        i = vf_lead(x);
+        const vpart part = vpart_first(i);
+        m1 = vf_max_part(m1, part, scaled(vf_load_part(x, part), vs, unit));
+    }
     for (; i + 4 * W <= n; i += 4 * W) {
         m0 = vf_max(scaled(vf_load(x + i), vs, unit), m0);
         m1 = vf_max(scaled(vf_load(x + i + W), vs, unit), m1);
@@ -106,6 +119,11 @@ ALWAYS_INLINE void normalize_one(float *y, vf factor, vf keep_from, int from_e, 
  * cost avx2 more than the compares. */
 ALWAYS_INLINE void normalize_lanes(float *y, size_t n, vf factor, vf keep_from, int from_e) {
     size_t i = 0;
+    if (n >= 4 * W && vf_lead(y)) {
+        i = vf_lead(y);
+        const vpart part = vpart_first(i);
+        vf_store_part(y, part, row_weight(vf_load_part(y, part), factor, keep_from, from_e));
+    }
     for (; i + 2 * W <= n; i += 2 * W) {
         vf w[2];
         EACH_VECTOR for (int u = 0; u < 2; u++) w[u] =

@@ -41,6 +41,7 @@ typedef size_t vpart; /* the length of a row's last, partial vector */
 #define vf_max_part(acc, len, z)                                                                   \
     vmaxq_f32(acc, vbslq_f32(lanes_below(len), z, vdupq_n_f32(-INFINITY)))
 #define vf_add_part(acc, len, e) vaddq_f32(acc, zero_where_not(lanes_below(len), e))
+#define vf_lead(p)               ((void)(p), (size_t)0) /* no line-aligned loops */
 static inline int rounds_to_nearest(void) {
     uint64_t fpcr;
     __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));

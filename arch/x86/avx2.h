@@ -38,6 +38,7 @@ typedef __m256i vpart; /* the lanes of a row's last, partial vector */
 #define vf_max_part(acc, m, z)                                                                     \
     _mm256_max_ps(_mm256_blendv_ps(_mm256_set1_ps(-INFINITY), z, _mm256_castsi256_ps(m)), acc)
 #define vf_add_part(acc, m, e) _mm256_add_ps(acc, _mm256_and_ps(e, _mm256_castsi256_ps(m)))
+#define vf_lead(p)             ((void)(p), (size_t)0)      /* no line-aligned loops */
 #define rounds_to_nearest()    (!(_mm_getcsr() & 0x6000u)) /* MXCSR's RC */
 /* lane-wise max and sum of all 8 lanes, in every lane, without a trip through a scalar register */
 static inline __attribute__((always_inline)) vf vf_allmax(vf v) {

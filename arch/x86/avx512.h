@@ -36,6 +36,7 @@ typedef __mmask16 vpart; /* the lanes of a row's last, partial vector */
 #define vf_store_part(p, m, v) _mm512_mask_storeu_ps(p, m, v)
 #define vf_max_part(acc, m, z) _mm512_mask_max_ps(acc, m, z, acc)
 #define vf_add_part(acc, m, e) _mm512_mask_add_ps(acc, m, acc, e)
+#define vf_lead(p)             lead_to_line(p)             /* below */
 #define rounds_to_nearest()    (!(_mm_getcsr() & 0x6000u)) /* MXCSR's RC */
 /* Lane-wise max and sum of all 16 lanes, in every lane, with no trip through a scalar register
  * (the result feeds vector code at once): inside each 128-bit chunk, then across the four chunks,
@@ -89,6 +90,13 @@ static inline __attribute__((always_inline)) void vf_narrow_bf16(uint16_t *p, vf
 
 /* lanes [0, remaining) set, for remaining <= W */
 static inline __mmask16 tail_mask(size_t remaining) { return (__mmask16)((1u << remaining) - 1u); }
+
+/* Floats from p to the next 64-byte boundary (0 when aligned). A 64-byte load or store that
+ * straddles two cache lines costs two of the ports' slots, so the element-wise and max loops take
+ * a masked head of this many first (row_kernels.h); no sum does, whose order would follow it. */
+static inline size_t lead_to_line(const float *p) {
+    return (64 - ((uintptr_t)p & 63)) % 64 / sizeof(float);
+}
 
 /* sum of the 16 lanes: halves folded in three steps, then the last pair */
 static inline float hsum_avx512(__m512 v) {

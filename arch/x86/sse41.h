@@ -34,6 +34,7 @@ typedef size_t vpart; /* the length of a row's last, partial vector */
 #define vpart_first(len)         (len)   /* the first len floats, len < W, element by element: */
 #define vf_load_part(p, len)     load_partial(p, len, 0.0f) /* below */
 #define vf_store_part(p, len, v) store_partial(p, v, len)
+#define vf_lead(p)               ((void)(p), (size_t)0)      /* no line-aligned loops */
 #define rounds_to_nearest()      (!(_mm_getcsr() & 0x6000u)) /* MXCSR's RC */
 static inline float vf_hmax(vf m) {
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));

@@ -613,7 +613,10 @@ int main(int argc, char **argv) {
 #define ADDON_ENV_(unused, name, kind, built, table, backend, requires, env, default_on,           \
                    description)                                                                    \
     printf("; %s of %s: %s=%s (default %s)", #name, #backend, env,                                 \
-           getenv(env) && *getenv(env) ? getenv(env) : "unset", default_on ? "on" : "off");
+           getenv(env) && *getenv(env) ? getenv(env) : "unset",                                    \
+           default_on < 0 ? "per CPU, sdpa info"                                                   \
+           : default_on   ? "on"                                                                   \
+                          : "off");
     SDPA_ADDONS(ADDON_ENV_, )
 #undef ADDON_ENV_
     printf("\ncompiler: %s; flags: %s\nSLEEF %d.%d.%d\n", BENCH_COMPILER, BENCH_BUILD_FLAGS,

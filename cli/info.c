@@ -13,6 +13,7 @@
 #endif
 
 #include "backends.h"
+#include "bf16_dot_default.h"
 #include "cli.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -203,8 +204,8 @@ static const addon_record ADDON_RECORDS[] = {SDPA_ADDONS(ADDON_RECORD_, )};
  * ABI has no call that asks the library itself. */
 typedef struct addon_row {
     const addon_record *rec;
-    int in_use;
-    char note[96];
+    int on, in_use; /* on: the library turns it on (whichever backend is active) */
+    char note[160];
 } addon_row;
 
 /* Of the add-ons of rec's kind and backend, the one before row n that is in use (the library
@@ -217,26 +218,45 @@ static const addon_row *first_in_use(const addon_row *rows, size_t n, const addo
     return NULL;
 }
 
+/* Whether the add-on of row i is on, and why, as the library's load-time rule decides it. */
+static sdpa_addon_choice addon_choice(const cpu_report *cpu, const addon_row *rows, size_t i,
+                                      int runnable) {
+    const addon_record *rec = rows[i].rec;
+    const char *env = getenv(rec->env);
+    if (rec->default_on < 0) {
+        sdpa_cpu_id id = {cpu->vendor, cpu->family, cpu->model_number, runnable, 0};
+        for (size_t j = 0; j < i; j++)
+            if (rows[j].on && strcmp(rows[j].rec->kind, rec->kind) == 0 &&
+                strcmp(rows[j].rec->backend, rec->backend) == 0)
+                id.amx_on = 1;
+        return sdpa_bf16_dot_default(&id, env);
+    }
+    const int set = env && (strcmp(env, "on") == 0 || strcmp(env, "off") == 0);
+    sdpa_addon_choice c = {set ? strcmp(env, "on") == 0 : rec->default_on, 0, NULL};
+    c.reason = set    ? (c.on ? "turned on" : "turned off")
+               : c.on ? "on by default"
+                      : "off by default";
+    return c;
+}
+
 static void addon_rows(const cpu_report *cpu, addon_row *rows) {
     for (size_t i = 0; i < N_ADDONS; i++) {
         const addon_row *first;
         addon_row *a = &rows[i];
         a->rec = &ADDON_RECORDS[i];
-        a->in_use = 0;
+        a->in_use = a->on = 0;
         const record as_backend = {a->rec->backend, a->rec->built, SDPA_BUILD_ARCH,
                                    a->rec->requires, a->rec->description};
         char buf[64];
         const char *why = cpu_reason(cpu, &as_backend, buf, sizeof buf);
-        const char *env = getenv(a->rec->env);
-        const int set = env && (strcmp(env, "on") == 0 || strcmp(env, "off") == 0);
-        const int want = set ? strcmp(env, "on") == 0 : a->rec->default_on;
+        const sdpa_addon_choice c = addon_choice(cpu, rows, i, why == NULL);
+        a->on = a->rec->built && !why && c.on;
         if (!a->rec->built)
             snprintf(a->note, sizeof a->note, "not compiled into this library");
-        else if (!want)
-            snprintf(a->note, sizeof a->note, "off: %s (%s=on turns it on)",
-                     set ? "turned off" : "off by default", a->rec->env);
         else if (why)
             snprintf(a->note, sizeof a->note, "off: %s", why);
+        else if (!c.on)
+            snprintf(a->note, sizeof a->note, "off: %s (%s=on turns it on)", c.reason, a->rec->env);
         else if (strcmp(api->backend(), a->rec->backend) != 0)
             snprintf(a->note, sizeof a->note, "off: its backend, %s, is not the active one",
                      a->rec->backend);
@@ -244,8 +264,8 @@ static void addon_rows(const cpu_report *cpu, addon_row *rows) {
             snprintf(a->note, sizeof a->note, "on, unused: %s comes first (%s=off)",
                      first->rec->name, first->rec->env);
         else
-            snprintf(a->note, sizeof a->note, "in use: %s (%s=off turns it off)",
-                     set ? "turned on" : "on by default", a->rec->env),
+            snprintf(a->note, sizeof a->note, "in use: %s (%s=off turns it off)", c.reason,
+                     a->rec->env),
                 a->in_use = 1;
     }
 }

@@ -137,8 +137,11 @@ static void help_backend(const char *name, const char *arch, const char *require
 /* A line of HELP's add-on list (backends.h): what it is, what it needs, how to switch it. */
 #define HELP_ADDON_(unused, name, kind, built, table, backend, requires, env, default_on,          \
                     description)                                                                   \
-    printf("  %s of %s, needs %s; %s by default, %s=on|off\n      %s\n", #name, #backend,          \
-           requires, default_on ? "on" : "off", env, description);
+    printf("  %s of %s, needs %s; %s, %s=on|off\n      %s\n", #name, #backend, requires,           \
+           default_on < 0 ? "on or off by default by CPU (sdpa info says which)"                   \
+           : default_on   ? "on by default"                                                        \
+                          : "off by default",                                                        \
+           env, description);
 
 static const char HELP_INFO[] =
     "Usage: sdpa info [--json] [--threads N]\n"

@@ -6,10 +6,25 @@
  * only ever added. Every function is thread-safe. Pointers need no particular alignment.
  *
  * Errors: every call that can fail returns an sdpa_status. Arguments are checked before any work,
- * and on error no output is written and no input is read. Nothing aborts and nothing prints,
- * except one line on stderr at load time when SDPA_BACKEND, SDPA_EXP or SDPA_NUM_THREADS holds
- * something that cannot be used here. No array can hold more than PTRDIFF_MAX bytes: a count or an
- * extent past that is SDPA_ERR_SIZE, whatever the pointer.
+ * and on error no output is written and no input is read; sdpa_last_error_detail() then says
+ * which argument broke which rule. Nothing aborts and nothing prints,
+ * except the lines on stderr at load time listed under Environment below. No array can hold
+ * more than PTRDIFF_MAX bytes: a count or an extent past that is SDPA_ERR_SIZE, whatever the
+ * pointer.
+ *
+ * Environment, read once at load time (empty is the same as unset). These five variables are
+ * the only ones read, and a value that cannot be used prints exactly one line on stderr, the
+ * only output the library ever writes, then the default applies:
+ *   SDPA_BACKEND=<name> or auto (the backends below): "sdpa: SDPA_BACKEND=<value> is not a known
+ *     backend; using <best>" or "... is not supported on this CPU; using <best>".
+ *   SDPA_EXP=fast or sleef (sdpa_set_exp_mode): "sdpa: SDPA_EXP=<value> is not a known exp mode;
+ *     using fast".
+ *   SDPA_NUM_THREADS=<n>, digits only, 0 to 1024 (0: the default; sdpa_set_num_threads):
+ *     anything else, a sign, a blank or a prefix included, gives "sdpa: SDPA_NUM_THREADS=<value>
+ *     is not a decimal thread count from 0 to 1024; using the CPUs available, <n>".
+ *   SDPA_AMX and SDPA_BF16_DOT = on, off or auto (the avx512 bf16 dot add-ons, sdpa_mha): "sdpa:
+ *     <variable>=<value> is not on, off or auto; using auto: <on or off> (<why>)", the reason
+ *     `sdpa info` gives. =on does nothing where the CPU or OS lacks what the add-on needs.
  *
  * Floating-point environment: no call changes the rounding mode or the flush-to-zero and
  * denormals-are-zero bits, failed calls included. Exception flags: dot, scale and scores raise
@@ -73,6 +88,14 @@ typedef enum sdpa_status {
 
 /* A short English description of status; never NULL (unknown values give "unknown status"). */
 SDPA_API const char *sdpa_status_string(sdpa_status status);
+
+/* What the last call on this thread that returned an error found wrong, naming the argument and
+ * the rule it breaks, e.g. "heads_q (8) is not a multiple of heads_kv (3)"; "" before any error.
+ * Every function that returns an sdpa_status sets it when it fails. A call that succeeds leaves
+ * it as it was (as errno), so read it right after the failing call. The string is this thread's
+ * own, valid until its next failing call; English, for people, not parsed by programs (the
+ * status is the contract; the wording may change). Since ABI 1.3. */
+SDPA_API const char *sdpa_last_error_detail(void);
 
 /* SDPA_ABI_VERSION of the library that was loaded. */
 SDPA_API uint32_t sdpa_abi_version(void);
@@ -166,8 +189,11 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name); /* SDPA_ERR_UNSUPPORTE
  *                  (a stride of 0, or one inside the span of an inner axis, on an axis of more
  *                  than one entry), an extent past PTRDIFF_MAX bytes. The mask is only read:
  *                  any strides are valid (0 broadcasts, and a row stride of 0 gives every query
- *                  row one mask row) within that extent;
- *   SDPA_ERR_ARG   unknown flags, non-finite scale, struct_size smaller than the v1 struct.
+ *                  row one mask row) within that extent; out or lse whose extent (first to
+ *                  last element) meets that of q, k, v or the mask (where they are read: with
+ *                  output rows and keys) or of each other;
+ *   SDPA_ERR_ARG   unknown flags, non-finite scale, struct_size smaller than the v1 struct or
+ *                  ending inside one of the v2 groups below.
  * Accuracy (unit-normal q, k, v and the default scale, which gives the scores about unit
  * variance; measured in the test suite on every backend and both exp modes against a
  * double-precision evaluation of the textbook formula): max abs error per output
@@ -210,7 +236,8 @@ typedef struct sdpa_mha_desc {
     size_t q_stride[3], k_stride[3], v_stride[3], out_stride[3];
     const float *mask; /* optional additive mask [len_q][len_kv] per (batch, head); NULL for none */
     size_t mask_stride[3]; /* [batch][head][row]; 0 broadcasts; columns contiguous */
-    /* ---- v2: read only when struct_size covers them (a v1 caller gets f32 and no lse) ---- */
+    /* ---- v2: two groups, the types (q_type to reserved) and the lse (lse, lse_stride), each
+     * read when struct_size covers it whole (a v1 caller gets f32 and no lse) ---- */
     uint32_t q_type, kv_type, out_type; /* sdpa_dtype of q, of k and v, of out; sdpa_mha takes
                                            any, sdpa_mha_f32 only SDPA_F32 (0); an unknown value
                                            is SDPA_ERR_ARG. The mask and lse are always float. */
@@ -279,8 +306,8 @@ SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const f
  * for dk and dq, in those units). With another scale the bounds grow with the scores, whose
  * rounding moves P: times max(1, |scale| sqrt(d_k)), their standard deviation for unit-normal
  * q and k.
- * Memory and threads: each task's tiles are on its thread's stack (about 50 KiB; 114 KiB on one
- * thread with key chunks). A unit is one (batch, kv head), or the whole batch or head axis when
+ * Memory and threads: each task's tiles are on its thread's stack (about 180 KiB; 245 KiB on
+ * one thread with key chunks). A unit is one (batch, kv head), or the whole batch or head axis when
  * a gradient is summed over it; its task owns the unit's dk and dv rows and the dq rows of the
  * query heads that read it, and nothing is allocated. A call with fewer than 16 units, more
  * than 512 keys, d_k <= 256 and no summed axis (dq summed over query heads included) also cuts
@@ -322,8 +349,9 @@ typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype
  * bf16 Q.K on AMX and AVX512_BF16 CPUs: with q_type and kv_type both SDPA_BF16, blocks of 8 and
  * more queries with d_k <= 128 may form Q.K from the bf16 values with AMX tiles (TDPBF16PS) or
  * vdpbf16ps (the avx512 backend's add-ons: AMX on by default where the CPU and the OS allow it,
- * SDPA_AMX=on or off, then vdpbf16ps, off by default, SDPA_BF16_DOT=on or off, in the
- * environment at load time; `sdpa info` says which is in use; with AMX the library asks Linux
+ * SDPA_AMX=on or off, then vdpbf16ps, on by default only on CPUs where it was measured faster
+ * (AMD family 26, Zen 5: docs/performance.md), SDPA_BF16_DOT=on or off, in the environment at
+ * load time; `sdpa info` says which is in use and why; with AMX the library asks Linux
  * for the tile state at its first all-bf16 call, never at load, after which sigaltstack rejects
  * stacks smaller than the AMX signal frame, AT_MINSIGSTKSZ: docs/guarantees.md). Every product is
  * exact; the sums are float, added in another order, rounded to nearest whatever the rounding mode;
@@ -342,9 +370,10 @@ SDPA_API sdpa_status sdpa_mha(const sdpa_mha_desc *desc, void *out, const void *
 /* dst[i] = src[i] converted, for i < n: widening is exact; narrowing rounds to nearest, ties to
  * even, whatever the rounding mode, flush-to-zero or denormals-are-zero say; f16 results may be
  * subnormal, and a value beyond the largest finite f16 (65504, or from the halfway point 65520
- * up) gives inf. A NaN stays a NaN, quieted, with its sign. f16 to bf16 and back go through
- * float, rounded once. src == dst is allowed when the types have the same size; any other
- * overlap is SDPA_ERR_ARG, and so is an unknown type. */
+ * up) gives inf. A NaN stays a NaN, quieted, with its sign, also when both types are the same
+ * (otherwise such a call is a copy). f16 to bf16 and back go through float, rounded once.
+ * src == dst is allowed when the types have the same size; any other overlap is SDPA_ERR_ARG,
+ * and so is an unknown type. */
 SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *src,
                                   sdpa_dtype src_type, size_t n);
 
@@ -497,6 +526,8 @@ typedef struct sdpa_api {
     sdpa_status (*mha_backward_f32)(const sdpa_mha_desc *desc, const sdpa_mha_grads *grads,
                                     const float *q, const float *k, const float *v,
                                     const float *out);
+    /* ABI 1.3 */
+    const char *(*last_error_detail)(void);
     /* New functions go here, at the end, and nowhere else. */
 } sdpa_api;
 

@@ -24,6 +24,7 @@
 
 #include "attention_problem.h"
 #include "dispatch.h"
+#include "error.h"
 #include "sdpa.h"
 #include "sizes.h"
 #include "threads.h"
@@ -333,13 +334,21 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
 }
 
 /* The finished rows of b: normalised (a 16-bit out rounded once, from the float row), and their
- * log-sum-exps. */
+ * log-sum-exps; or, with part_l (a split-KV chunk, f32 out), the state its merge takes: the rows
+ * of acc as they are, the max m to lse and the sum l to part_l (NaN for a poisoned row). */
 static void rows_end(const attention_run *run, const attention_problem *p, const row_block *b,
-                     void *out, float *lse, size_t lse_row) {
+                     void *out, float *lse, size_t lse_row, float *part_l) {
     const size_t d_v = p->d_v, os = p->out_stride[2];
     const int narrow = p->out_type != SDPA_F32;
     for (size_t r = 0; r < b->nq; r++) {
         const size_t i = b->q0 + r;
+        if (part_l) {
+            float *o = (float *)out + i * os;
+            if (o != b->acc + r * b->ld_acc) memcpy(o, b->acc + r * b->ld_acc, d_v * sizeof(float));
+            lse[i * lse_row] = b->m[r];
+            part_l[i] = b->poisoned[r] ? NAN : (float)b->l[r];
+            continue;
+        }
         float *o = narrow ? b->acc + r * b->ld_acc : (float *)out + i * os;
         float row_lse;
         if (b->poisoned[r] || isnan(b->l[r])) {
@@ -363,7 +372,8 @@ static void rows_end(const attention_run *run, const attention_problem *p, const
  * them. */
 static void attention_block(const attention_run *run, const attention_problem *p, const void *q,
                             const void *k, const void *v, const float *mask, size_t mask_row,
-                            void *out, float *lse, size_t lse_row, size_t q0, size_t nq) {
+                            void *out, float *lse, size_t lse_row, float *part_l, size_t q0,
+                            size_t nq) {
     const size_t block_kv = run->keys_max;
     row_block first;
     float acc_tile[ACC_FLOATS];
@@ -409,7 +419,7 @@ static void attention_block(const attention_run *run, const attention_problem *p
                 rows_values(run, p, blocks[i], vb, vb16, vs, mask, mask_row, k0,
                             blocks[i]->kv_end - k0 < nk ? blocks[i]->kv_end - k0 : nk);
     }
-    for (size_t i = 0; i < n_blocks; i++) rows_end(run, p, blocks[i], out, lse, lse_row);
+    for (size_t i = 0; i < n_blocks; i++) rows_end(run, p, blocks[i], out, lse, lse_row, part_l);
 }
 
 /* base + index elements of type t */
@@ -447,7 +457,7 @@ typedef struct plan {
     size_t blocks_per_head; /* units per (batch, query head), or per (batch, kv head) if grouped */
     size_t n_units;
     size_t pieces, n_chunks; /* split-KV; n_chunks == 1: no split */
-    size_t slot;             /* floats of one (unit, chunk) partial: block_q rows and their lse */
+    size_t slot;             /* floats of one (unit, chunk) partial: rows, maxima, sums */
     float *workspace;        /* the partials, n_units * n_chunks slots */
 } plan;
 
@@ -503,8 +513,8 @@ static void unit_of(const plan *pl, size_t u, unit *x) {
 static void unit_run(const attention_run *run, const plan *pl, size_t u) {
     unit x;
     unit_of(pl, u, &x);
-    attention_block(run, &x.sub, x.q, x.k, x.v, x.mask, x.mask_row, x.out, x.lse, x.lse_row, x.q0,
-                    x.nq);
+    attention_block(run, &x.sub, x.q, x.k, x.v, x.mask, x.mask_row, x.out, x.lse, x.lse_row, NULL,
+                    x.q0, x.nq);
 }
 
 typedef void (*run_fn)(const attention_run *run, const plan *pl, size_t index);
@@ -529,15 +539,17 @@ static void unit_task(void *arg, size_t u) { call_run(unit_run, arg, u); }
 
 /* (out, lse) <- the merge of (out, lse) and (b, lse_b), rows x d_v, as sdpa.h states for
    sdpa_attention_merge_f32; lse and lse_b are contiguous. In float with the backend's own
-   scale and P V kernels: a merge costs a pass over two rows, which keeps the 1-thread split-KV
-   path (a merge per chunk) as fast as the unsplit one. */
+   scale and P V kernels. (Split-KV merges its chunks' unnormalised state instead: merge_state.) */
 static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float *lse,
                        const float *b, size_t b_row, const float *lse_b, size_t rows, size_t d_v) {
     for (size_t r = 0; r < rows; r++) {
         float *o = out + r * out_row;
         const float *ob = b + r * b_row;
         const float la = lse[r], lb = lse_b[r];
-        if (lb == -INFINITY) continue; /* b saw no key */
+        if (lb == -INFINITY) { /* b saw no key; if a saw none either, the row is zeros */
+            if (la == -INFINITY) memset(o, 0, d_v * sizeof(float));
+            continue;
+        }
         if (la == -INFINITY) {
             if (o != ob) memcpy(o, ob, d_v * sizeof(float));
             lse[r] = lb;
@@ -552,6 +564,13 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
         const int a_larger = la >= lb;
         const float hi = a_larger ? la : lb, lo = a_larger ? lb : la;
         const float w = expf(lo - hi), inv = 1.0f / (1.0f + w);
+        if (w == 0.0f) { /* the smaller part drops out whole: never 0 times its rows */
+            if (!a_larger) {
+                if (o != ob) memcpy(o, ob, d_v * sizeof(float));
+                lse[r] = lb;
+            }
+            continue;
+        }
         const float ca = a_larger ? inv : w * inv, cb = a_larger ? w * inv : inv;
         lse[r] = hi + log1pf(w);
         if (o == ob) continue; /* a part merged with itself: the same rows */
@@ -560,11 +579,12 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
     }
 }
 
-/* Unit x's rows over the keys of chunk c: normalised rows to out (out_row floats apart), their
-   log-sum-exps to lse[r]. Every row sees every key of a chunk but the last (the chunk holding
-   the causal diagonal), since split units have at most a piece of rows. */
+/* Unit x's rows over the keys of chunk c, as rows_end leaves a chunk: its rows of acc to out
+   (out_row floats apart), each row's max to m[r] and sum to l[r]. Every row sees every key of a
+   chunk but the last (the chunk holding the causal diagonal), since split units have at most a
+   piece of rows. */
 static void chunk_run(const attention_run *run, const plan *pl, const unit *x, size_t c, float *out,
-                      size_t out_row, float *lse) {
+                      size_t out_row, float *m, float *l) {
     const attention_problem *p = pl->p;
     const size_t begin = SPLIT_PIECE * (c * pl->pieces / pl->n_chunks);
     const size_t end =
@@ -575,12 +595,60 @@ static void chunk_run(const attention_run *run, const plan *pl, const unit *x, s
     sub.out_stride[2] = out_row;
     attention_block(run, &sub, x->q, element(x->k, begin * p->k_stride[2], p->kv_type),
                     element(x->v, begin * p->v_stride[2], p->kv_type),
-                    x->mask ? x->mask + begin : NULL, x->mask_row, out, lse, 1, 0, x->nq);
+                    x->mask ? x->mask + begin : NULL, x->mask_row, out, m, 1, l, 0, x->nq);
 }
 
-static void write_lse(const unit *x, const float *lse) {
-    if (x->lse)
-        for (size_t r = 0; r < x->nq; r++) x->lse[r * x->lse_row] = lse[r];
+/* Chunk b's state (rows b, b_row floats apart, maxima mb, sums lb) into a's (rows a, maxima ma,
+   sums la), rows x d_v, unnormalised, as the online softmax takes a block of keys: the part with
+   the smaller max is scaled by exp(its max - the larger), and a part whose factor is 0 drops
+   out whole (never 0 times its rows, which may hold inf). A NaN sum (a poisoned row) or a max of
+   +inf makes the row NaN. */
+static void merge_state(const sdpa_kernels *k, float *a, size_t a_row, float *ma, float *la,
+                        const float *b, size_t b_row, const float *mb, const float *lb, size_t rows,
+                        size_t d_v) {
+    static const float one = 1.0f;
+    for (size_t r = 0; r < rows; r++) {
+        float *o = a + r * a_row;
+        const float *ob = b + r * b_row;
+        if (isnan(la[r]) || isnan(lb[r]) || ma[r] == INFINITY || mb[r] == INFINITY) {
+            la[r] = NAN;
+            continue;
+        }
+        if (lb[r] == 0.0f) continue; /* b saw no key */
+        const float hi = ma[r] > mb[r] ? ma[r] : mb[r];
+        const float wa = la[r] == 0.0f ? 0.0f : expf(ma[r] - hi), wb = expf(mb[r] - hi);
+        if (wb == 0.0f) continue;
+        if (wa == 0.0f) {
+            memcpy(o, ob, d_v * sizeof(float));
+            ma[r] = mb[r];
+            la[r] = lb[r];
+            continue;
+        }
+        if (wa != 1.0f) k->scale(o, o, d_v, wa);
+        k->attention->pv_tile(o, d_v, wb == 1.0f ? &one : &wb, 1, 1, 1, ob, d_v, d_v);
+        la[r] = (float)((double)la[r] * wa + (double)lb[r] * wb);
+        ma[r] = hi;
+    }
+}
+
+/* The merged state of unit x's rows (out, out_row floats apart), normalised as rows_end does,
+   and their log-sum-exps */
+static void split_finish(const sdpa_kernels *k, const unit *x, float *out, size_t out_row,
+                         const float *m, const float *l, size_t d_v) {
+    for (size_t r = 0; r < x->nq; r++) {
+        float *o = out + r * out_row, row_lse;
+        if (isnan(l[r])) {
+            for (size_t c = 0; c < d_v; c++) o[c] = NAN;
+            row_lse = NAN;
+        } else if (l[r] == 0.0f) {
+            memset(o, 0, d_v * sizeof(float));
+            row_lse = -INFINITY;
+        } else {
+            k->scale(o, o, d_v, (float)(1.0 / l[r]));
+            row_lse = (float)((double)m[r] + log(l[r]));
+        }
+        if (x->lse) x->lse[r * x->lse_row] = row_lse;
+    }
 }
 
 /* The 1-thread split-KV unit: the same chunks and merges as split_task and split_merge, with
@@ -588,31 +656,33 @@ static void write_lse(const unit *x, const float *lse) {
 static __attribute__((noinline)) void split_serial_unit(const attention_run *run, const plan *pl,
                                                         size_t u) {
     const size_t d_v = pl->p->d_v;
-    float lse[SDPA_ATTN_MAX_BLOCK_Q], part_lse[SDPA_ATTN_MAX_BLOCK_Q];
+    float m[SDPA_ATTN_MAX_BLOCK_Q], l[SDPA_ATTN_MAX_BLOCK_Q];
+    float part_m[SDPA_ATTN_MAX_BLOCK_Q], part_l[SDPA_ATTN_MAX_BLOCK_Q];
     float part[SDPA_ATTN_MAX_BLOCK_Q * SPLIT_MAX_D_V];
     unit x;
     unit_of(pl, u, &x);
-    chunk_run(run, pl, &x, 0, (float *)x.out, x.sub.out_stride[2], lse);
+    float *out = (float *)x.out;
+    const size_t os = x.sub.out_stride[2];
+    chunk_run(run, pl, &x, 0, out, os, m, l);
     for (size_t c = 1; c < pl->n_chunks; c++) {
-        chunk_run(run, pl, &x, c, part, d_v, part_lse);
-        merge_rows(pl->run.k, (float *)x.out, x.sub.out_stride[2], lse, part, d_v, part_lse, x.nq,
-                   d_v);
+        chunk_run(run, pl, &x, c, part, d_v, part_m, part_l);
+        merge_state(pl->run.k, out, os, m, l, part, d_v, part_m, part_l, x.nq, d_v);
     }
-    write_lse(&x, lse);
+    split_finish(pl->run.k, &x, out, os, m, l, d_v);
 }
 
 /* Task t: unit t / n_chunks, its chunks last (longest) first. Chunk 0 writes the output rows,
-   the others their slot; every chunk's lse goes to its slot. */
+   the others their slot's rows; every chunk's maxima and sums go to its slot. */
 static void split_run(const attention_run *run, const plan *pl, size_t t) {
     const size_t u = t / pl->n_chunks, c = pl->n_chunks - 1 - t % pl->n_chunks;
     float *slot = pl->workspace + t * pl->slot;
-    float *lse = slot + pl->block_q * pl->p->d_v;
+    float *m = slot + pl->block_q * pl->p->d_v, *l = m + pl->block_q;
     unit x;
     unit_of(pl, u, &x);
     if (c == 0)
-        chunk_run(run, pl, &x, 0, (float *)x.out, x.sub.out_stride[2], lse);
+        chunk_run(run, pl, &x, 0, (float *)x.out, x.sub.out_stride[2], m, l);
     else
-        chunk_run(run, pl, &x, c, slot, pl->p->d_v, lse);
+        chunk_run(run, pl, &x, c, slot, pl->p->d_v, m, l);
 }
 
 static void split_task(void *arg, size_t t) { call_run(split_run, arg, t); }
@@ -622,14 +692,16 @@ static void split_merge(const plan *pl, size_t u) {
     unit x;
     unit_of(pl, u, &x);
     /* slots in task order: task u * n + i holds chunk n - 1 - i */
-    const float *slots = pl->workspace + u * n * pl->slot;
-    float *lse = (float *)slots + (n - 1) * pl->slot + rows_floats;
+    float *slots = pl->workspace + u * n * pl->slot;
+    float *m = slots + (n - 1) * pl->slot + rows_floats, *l = m + pl->block_q;
+    float *out = (float *)x.out;
+    const size_t os = x.sub.out_stride[2];
     for (size_t c = 1; c < n; c++) {
         const float *s = slots + (n - 1 - c) * pl->slot;
-        merge_rows(pl->run.k, (float *)x.out, x.sub.out_stride[2], lse, s, d_v, s + rows_floats,
-                   x.nq, d_v);
+        merge_state(pl->run.k, out, os, m, l, s, d_v, s + rows_floats,
+                    s + rows_floats + pl->block_q, x.nq, d_v);
     }
-    write_lse(&x, lse);
+    split_finish(pl->run.k, &x, out, os, m, l, d_v);
 }
 
 /* The call's work in multiply-adds, roughly: the scores and weighted sums of every row, and
@@ -687,7 +759,7 @@ static void attention_run_all(const attention_problem *p) {
         const size_t want = (SPLIT_TASKS + pl.n_units - 1) / pl.n_units;
         pl.n_chunks = pl.pieces < want ? pl.pieces : want;
     }
-    pl.slot = pl.block_q * (p->d_v + 1);
+    pl.slot = pl.block_q * (p->d_v + 2);
     pl.workspace = NULL;
 
     const size_t threads = sdpa_threads_for_call();
@@ -762,11 +834,21 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
                                               const float *lse_b, size_t rows, size_t d_v,
                                               size_t out_stride, size_t out_b_stride) {
     if (!rows) return SDPA_OK;
-    if (!out || !lse || !out_b || !lse_b) return SDPA_ERR_NULL;
-    if (!d_v || (rows > 1 && (out_stride < d_v || out_b_stride < d_v))) return SDPA_ERR_SIZE;
+    if (!out || !lse || !out_b || !lse_b)
+        return sdpa_fail(SDPA_ERR_NULL, "%s is NULL with rows = %zu",
+                         !out     ? "out"
+                         : !lse   ? "lse"
+                         : !out_b ? "out_b"
+                                  : "lse_b",
+                         rows);
+    if (!d_v) return sdpa_fail(SDPA_ERR_SIZE, "d_v is 0 with rows = %zu", rows);
+    if (rows > 1 && (out_stride < d_v || out_b_stride < d_v))
+        return sdpa_fail(SDPA_ERR_SIZE, "%s (%zu) is smaller than d_v (%zu)",
+                         out_stride < d_v ? "out_stride" : "out_b_stride",
+                         out_stride < d_v ? out_stride : out_b_stride, d_v);
     if (!sdpa_rows_fit(rows, d_v, out_stride) || !sdpa_rows_fit(rows, d_v, out_b_stride) ||
         !sdpa_rows_fit(rows, 1, 1))
-        return SDPA_ERR_SIZE;
+        return sdpa_fail(SDPA_ERR_SIZE, "an extent of %zu rows is past PTRDIFF_MAX bytes", rows);
     /* the spans fit (checked above) */
     const size_t n_out = (rows - 1) * out_stride + d_v, n_out_b = (rows - 1) * out_b_stride + d_v;
     const int same_out = out == out_b && out_stride == out_b_stride;
@@ -774,7 +856,8 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
         overlaps(lse, rows, out_b, n_out_b) ||
         (!same_out && overlaps(out, n_out, out_b, n_out_b)) ||
         (lse != lse_b && overlaps(lse, rows, lse_b, rows)))
-        return SDPA_ERR_SIZE;
+        return sdpa_fail(SDPA_ERR_SIZE, "out, lse, out_b and lse_b overlap other than as one "
+                                        "part merged with itself");
     merge_rows(sdpa_kernels_now(), out, out_stride, lse, out_b, out_b_stride, lse_b, rows, d_v);
     return SDPA_OK;
 }

@@ -8,12 +8,12 @@
  *     dP^T = V dO^T               the same, with scale 1
  *     P^T  = exp(S^T - lse)       exp_tile, or exp_sum key by key
  *     dS^T = scale P^T (dP^T - D) here, D_i = dO_i . O_i
- *     dV  += P^T dO               pv_tile (rows: keys)
- *     dK  += dS^T Q               pv_tile
+ *     dV  += P^T dO               pv_tile (rows: keys), sum_rows query rows at a time
+ *     dK  += dS^T Q               pv_tile, the same
  *     dQ  += dS K                 pv_tile_t (the weights key-major)
  * dK and dV are added into their output rows, which stay in cache through the query blocks; dQ
  * into its rows, block of keys after block of keys. No len_q x len_kv matrix is formed: a tile
- * and its operands live on the stack (about 50 KiB), and only key chunks (below) use the
+ * and its operands live on the stack (about 180 KiB), and only key chunks (below) use the
  * workspace.
  *
  * A pair (query row, key) that must not count (causal, a mask entry of -inf, a row with lse
@@ -43,6 +43,15 @@
 
 #define QT SDPA_ATTN_MAX_BLOCK_Q /* queries a tile: the columns of the key-major tiles */
 
+/* A key's dk and dv are summed over run->sum_rows query rows at a time (rows sum_rows r to
+ * sum_rows (r + 1) of a head: 256, 128 past d_k 64, 64 past d_k 128, so that a band of
+ * chunk_unit_serial holds whole blocks) from 0 in stack tiles, which are then added to the rows:
+ * one chain over every row would add len_q roundings, which under a directed rounding mode all
+ * err the same way (4096 causal rows missed the bounds by up to 6x). A tile holds a block of
+ * keys times d up to SUM_TILE_FLOATS (d <= 128 packed, 512 at 32 keys a block); past it that sum
+ * is one chain. The blocks cost about one percent of the backward. */
+#define SUM_TILE_FLOATS (SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_PACK_MAX_D)
+
 /* Kernels and constants of one call. */
 typedef struct backward_run {
     const backward_problem *bp;
@@ -54,6 +63,7 @@ typedef struct backward_run {
                     of scores_tile, which here are keys) */
     void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
+    size_t sum_rows;         /* query rows a block of each key's dk and dv sums (above) */
     size_t group;            /* query heads per kv head */
     size_t task_b, task_h;   /* batch entries and kv heads a task owns: 1, or the whole axis */
     size_t tasks_b, tasks_h; /* tasks along each axis */
@@ -67,10 +77,13 @@ typedef struct head {
     size_t dq_row, dq_first;
 } head;
 
-/* One block of keys: its rows of k and v, and of dk and dv. */
+/* One block of keys: its rows of k and v, and of dk and dv; dk_to and dv_to are where
+ * backward_tile adds their terms, dk_row and dv_row floats a key: the rows themselves, or the
+ * stack tiles of rows_against_keys. */
 typedef struct key_block {
     const float *k, *v;
-    float *dk, *dv;
+    float *dk, *dv, *dk_to, *dv_to;
+    size_t dk_row, dv_row;
     size_t k0, nk;
     int k_finite; /* its k rows hold no inf or NaN: 1, 0, or -1 until a tile needs to know */
 } key_block;
@@ -80,6 +93,8 @@ typedef struct tiles {
     _Alignas(64) float qt[SDPA_ATTN_PACK_MAX_D * QT];
     _Alignas(64) float s[SDPA_ATTN_MAX_BLOCK_KV * QT];  /* S^T, then P^T */
     _Alignas(64) float ds[SDPA_ATTN_MAX_BLOCK_KV * QT]; /* dP^T, then dS^T */
+    _Alignas(64) float dk[SUM_TILE_FLOATS];             /* a block's dk terms; else zeros */
+    _Alignas(64) float dv[SUM_TILE_FLOATS];             /* the same for dv */
 } tiles;
 
 /* No inf or NaN in n rows of `row` floats: the exponent bits of every float, OR-ed (integer
@@ -105,9 +120,10 @@ static inline int pair_counts(const attention_problem *p, const head *h, size_t 
     return !p->mask || h->mask[(q0 + i) * p->mask_stride[2] + k0 + j] != -INFINITY;
 }
 
-/* The tile of nq query rows from q0 of head h against key block kb. */
-static void backward_tile(const backward_run *run, tiles *t, const head *h, key_block *kb,
-                          size_t q0, size_t nq) {
+/* The tile of nq query rows from q0 of head h against key block kb; 0 if no pair of it counts
+ * (nothing added anywhere). */
+static int backward_tile(const backward_run *run, tiles *t, const head *h, key_block *kb, size_t q0,
+                         size_t nq) {
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
     const sdpa_attention_kernels *a = run->a;
@@ -126,7 +142,7 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, key_
     if (p->causal) {
         diag = (ptrdiff_t)(q0 + p->len_kv + 1) - (ptrdiff_t)(p->len_q + kb->k0);
         const ptrdiff_t last = diag + (ptrdiff_t)nq - 1;
-        if (last <= 0) return;
+        if (last <= 0) return 0;
         if ((size_t)last < nk) nk = (size_t)last;
     }
 
@@ -144,7 +160,7 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, key_
         live++;
         dd[i] = run->k->dot(dout + i * dos, h->out + (q0 + i) * os, d_v);
     }
-    if (!live) return;
+    if (!live) return 0;
 
     /* which pairs count: all, unless the causal diagonal, the mask or a dead row says not */
     int clean = live == nq;
@@ -220,10 +236,10 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, key_
     }
     if (!clean && kb->k_finite < 0) kb->k_finite = rows_finite(kb->k, kb->nk, ks, d_k);
     if (clean || (kb->k_finite && rows_finite(q, nq, qs, d_k) && rows_finite(dout, nq, dos, d_v))) {
-        a->pv_tile(kb->dv, bp->dv_stride[2], t->s, QT, nk, nq, dout, dos, d_v);
-        a->pv_tile(kb->dk, bp->dk_stride[2], t->ds, QT, nk, nq, q, qs, d_k);
+        a->pv_tile(kb->dv_to, kb->dv_row, t->s, QT, nk, nq, dout, dos, d_v);
+        a->pv_tile(kb->dk_to, kb->dk_row, t->ds, QT, nk, nq, q, qs, d_k);
         a->pv_tile_t(dq, h->dq_row, t->ds, QT, nq, nk, kb->k, ks, d_k);
-        return;
+        return 1;
     }
     /* Non-finite rows: only the runs of pairs that count, along each key's row for dk and dv,
        down each query's column for dq. */
@@ -235,9 +251,9 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, key_
             }
             const size_t i0 = i;
             while (i < nq && pair_counts(p, h, q0, kb->k0, i, j, diag)) i++;
-            a->pv_tile(kb->dv + j * bp->dv_stride[2], 0, t->s + j * QT + i0, QT, 1, i - i0,
+            a->pv_tile(kb->dv_to + j * kb->dv_row, 0, t->s + j * QT + i0, QT, 1, i - i0,
                        dout + i0 * dos, dos, d_v);
-            a->pv_tile(kb->dk + j * bp->dk_stride[2], 0, t->ds + j * QT + i0, QT, 1, i - i0,
+            a->pv_tile(kb->dk_to + j * kb->dk_row, 0, t->ds + j * QT + i0, QT, 1, i - i0,
                        q + i0 * qs, qs, d_k);
         }
     for (size_t i = 0; i < nq; i++) {
@@ -252,6 +268,57 @@ static void backward_tile(const backward_run *run, tiles *t, const head *h, key_
             while (j < nk && pair_counts(p, h, q0, kb->k0, i, j, diag)) j++;
             a->pv_tile(dq + i * h->dq_row, 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks, d_k);
         }
+    }
+    return 1;
+}
+
+/* rows x d floats: dst (dst_row apart) += src (src_row apart) */
+static void add_rows(float *dst, size_t dst_row, const float *src, size_t src_row, size_t rows,
+                     size_t d) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < d; c++) dst[r * dst_row + c] += src[r * src_row + c];
+}
+
+/* rows x d floats: dst (dst_row apart) += the dense tile src, which is left zeroed. The adds
+ * are pv_tile's products by 1, which are exact, so each is one rounding of the sum, in the
+ * backend's vectors (a baseline loop costs a few percent of the backward). */
+static void add_tile_clear(const backward_run *run, float *dst, size_t dst_row, float *src,
+                           size_t rows, size_t d) {
+    static const float one = 1.0f;
+    if (dst_row == d)
+        run->a->pv_tile(dst, 0, &one, 0, 1, 1, src, 0, rows * d);
+    else
+        for (size_t r = 0; r < rows; r++)
+            run->a->pv_tile(dst + r * dst_row, 0, &one, 0, 1, 1, src + r * d, 0, d);
+    memset(src, 0, rows * d * sizeof(float));
+}
+
+/* Rows [r_begin, r_end) of head h (r_begin a multiple of QT) against key block kb, a tile at a
+ * time, dk and dv in blocks of sum_rows rows (above; t->dk and t->dv hold zeros on entry, and
+ * again on return). A block whose tiles count nowhere adds nothing, so that an order that also
+ * visits the tiles before the first row seeing kb (chunk_unit_serial) adds to dk and dv exactly
+ * what backward_keys does. */
+static void rows_against_keys(const backward_run *run, tiles *t, const head *h, key_block *kb,
+                              size_t r_begin, size_t r_end) {
+    const backward_problem *bp = run->bp;
+    const size_t d_k = bp->fwd.d_k, d_v = bp->fwd.d_v, rows = run->sum_rows;
+    const int tile_k = kb->nk * d_k <= SUM_TILE_FLOATS, tile_v = kb->nk * d_v <= SUM_TILE_FLOATS;
+    if (tile_k) {
+        kb->dk_to = t->dk;
+        kb->dk_row = d_k;
+    }
+    if (tile_v) {
+        kb->dv_to = t->dv;
+        kb->dv_row = d_v;
+    }
+    for (size_t q0 = r_begin; q0 < r_end;) {
+        const size_t end = (q0 / rows + 1) * rows < r_end ? (q0 / rows + 1) * rows : r_end;
+        int added = 0;
+        for (; q0 < end; q0 += QT)
+            added |= backward_tile(run, t, h, kb, q0, end - q0 < QT ? end - q0 : QT);
+        if (!added) continue;
+        if (tile_k) add_tile_clear(run, kb->dk, bp->dk_stride[2], t->dk, kb->nk, d_k);
+        if (tile_v) add_tile_clear(run, kb->dv, bp->dv_stride[2], t->dv, kb->nk, d_v);
     }
 }
 
@@ -280,6 +347,10 @@ static void key_block_of(const backward_run *run, size_t b, size_t hk, size_t k0
     kb->v = (const float *)p->v + b * p->v_stride[0] + hk * p->v_stride[1] + k0 * p->v_stride[2];
     kb->dk = bp->dk + b * bp->dk_stride[0] + hk * bp->dk_stride[1] + k0 * bp->dk_stride[2];
     kb->dv = bp->dv + b * bp->dv_stride[0] + hk * bp->dv_stride[1] + k0 * bp->dv_stride[2];
+    kb->dk_to = kb->dk;
+    kb->dk_row = bp->dk_stride[2];
+    kb->dv_to = kb->dv;
+    kb->dv_row = bp->dv_stride[2];
     kb->k_finite = -1;
 }
 
@@ -307,8 +378,7 @@ static void backward_keys(const backward_run *run, tiles *t, size_t b, size_t hk
                 h.dq = partial + g * p->len_q * p->d_k;
                 h.dq_row = p->d_k;
             }
-            for (size_t q0 = first / QT * QT; q0 < p->len_q; q0 += QT)
-                backward_tile(run, t, &h, &kb, q0, p->len_q - q0 < QT ? p->len_q - q0 : QT);
+            rows_against_keys(run, t, &h, &kb, first / QT * QT, p->len_q);
         }
     }
 }
@@ -327,6 +397,8 @@ static void backward_task(void *arg, size_t index) {
     const attention_problem *p = &bp->fwd;
     const size_t b0 = index / run->tasks_h * run->task_b, h0 = index % run->tasks_h * run->task_h;
     tiles t;
+    memset(t.dk, 0, sizeof t.dk);
+    memset(t.dv, 0, sizeof t.dv);
     for (size_t b = b0; b < b0 + run->task_b; b++)
         for (size_t hk = h0; hk < h0 + run->task_h; hk++) {
             zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
@@ -352,7 +424,8 @@ static void backward_task(void *arg, size_t index) {
  * row gets the same tiles in the same order (query heads, then blocks of rows), and every dq row
  * the same partials, so the bits are those of the parallel path, at any thread count. Units own
  * no summed axis (task_b = task_h = 1, and dq not summed over query heads), and d_k is at most
- * CHUNK_MAX_D (a band of at least QT rows in the stack tile). */
+ * CHUNK_MAX_D (a band of at least sum_rows rows in the stack tile: bands of whole blocks of
+ * rows, so that each dk and dv row gets the same block sums in the same order). */
 #define CHUNK_KEYS   512
 #define CHUNK_TASKS  16
 #define CHUNK_MAX_D  256
@@ -393,6 +466,8 @@ static void chunk_task(void *arg, size_t index) {
     chunk_keys(ch, c, &k_begin, &k_end);
     float *partial = c ? ch->ws + (u * (ch->n_chunks - 1) + c - 1) * ch->part : NULL;
     tiles t;
+    memset(t.dk, 0, sizeof t.dk);
+    memset(t.dv, 0, sizeof t.dv);
     zero_rows(bp->dk, bp->dk_stride, b, hk, k_begin, k_end - k_begin, p->d_k);
     zero_rows(bp->dv, bp->dv_stride, b, hk, k_begin, k_end - k_begin, p->d_v);
     if (partial)
@@ -403,13 +478,6 @@ static void chunk_task(void *arg, size_t index) {
     backward_keys(run, &t, b, hk, k_begin, k_end, partial);
 }
 
-/* rows x d floats: dst (dst_row apart) += src (src_row apart) */
-static void add_rows(float *dst, size_t dst_row, const float *src, size_t src_row, size_t rows,
-                     size_t d) {
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < d; c++) dst[r * dst_row + c] += src[r * src_row + c];
-}
-
 /* Unit u on the calling thread, a band of query rows at a time (see above): as many rows as
  * the stack tile holds at d_k, so that each pass over the unit's keys (their k, v, dk and dv
  * rows, 2 MiB at 1024 keys and d = 128, more than L2) serves that many rows, not 32. */
@@ -418,8 +486,10 @@ static void chunk_unit_serial(const chunked *ch, size_t u) {
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
     const size_t b = u / run->tasks_h, hk = u % run->tasks_h;
-    const size_t band = CHUNK_ACC / p->d_k / QT * QT;
+    const size_t band = CHUNK_ACC / p->d_k / run->sum_rows * run->sum_rows; /* whole blocks */
     tiles t;
+    memset(t.dk, 0, sizeof t.dk);
+    memset(t.dv, 0, sizeof t.dv);
     float acc[CHUNK_ACC];
     zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
     zero_rows(bp->dv, bp->dv_stride, b, hk, 0, p->len_kv, p->d_v);
@@ -445,8 +515,7 @@ static void chunk_unit_serial(const chunked *ch, size_t u) {
                 for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
                     key_block kb;
                     key_block_of(run, b, hk, k0, &kb);
-                    for (size_t q0 = r1; q0 < r0 + nr; q0 += QT)
-                        backward_tile(run, &t, &hc, &kb, q0, r0 + nr - q0 < QT ? r0 + nr - q0 : QT);
+                    rows_against_keys(run, &t, &hc, &kb, r1, r0 + nr);
                 }
                 if (c) add_rows(h.dq + r1 * h.dq_row, h.dq_row, acc, p->d_k, n1, p->d_k);
             }
@@ -483,6 +552,7 @@ static void backward_run_all(const backward_problem *bp) {
                  p->d_v <= SDPA_ATTN_PACK_MAX_D;
     run.keys = run.packed ? SDPA_ATTN_MAX_BLOCK_KV : run.a->block_q;
     run.group = p->heads_q / p->heads_kv;
+    run.sum_rows = p->d_k <= 64 ? 8 * QT : p->d_k <= 128 ? 4 * QT : 2 * QT;
     /* a gradient summed over an axis (stride 0) is written by one task for the whole axis */
     const int all_b = p->batch > 1 && (!bp->dq_stride[0] || !bp->dk_stride[0] || !bp->dv_stride[0]);
     const int all_h = p->heads_kv > 1 && (!bp->dk_stride[1] || !bp->dv_stride[1] ||

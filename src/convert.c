@@ -5,25 +5,59 @@
 
 #include "attention_problem.h"
 #include "dispatch.h"
+#include "error.h"
 #include "sdpa.h"
 #include "sizes.h"
 
 /* f16 <-> bf16 go through float in chunks this long, on the stack */
 #define CHUNK 1024
 
+/* A copy to the same type with every signalling NaN quieted, as a conversion quiets it (sdpa.h):
+ * in all three formats the quiet bit is the mantissa's top bit, just below the exponent. One
+ * element at a time through memcpy, since the pointers need no alignment; dst == src works. */
+static void copy_quieted(void *dst, const void *src, size_t n, sdpa_dtype type) {
+    if (type == SDPA_F32) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t x;
+            memcpy(&x, (const char *)src + 4 * i, 4);
+            if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x007fffffu)) x |= 0x00400000u;
+            memcpy((char *)dst + 4 * i, &x, 4);
+        }
+        return;
+    }
+    const uint16_t exponent = type == SDPA_F16 ? 0x7c00u : 0x7f80u;
+    const uint16_t quiet = type == SDPA_F16 ? 0x0200u : 0x0040u;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t x;
+        memcpy(&x, (const char *)src + 2 * i, 2);
+        if ((x & exponent) == exponent && (x & (uint16_t)(2 * quiet - 1)))
+            x = (uint16_t)(x | quiet);
+        memcpy((char *)dst + 2 * i, &x, 2);
+    }
+}
+
 SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *src,
                                   sdpa_dtype src_type, size_t n) {
-    if ((uint32_t)dst_type > SDPA_BF16 || (uint32_t)src_type > SDPA_BF16) return SDPA_ERR_ARG;
+    if ((uint32_t)dst_type > SDPA_BF16)
+        return sdpa_fail(SDPA_ERR_ARG, "dst_type (%u) is not an sdpa_dtype (0 to 2)",
+                         (unsigned)dst_type);
+    if ((uint32_t)src_type > SDPA_BF16)
+        return sdpa_fail(SDPA_ERR_ARG, "src_type (%u) is not an sdpa_dtype (0 to 2)",
+                         (unsigned)src_type);
     if (n == 0) return SDPA_OK;
-    if (!dst || !src) return SDPA_ERR_NULL;
+    if (!dst || !src)
+        return sdpa_fail(SDPA_ERR_NULL, "%s is NULL with n = %zu", dst ? "src" : "dst", n);
     const size_t dst_size = sdpa_type_size(dst_type), src_size = sdpa_type_size(src_type);
-    if (n > (size_t)PTRDIFF_MAX / (dst_size > src_size ? dst_size : src_size)) return SDPA_ERR_SIZE;
+    if (n > (size_t)PTRDIFF_MAX / (dst_size > src_size ? dst_size : src_size))
+        return sdpa_fail(SDPA_ERR_SIZE, "n (%zu) elements are past PTRDIFF_MAX bytes", n);
     const int in_place = dst == src && dst_size == src_size;
-    if (!in_place && sdpa_bytes_overlap(dst, n * dst_size, src, n * src_size)) return SDPA_ERR_ARG;
+    if (!in_place && sdpa_bytes_overlap(dst, n * dst_size, src, n * src_size))
+        return sdpa_fail(SDPA_ERR_ARG, "dst and src overlap, and are not the same array of "
+                                       "elements of one size");
 
     const sdpa_kernels *k = sdpa_kernels_now();
     if (dst_type == src_type) {
-        if (!in_place) memcpy(dst, src, n * dst_size);
+        copy_quieted(dst, src, n, dst_type);
     } else if (src_type == SDPA_F32) {
         k->narrow[dst_type](dst, src, n);
     } else if (dst_type == SDPA_F32) {

@@ -16,7 +16,9 @@
 #include <string.h>
 
 #include "backends.h"
+#include "bf16_dot_default.h"
 #include "dispatch.h"
+#include "error.h"
 #include "sdpa.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -127,17 +129,23 @@ static const cpu_feature FEATURES[] = {{"ASIMD", cpu_has_asimd}, {NULL, NULL}};
 static const cpu_feature FEATURES[] = {{NULL, NULL}};
 #endif
 
-/* Whether this CPU has every feature of a record's list; a name not probed here counts as
- * missing, so a record can never enable code the CPU was not checked for. */
-static int cpu_has_all(const char *requires) {
+/* The first feature of a record's list ('+'-joined) this CPU lacks, its length in *len; NULL if
+ * it has every one. A name not probed here counts as missing, so a record can never enable code
+ * the CPU was not checked for. */
+static const char *cpu_missing(const char *requires, size_t *len) {
     for (const char *p = requires; *p;) {
-        size_t len = strcspn(p, "+");
+        *len = strcspn(p, "+");
         const cpu_feature *f = FEATURES;
-        while (f->name && !(strncmp(f->name, p, len) == 0 && f->name[len] == 0)) f++;
-        if (!f->name || !f->present()) return 0;
-        p += len + (p[len] == '+');
+        while (f->name && !(strncmp(f->name, p, *len) == 0 && f->name[*len] == 0)) f++;
+        if (!f->name || !f->present()) return p;
+        p += *len + (p[*len] == '+');
     }
-    return 1;
+    return NULL;
+}
+
+static int cpu_has_all(const char *requires) {
+    size_t len;
+    return cpu_missing(requires, &len) == NULL;
 }
 
 /* Which backends this CPU can run, probed once by init (a probe per call would be slow). */
@@ -146,7 +154,7 @@ static int runnable[N_BACKENDS];
 /* The add-ons (meson.build: a record's 'addons'), and which are on: compiled in, every feature
  * present (the backend's and the add-on's own), and on by its variable or by default; set by
  * init, before anything can call them. bf16_dot is the only kind so far, so the table has its
- * type. */
+ * type. default_on: 1 on, 0 off, -1 chosen per CPU (bf16_dot_default.h). */
 typedef struct addon {
     const char *name, *kind, *backend;
     const sdpa_bf16_dot_kernels *table; /* NULL when not compiled into this library */
@@ -159,6 +167,7 @@ static const addon ADDONS[] = {SDPA_ADDONS(ADDON_, ){NULL, NULL, NULL, NULL, NUL
 #undef ADDON_
 #define N_ADDONS (sizeof ADDONS / sizeof ADDONS[0] - 1)
 static int addon_on[N_ADDONS + 1];
+static int addon_default[N_ADDONS + 1]; /* the default resolved for this CPU: 1 on, 0 off */
 
 static const backend *find(const char *name) {
     for (size_t i = 0; i < N_BACKENDS; i++)
@@ -174,24 +183,68 @@ static const sdpa_kernels *best(void) {
 
 static const char *const EXP_NAMES[SDPA_EXP_KINDS] = {"fast", "sleef"};
 
+/* The CPU as bf16_dot_default.h's rule sees it, for the add-on i; amx_on: an add-on of the same
+ * kind and backend listed before it is on (and so used first). */
+static sdpa_cpu_id cpu_id_for(size_t i) {
+    sdpa_cpu_id id = {"", 0, 0, cpu_has_all(ADDONS[i].requires), 0};
+#if defined(__x86_64__) || defined(__i386__)
+    static X86Info info; /* init runs once: the vendor string outlives this call */
+    info = GetX86Info();
+    id.vendor = info.vendor;
+    id.family = info.family;
+    id.model = info.model;
+#endif
+    for (size_t j = 0; j < i; j++)
+        if (addon_on[j] && strcmp(ADDONS[j].kind, ADDONS[i].kind) == 0 &&
+            strcmp(ADDONS[j].backend, ADDONS[i].backend) == 0)
+            id.amx_on = 1;
+    return id;
+}
+
+/* Whether the add-on i is on, from its variable (on, off; unset, empty or auto: its default)
+ * and what the CPU has. A value that is none of those is reported like an unknown backend: one
+ * line saying what the default then gives here and why. */
+static int addon_choose(size_t i) {
+    const addon *a = &ADDONS[i];
+    const char *env = getenv(a->env);
+    const int runnable = a->table && cpu_has_all(a->requires);
+    sdpa_addon_choice c;
+    if (a->default_on < 0) {
+        const sdpa_cpu_id id = cpu_id_for(i);
+        addon_default[i] = sdpa_bf16_dot_default(&id, NULL).on;
+        c = sdpa_bf16_dot_default(&id, env);
+    } else {
+        addon_default[i] = a->default_on;
+        c.env_invalid = env && *env && strcmp(env, "auto") != 0 && strcmp(env, "on") != 0 &&
+                        strcmp(env, "off") != 0;
+        c.on =
+            env && (!strcmp(env, "on") || !strcmp(env, "off")) ? !strcmp(env, "on") : a->default_on;
+        c.reason = a->default_on ? "on by default" : "off by default";
+    }
+    if (!a->table) {
+        c.on = 0, c.reason = "not compiled into this library";
+    } else if (!runnable) {
+        static char lacks[N_ADDONS + 1][64]; /* init runs once */
+        size_t len = 0;
+        const char *missing = cpu_missing(a->requires, &len);
+        snprintf(lacks[i], sizeof lacks[i], "this CPU or OS lacks %.*s", (int)len, missing);
+        c.on = 0, c.reason = lacks[i];
+    }
+    if (c.env_invalid)
+        fprintf(stderr, "sdpa: %s=%s is not on, off or auto; using auto: %s (%s)\n", a->env, env,
+                c.on ? "on" : "off", c.reason);
+    return c.on;
+}
+
+static void addons_init(void) {
+    for (size_t i = 0; i < N_ADDONS; i++) addon_on[i] = addon_choose(i);
+}
+
 static void init_once(void) {
     for (size_t i = 0; i < N_BACKENDS; i++)
         runnable[i] = BACKENDS[i].kernels != NULL && cpu_has_all(BACKENDS[i].requires);
 
-    /* an add-on's variable: on, off, or the record's default (unset, empty, auto, or unknown,
-       which is reported like an unknown backend) */
-    for (size_t i = 0; i < N_ADDONS; i++) {
-        const char *env = getenv(ADDONS[i].env);
-        int want = ADDONS[i].default_on;
-        if (env && *env && strcmp(env, "auto") != 0) {
-            if (strcmp(env, "on") == 0 || strcmp(env, "off") == 0)
-                want = strcmp(env, "on") == 0;
-            else
-                fprintf(stderr, "sdpa: %s=%s is not on, off or auto; using auto (%s)\n",
-                        ADDONS[i].env, env, want ? "on" : "off");
-        }
-        addon_on[i] = want && ADDONS[i].table && cpu_has_all(ADDONS[i].requires);
-    }
+    addons_init();
 
     const sdpa_kernels *chosen = best();
     const char *forced = getenv("SDPA_BACKEND");
@@ -261,7 +314,7 @@ int sdpa_bf16_dot_addon(const sdpa_kernels *k, size_t index, sdpa_addon_info *in
         info->name = ADDONS[i].name;
         info->requires = ADDONS[i].requires;
         info->env = ADDONS[i].env;
-        info->default_on = ADDONS[i].default_on;
+        info->default_on = addon_default[i];
         info->runnable = ADDONS[i].table && cpu_has_all(ADDONS[i].requires) && addon_permitted(i);
         info->on = addon_on[i] && info->runnable;
         info->table = info->runnable ? ADDONS[i].table : NULL;
@@ -285,10 +338,12 @@ const sdpa_kernels *sdpa_backend_kernels(const char *name) {
 }
 
 SDPA_API sdpa_status sdpa_set_backend(const char *name) {
-    if (!name) return SDPA_ERR_NULL;
+    if (!name) return sdpa_fail(SDPA_ERR_NULL, "name is NULL");
     const sdpa_kernels *k =
         strcmp(name, "auto") == 0 ? (sdpa_dispatch_init(), best()) : sdpa_backend_kernels(name);
-    if (!k) return SDPA_ERR_UNSUPPORTED;
+    if (!k)
+        return sdpa_fail(SDPA_ERR_UNSUPPORTED, "backend \"%.64s\" is %s", name,
+                         find(name) ? "not runnable on this CPU" : "not one this library knows");
     atomic_store_explicit(&sdpa_active_kernels, k, memory_order_release);
     return SDPA_OK;
 }
@@ -296,7 +351,7 @@ SDPA_API sdpa_status sdpa_set_backend(const char *name) {
 SDPA_API const char *sdpa_exp_mode(void) { return EXP_NAMES[sdpa_exp_now()]; }
 
 SDPA_API sdpa_status sdpa_set_exp_mode(const char *name) {
-    if (!name) return SDPA_ERR_NULL;
+    if (!name) return sdpa_fail(SDPA_ERR_NULL, "name is NULL");
     sdpa_dispatch_init();
     for (int i = 0; i < SDPA_EXP_KINDS; i++) {
         if (strcmp(name, EXP_NAMES[i]) == 0) {
@@ -304,5 +359,5 @@ SDPA_API sdpa_status sdpa_set_exp_mode(const char *name) {
             return SDPA_OK;
         }
     }
-    return SDPA_ERR_UNSUPPORTED;
+    return sdpa_fail(SDPA_ERR_UNSUPPORTED, "exp mode \"%.64s\" is not \"fast\" or \"sleef\"", name);
 }

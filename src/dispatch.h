@@ -15,17 +15,19 @@ const sdpa_kernels *sdpa_backend_kernels(const char *name);
 
 /* The bf16 dot add-on of backend k (kernels.h) that is on, the first in the records' order
  * (amx_bf16, then bf16_dot): compiled in, the CPU has what it requires, and its variable
- * (SDPA_AMX, SDPA_BF16_DOT) =on or, unset, its record's default (chosen at load time, with the
- * backend), and for AMX Linux grants the process the tile state (asked at the first call here
- * that finds the AMX add-on on, never at load); else NULL.
- * Call it with a table from sdpa_kernels_now(), whose acquire load orders this after init. */
+ * (SDPA_AMX, SDPA_BF16_DOT) =on or, unset, its default (its record's, or for bf16_dot the
+ * per-CPU rule of bf16_dot_default.h; chosen at load time, with the backend), and for AMX Linux
+ * grants the process the tile state (asked at the first call here that finds the AMX add-on on,
+ * never at load); else NULL. Call it with a table from sdpa_kernels_now(), whose acquire load
+ * orders this after init. */
 const sdpa_bf16_dot_kernels *sdpa_bf16_dot_for(const sdpa_kernels *k);
 
 /* For tests: the index-th bf16 dot add-on of backend k in the records' order (0 first), whether
  * compiled in or not; returns 0 past the last. runnable (and table, else NULL): compiled in and
  * the CPU has what it requires, whatever the environment says (probing AMX here asks the OS for
- * the tile state even where the add-on is off); on: as sdpa_bf16_dot_for counts it, whose
- * answer is the table of the first that is on. */
+ * the tile state even where the add-on is off); default_on: its default on this CPU, the
+ * per-CPU rule resolved (1 or 0); on: as sdpa_bf16_dot_for counts it, whose answer is the table
+ * of the first that is on. */
 typedef struct sdpa_addon_info {
     const char *name, *requires, *env;
     int default_on, runnable, on;

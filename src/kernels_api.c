@@ -1,9 +1,12 @@
 /* Public kernel entry points: check arguments once, then hand valid input to the active
  * backend. The softmax special-value rules live here, once, for every backend. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dispatch.h"
+#include "error.h"
 #include "sdpa.h"
 #include "shift_guess.h"
 #include "sizes.h"
@@ -26,31 +29,80 @@ SDPA_API const char *sdpa_status_string(sdpa_status status) {
     return "unknown status";
 }
 
+/* Long enough for a rule with its numbers: "heads_q (8) is not a multiple of heads_kv (3)". */
+#define DETAIL_SIZE 256
+static _Thread_local char last_detail[DETAIL_SIZE];
+
+sdpa_status sdpa_fail(sdpa_status status, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(last_detail, sizeof last_detail, format, args);
+    va_end(args);
+    return status;
+}
+
+SDPA_API const char *sdpa_last_error_detail(void) { return last_detail; }
+
 SDPA_API uint32_t sdpa_abi_version(void) { return SDPA_ABI_VERSION; }
 
 SDPA_API const char *sdpa_version(void) { return SDPA_VERSION_STRING; }
 
-static int bad_scale(float scale) { return !isfinite(scale) || scale == 0.0f; }
+/* SDPA_OK, or the error of a pointer among n floats that is NULL though n > 0 */
+static sdpa_status null_arg(const char *name, const void *p, size_t n) {
+    return n && !p ? sdpa_fail(SDPA_ERR_NULL, "%s is NULL with n = %zu", name, n) : SDPA_OK;
+}
+
+static sdpa_status count_arg(size_t n) {
+    return n > SDPA_MAX_FLOATS
+               ? sdpa_fail(SDPA_ERR_SIZE, "n (%zu) is past PTRDIFF_MAX bytes of floats", n)
+               : SDPA_OK;
+}
+
+/* the checks of softmax and its backward: a NULL array, the count, then the scale */
+static sdpa_status row_args(const char *n1, const void *p1, const char *n2, const void *p2,
+                            const char *n3, const void *p3, size_t n, float scale) {
+    sdpa_status st = null_arg(n1, p1, n);
+    if (st == SDPA_OK) st = null_arg(n2, p2, n);
+    if (st == SDPA_OK && n3) st = null_arg(n3, p3, n);
+    if (st == SDPA_OK) st = count_arg(n);
+    if (st == SDPA_OK && (!isfinite(scale) || scale == 0.0f))
+        st = sdpa_fail(SDPA_ERR_ARG, "scale (%g) must be finite and non-zero", (double)scale);
+    return st;
+}
 
 SDPA_API sdpa_status sdpa_dot_f32(const float *a, const float *b, size_t n, float *result) {
-    if (!result || (n && (!a || !b))) return SDPA_ERR_NULL;
-    if (n > SDPA_MAX_FLOATS) return SDPA_ERR_SIZE;
+    if (!result) return sdpa_fail(SDPA_ERR_NULL, "result is NULL");
+    sdpa_status st = null_arg("a", a, n);
+    if (st == SDPA_OK) st = null_arg("b", b, n);
+    if (st == SDPA_OK) st = count_arg(n);
+    if (st != SDPA_OK) return st;
     return (sdpa_status)sdpa_kernels_now()->dot_to(a, b, n, result); /* n == 0 too */
 }
 
 SDPA_API sdpa_status sdpa_scale_f32(float *y, const float *x, size_t n, float alpha) {
-    if (n && (!y || !x)) return SDPA_ERR_NULL;
-    if (n > SDPA_MAX_FLOATS) return SDPA_ERR_SIZE;
+    sdpa_status st = null_arg("y", y, n);
+    if (st == SDPA_OK) st = null_arg("x", x, n);
+    if (st == SDPA_OK) st = count_arg(n);
+    if (st != SDPA_OK) return st;
     if (n) sdpa_kernels_now()->scale(y, x, n, alpha);
     return SDPA_OK;
 }
 
 SDPA_API sdpa_status sdpa_scores_f32(float *s, const float *q, const float *k, size_t n_keys,
                                      size_t d, size_t k_stride, float scale) {
-    if (n_keys && (!s || !q || !k)) return SDPA_ERR_NULL;
-    if (n_keys && (d == 0 || k_stride < d || !sdpa_rows_fit(n_keys, d, k_stride)))
-        return SDPA_ERR_SIZE;
-    if (!isfinite(scale)) return SDPA_ERR_ARG;
+    sdpa_status st = null_arg("s", s, n_keys);
+    if (st == SDPA_OK) st = null_arg("q", q, n_keys);
+    if (st == SDPA_OK) st = null_arg("k", k, n_keys);
+    if (st != SDPA_OK) return st;
+    if (n_keys && d == 0) return sdpa_fail(SDPA_ERR_SIZE, "d is 0 with n_keys = %zu", n_keys);
+    if (n_keys && k_stride < d)
+        return sdpa_fail(SDPA_ERR_SIZE, "k_stride (%zu) is smaller than d (%zu)", k_stride, d);
+    if (n_keys && !sdpa_rows_fit(n_keys, d, k_stride))
+        return sdpa_fail(SDPA_ERR_SIZE,
+                         "k's extent (n_keys %zu, k_stride %zu) is past "
+                         "PTRDIFF_MAX bytes",
+                         n_keys, k_stride);
+    if (!isfinite(scale)) return sdpa_fail(SDPA_ERR_ARG, "scale (%g) is not finite", (double)scale);
     /* one query's row of attention's score tiles, which takes any number of keys */
     if (n_keys)
         sdpa_kernels_now()->attention->scores_tile(s, 0, q, 0, 1, k, k_stride, n_keys, d, scale);
@@ -229,9 +281,8 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
 }
 
 SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float scale) {
-    if (n && (!y || !x)) return SDPA_ERR_NULL;
-    if (n > SDPA_MAX_FLOATS) return SDPA_ERR_SIZE;
-    if (bad_scale(scale)) return SDPA_ERR_ARG;
+    sdpa_status st = row_args("y", y, "x", x, NULL, NULL, n, scale);
+    if (st != SDPA_OK) return st;
     if (!n) return SDPA_OK;
     const sdpa_kernels *k = sdpa_kernels_now();
     const int exp_kind = sdpa_exp_with(k);
@@ -259,9 +310,8 @@ static float dot_blocked(const sdpa_kernels *k, const float *a, const float *b, 
 
 SDPA_API sdpa_status sdpa_softmax_backward_f32(float *dx, const float *y, const float *dy, size_t n,
                                                float scale) {
-    if (n && (!dx || !y || !dy)) return SDPA_ERR_NULL;
-    if (n > SDPA_MAX_FLOATS) return SDPA_ERR_SIZE;
-    if (bad_scale(scale)) return SDPA_ERR_ARG;
+    sdpa_status st = row_args("dx", dx, "y", y, "dy", dy, n, scale);
+    if (st != SDPA_OK) return st;
     if (!n) return SDPA_OK;
     const sdpa_kernels *k = sdpa_kernels_now();
     k->softmax_backward(dx, y, dy, n, scale, dot_blocked(k, y, dy, n));

@@ -39,6 +39,8 @@ static const sdpa_api API_V1 = {
     .attention_merge_f32 = sdpa_attention_merge_f32,
     /* ABI 1.2 */
     .mha_backward_f32 = sdpa_mha_backward_f32,
+    /* ABI 1.3 */
+    .last_error_detail = sdpa_last_error_detail,
 };
 
 /* Major version 1 is the only one this library serves; every 1.x table is a prefix-compatible

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "error.h"
 #include "sizes.h"
 #include "threads.h"
 
@@ -119,20 +120,34 @@ static void after_fork_in_child(void) {
     pthread_mutex_init(&workspace_lock, NULL);
 }
 
+/* SDPA_NUM_THREADS as a thread count: only a plain decimal from 0 to MAX_THREADS (0: the
+   default), digits alone; no sign, space or base prefix, which strtoull would accept and wrap
+   ("-18446744073709551615" is 1 to it). -1 for anything else. */
+static long parse_thread_count(const char *s) {
+    long v = 0;
+    if (!*s) return -1;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9') return -1;
+        v = v * 10 + (*s - '0');
+        if (v > MAX_THREADS) return -1;
+    }
+    return v;
+}
+
 static void init_once(void) {
     size_t n = cpus_available();
+    if (n > MAX_THREADS) n = MAX_THREADS;
     const char *env = getenv("SDPA_NUM_THREADS");
     if (env && *env) {
-        char *end;
-        unsigned long long v = strtoull(env, &end, 10);
-        if (*end || *env == '-' || v > MAX_THREADS)
+        const long v = parse_thread_count(env);
+        if (v < 0)
             fprintf(stderr,
-                    "sdpa: SDPA_NUM_THREADS=%s is not a thread count from 0 to %d; using %zu\n",
-                    env, MAX_THREADS, n < MAX_THREADS ? n : (size_t)MAX_THREADS);
+                    "sdpa: SDPA_NUM_THREADS=%s is not a decimal thread count from 0 to %d; "
+                    "using the CPUs available, %zu\n",
+                    env, MAX_THREADS, n);
         else if (v)
             n = (size_t)v;
     }
-    if (n > MAX_THREADS) n = MAX_THREADS;
     atomic_store_explicit(&default_threads, n, memory_order_release);
     pthread_atfork(NULL, NULL, after_fork_in_child);
 }
@@ -350,7 +365,8 @@ void sdpa_workspace_release(void) { pthread_mutex_unlock(&workspace_lock); }
 /* ---- public ---- */
 
 SDPA_API sdpa_status sdpa_set_num_threads(size_t n) {
-    if (n > MAX_THREADS) return SDPA_ERR_ARG;
+    if (n > MAX_THREADS)
+        return sdpa_fail(SDPA_ERR_ARG, "n (%zu) is above %d threads", n, MAX_THREADS);
     atomic_store_explicit(&requested_threads, n, memory_order_relaxed);
     return SDPA_OK;
 }

@@ -553,6 +553,30 @@ BACKEND_TEST(backward, any_rounding_mode_and_ftz) {
     }
 }
 
+/* Long causal rows under each directed rounding mode: a key's dk and dv sum the terms of up to
+ * len_q rows (of both query heads of its group here), and every rounding of a long chain errs
+ * the same way, so the sums must be taken in blocks for the bounds to hold. */
+BACKEND_TEST(backward, directed_rounding_long_causal_rows) {
+    static const int ROUNDS[] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};
+    rng r = rng_seed(2413);
+    const int quick = test_quick();
+    const bw_case cases[] = {
+        {1, 2, 1, quick ? 1024 : 4096, quick ? 1024 : 4096, 16, 16, 1, 0, 0, 0, 0},
+        {1, 1, 1, 1024, 1024, 32, 32, 1, 0, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (size_t e = 0; e < sizeof ROUNDS / sizeof ROUNDS[0]; e++) {
+            bw_data x;
+            cr_assert_eq(fesetround(ROUNDS[e]), 0); /* the forward too */
+            bw_setup(&r, &cases[i], &x);
+            const sdpa_status st = bw_run(&x);
+            fesetround(FE_TONEAREST);
+            cr_assert_eq(st, SDPA_OK);
+            bw_check(&x);
+            bw_free(&x);
+        }
+}
+
 /* ---- threads ---- */
 
 static void reverse_parallel_for(void *ctx, sdpa_task_fn task, void *arg, size_t n_tasks) {
@@ -577,12 +601,15 @@ BACKEND_TEST(backward, same_bits_at_any_thread_count) {
         {1, 2, 1, 70, 1500, 32, 24, 1, 0, 0, 0, 0},
         {1, 1, 1, 40, 1100, 20, 20, 0, 0, 1, 0, 0},
         {1, 1, 1, 600, 600, 16, 16, 1, 0, 0, 0, 0},
+        /* rows past one band of the serial order (128 rows at d_k 96), the second chunk's
+           first row inside a block of dv rows */
+        {1, 1, 1, 700, 1100, 96, 96, 1, 0, 0, 0, 0},
         /* a unit per (batch, kv head) */
         {2, 4, 2, 70, 90, 32, 32, 1, 0, 0, 0, 0},
         {3, 2, 1, 40, 100, 24, 40, 0, 1, 1, 0, 0},
         {3, 4, 2, 30, 60, 16, 16, 1, 0, 0, 1, 0},
     };
-    const size_t first_unit_case = 4;
+    const size_t first_unit_case = 5;
     for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
         if (test_quick() && t != 0 && t != first_unit_case) continue; /* the first of each kind */
         bw_data x;

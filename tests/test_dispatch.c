@@ -189,3 +189,80 @@ Test(dispatch, environment_sets_the_exp_mode_or_says_why_not) {
     cr_assert(strstr(err, "sleeef") != NULL, "stderr names the bad value: %s", err);
     cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "exactly one line: %s", err);
 }
+
+/* SDPA_NUM_THREADS: a plain decimal from 0 to 1024 is used silently (0: the default); anything
+ * else keeps the default with one line on stderr that names the value. strtoull would take a
+ * sign after blanks and wrap it: " -18446744073709551615" is 1 to it. */
+Test(dispatch, environment_thread_count_is_a_plain_decimal_or_the_default) {
+    char out[256], err[1024], want[256];
+    run_with_env("SDPA_NUM_THREADS", "0", "threads", out, sizeof out, err, sizeof err);
+    cr_assert_str_empty(err, "no message for 0: %s", err);
+    snprintf(want, sizeof want, "%s", out); /* the default: 0 asks for it */
+    cr_assert_neq(strcmp(want, "0"), 0, "the default is never 0 threads");
+    const char *good[][2] = {{"3", "3"}, {"1024", "1024"}, {"0007", "7"}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        run_with_env("SDPA_NUM_THREADS", good[i][0], "threads", out, sizeof out, err, sizeof err);
+        cr_assert_str_eq(out, good[i][1], "SDPA_NUM_THREADS=%s", good[i][0]);
+        cr_assert_str_empty(err, "no message for %s: %s", good[i][0], err);
+    }
+    const char *bad[] = {" -18446744073709551615",
+                         "\t-18446744073709551613",
+                         "-1",
+                         "+3",
+                         " 3",
+                         "3 ",
+                         "0x10",
+                         "1025",
+                         "18446744073709551619",
+                         "2.5",
+                         "three"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        run_with_env("SDPA_NUM_THREADS", bad[i], "threads", out, sizeof out, err, sizeof err);
+        cr_assert_str_eq(out, want, "SDPA_NUM_THREADS=\"%s\" keeps the default", bad[i]);
+        cr_assert(strstr(err, "SDPA_NUM_THREADS=") && strstr(err, bad[i]),
+                  "stderr names the bad value \"%s\": %s", bad[i], err);
+        cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "exactly one line: %s", err);
+    }
+}
+
+/* The bf16 dot's default, as a pure function of the CPU and SDPA_BF16_DOT (bf16_dot_default.h):
+ * on where a measurement showed vdpbf16ps faster than widening, off elsewhere, AMX first, and the
+ * variable decides when it says on or off. */
+#include "bf16_dot_default.h"
+
+static void expect_choice(sdpa_cpu_id cpu, const char *env, int on, int invalid, const char *why) {
+    const sdpa_addon_choice c = sdpa_bf16_dot_default(&cpu, env);
+    cr_assert_eq(c.on, on, "%s family %d model %d, SDPA_BF16_DOT=%s: %s (%s)", cpu.vendor,
+                 cpu.family, cpu.model, env ? env : "unset", c.on ? "on" : "off", c.reason);
+    cr_assert_eq(c.env_invalid, invalid, "SDPA_BF16_DOT=%s flagged %d", env ? env : "unset",
+                 c.env_invalid);
+    cr_assert(c.reason && strstr(c.reason, why), "reason \"%s\" says \"%s\"", c.reason, why);
+}
+
+Test(dispatch, bf16_dot_default_follows_the_measured_rule) {
+    /* AMD EPYC (Zen 5), as CPUID gives it: measured faster */
+    const sdpa_cpu_id zen5 = {"AuthenticAMD", 26, 2, 1, 0};
+    expect_choice(zen5, NULL, 1, 0, "Zen 5");
+    expect_choice(zen5, "", 1, 0, "measured faster");
+    expect_choice(zen5, "auto", 1, 0, "measured faster");
+    expect_choice(zen5, "off", 0, 0, "SDPA_BF16_DOT=off");
+    expect_choice(zen5, "maybe", 1, 1, "Zen 5");
+    /* Zen 4 has AVX512_BF16 too, but was not measured */
+    expect_choice((sdpa_cpu_id){"AuthenticAMD", 25, 17, 1, 0}, NULL, 0, 0, "not measured");
+    /* the Intel Xeon measured: AMX first; with AMX off, vdpbf16ps measured slower */
+    const sdpa_cpu_id xeon_amx = {"GenuineIntel", 6, 167, 1, 1};
+    expect_choice(xeon_amx, NULL, 0, 0, "AMX");
+    expect_choice(xeon_amx, "on", 1, 0, "SDPA_BF16_DOT=on");
+    const sdpa_cpu_id xeon_amx_off = {"GenuineIntel", 6, 167, 1, 0};
+    expect_choice(xeon_amx_off, NULL, 0, 0, "measured slower");
+    /* an Intel with AVX512_BF16 and no AMX (Cooper Lake): not measured */
+    expect_choice((sdpa_cpu_id){"GenuineIntel", 6, 85, 1, 0}, NULL, 0, 0, "not measured");
+    /* an unknown vendor, and no vendor at all */
+    expect_choice((sdpa_cpu_id){"HygonGenuine", 26, 2, 1, 0}, NULL, 0, 0, "not measured");
+    expect_choice((sdpa_cpu_id){NULL, 0, 0, 1, 0}, "on", 1, 0, "SDPA_BF16_DOT=on");
+    expect_choice((sdpa_cpu_id){NULL, 0, 0, 1, 0}, NULL, 0, 0, "not measured");
+    /* no AVX512_BF16: off whatever the variable says */
+    const sdpa_cpu_id zen5_no_bf16 = {"AuthenticAMD", 26, 2, 0, 0};
+    expect_choice(zen5_no_bf16, NULL, 0, 0, "lacks AVX512_BF16");
+    expect_choice(zen5_no_bf16, "on", 0, 0, "lacks AVX512_BF16");
+}

@@ -21,6 +21,7 @@ __all__ = [
 ]
 
 _api = _core.api
+MAX_THREADS = 1024  # sdpa_set_num_threads's limit (sdpa.h)
 __version__ = _api.version().decode()
 
 
@@ -37,7 +38,9 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     mask: broadcastable to (batch, heads_q, len_q, len_kv) ((len_q, len_kv) for 2-d inputs).
         bool: True keeps the key, False removes it. Floating point: added to the scaled scores
         (-inf removes the key).
-    scale: None for 1/sqrt(d_k); any other finite, non-zero value is used as is.
+    scale: None for 1/sqrt(d_k); any other finite value that is not 0 in float32 is used as
+        is, rounded to float32 (ValueError for 0, non-finite values, and values that round to 0
+        or overflow in float32, such as 1e-50 or 1e39).
     layout: "bhsd" or "bshd" (ignored for 2-d inputs).
     return_lse: also return lse, float32 of shape (batch, heads_q, len_q) ((len_q,) for 2-d):
         the natural log of the softmax denominator of each query row, -inf for a row that
@@ -47,17 +50,22 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     layout; or (out, lse).
 
     Zero copy: q, k, v and a float32 mask are read where they are, through their strides
-    (transposed, sliced and broadcast views, stride 0 included). An array is copied only when
-    its last axis is not contiguous (or, for NumPy, a stride is negative, or a stride or the
-    address is not a whole number of elements, as in a field of a structured array). A bool mask, or a float mask of another dtype, is converted to a float32
-    mask of its own shape first. out and lse are new arrays.
+    (transposed, sliced and broadcast views; a batch or head stride of 0 included). An array is
+    copied only when its last axis is not contiguous, when its rows (the len axis) lie closer
+    than a row apart, as in a broadcast along len (stride 0), which the library does not take
+    for q, k or v, or, for NumPy, when a stride is negative, or a stride or the address is not
+    a whole number of elements, as in a field of a structured array. The mask is read through
+    any strides, 0 included. A bool mask, or a float mask of another dtype, is converted to a
+    float32 mask of its own shape first. out and lse are new arrays.
 
     For torch tensors that require grad (with grad mode on), this calls
     ``sdpa.torch.attention``, so gradients flow.
 
-    Raises TypeError for a dtype sdpa does not take or mixed kinds of arrays, ValueError for
-    shapes that do not match, a bad layout, or any status the library returns (with its status
-    string); both before any work.
+    Raises TypeError for a dtype sdpa does not take, mixed kinds of arrays or a sparse tensor,
+    ValueError for shapes that do not match (naming the sizes), a bad layout or scale, or any
+    status the library returns (with its status string and the library's detail, which names
+    the argument); all before any work. Under torch.jit.trace it raises NotImplementedError:
+    the tracer cannot record the library's call.
     """
     if _core.is_tensor(q):
         torch = _core.torch_module()
@@ -83,6 +91,7 @@ def softmax(x, scale=1.0, axis=-1):
     """
     if _core.is_tensor(x):
         torch = _core.torch_module()
+        _core.check_strided(x, "softmax: x")
         if x.dtype != torch.float32:
             raise TypeError(f"softmax: dtype {x.dtype} is not float32")
         if x.device.type != "cpu":
@@ -157,8 +166,9 @@ def set_num_threads(n):
     Process-wide. Results are bitwise the same at every count."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"set_num_threads: n must be an int, not {type(n).__name__}")
-    if n < 0:
-        raise ValueError(f"set_num_threads: n must be >= 0, not {n}")
+    if n < 0 or n > MAX_THREADS:
+        # checked here: ctypes would pass n modulo 2**64 to the library
+        raise ValueError(f"set_num_threads: n must be between 0 and {MAX_THREADS}, not {n}")
     _lib.check(_api, _api.set_num_threads(n), f"sdpa_set_num_threads({n})")
 
 

@@ -31,31 +31,54 @@ def torch_module():
     return torch
 
 
-def np_arg(x, name):
+def _row_axis(ndim, layout):
+    """The len axis of a 2-d or 4-d q, k or v (None for other ranks, which _ext rejects)."""
+    return 0 if ndim == 2 else (1 if layout == "bshd" else 2) if ndim == 4 else None
+
+
+def _rows_overlap(shape, strides, layout, itemsize):
+    """The rows (along len) of a view lie closer than a row apart, as in a broadcast along len:
+    sdpa.h takes a q, k or v row stride of at least the row only."""
+    axis = _row_axis(len(shape), layout)
+    return (axis is not None and shape[axis] > 1 and shape[-1] > 0
+            and strides[axis] < shape[-1] * itemsize)
+
+
+def np_arg(x, name, layout):
     """x itself when the library can read it through its strides, else a contiguous copy (the
-    last axis not contiguous, a negative stride, or a stride or address that is not a whole
-    number of elements, which numpy's aligned flag reports)."""
+    last axis not contiguous, rows closer than a row apart, a negative stride, or a stride or
+    address that is not a whole number of elements, which numpy's aligned flag reports)."""
     if not isinstance(x, np.ndarray):
         want = "a NumPy array or a torch tensor" if name == "q" else "a NumPy array, as q is"
         raise TypeError(f"{name}: expected {want}, got {type(x).__name__}")
     st = x.strides
-    if st and ((st[-1] != x.itemsize and x.shape[-1] > 1) or min(st) < 0 or not x.flags.aligned):
+    if st and ((st[-1] != x.itemsize and x.shape[-1] > 1) or min(st) < 0 or not x.flags.aligned
+               or _rows_overlap(x.shape, st, layout, x.itemsize)):
         return np.ascontiguousarray(x)
     return x
 
 
-def torch_arg(x, name):
+def check_strided(x, name):
+    """TypeError for a tensor without strides (sparse, mkldnn), which has no data pointer."""
+    torch = sys.modules["torch"]
+    if x.layout != torch.strided:
+        raise TypeError(f"{name}: a {x.layout} tensor; sdpa takes dense (strided) tensors "
+                        "(x.to_dense())")
+
+
+def torch_arg(x, name, layout):
     """(tensor, the tuple _ext reads): the tensor itself, or a contiguous copy when its last axis
-    is not contiguous."""
+    is not contiguous or its rows lie closer than a row apart."""
     if not is_tensor(x):
         raise TypeError(f"{name}: expected a torch tensor, as q is, got {type(x).__name__}")
+    check_strided(x, name)
     t = _torch_types.get(x.dtype)
     if t is None:
         raise TypeError(f"{name}: dtype {x.dtype} is not float32, float16 or bfloat16")
     if not x.is_cpu:
         raise ValueError(f"{name}: tensor on {x.device}; sdpa runs on the CPU")
     st = x.stride()
-    if st and st[-1] != 1 and x.shape[-1] > 1:
+    if st and ((st[-1] != 1 and x.shape[-1] > 1) or _rows_overlap(x.shape, st, layout, 1)):
         x = x.contiguous()
         st = x.stride()
     return x, (x.data_ptr(), x.shape, st, t)
@@ -81,11 +104,21 @@ def check_layout(layout):
 
 
 def scale_arg(scale):
+    """The scale as the library takes it, a float32: None gives 0, the library's default. A
+    value that is 0 in float32 would be taken for the default, and one that overflows is not
+    finite, which the library rejects: both are ValueError here, naming the value."""
     if scale is None:
         return _lib.DEFAULT_SCALE
     scale = float(scale)
-    if scale == 0.0:
-        raise ValueError("scale must be non-zero (None gives 1/sqrt(d_k))")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, not {scale!r} (None gives 1/sqrt(d_k))")
+    with np.errstate(over="ignore"):
+        f = float(np.float32(scale))
+    if f == 0.0:
+        raise ValueError(f"scale {scale!r} is 0 in float32, which would mean the default "
+                         "1/sqrt(d_k); pass None for that, or a scale of at least about 1.4e-45")
+    if not math.isfinite(f):
+        raise ValueError(f"scale {scale!r} overflows float32 (at most about 3.4e38)")
     return scale
 
 
@@ -100,6 +133,7 @@ def mask_arg(mask, q, k, layout, tensor):
         torch = torch_module()
         if not is_tensor(mask):
             mask = torch.as_tensor(mask)
+        check_strided(mask, "mask")
         if mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, -math.inf)
         elif mask.is_floating_point():
@@ -146,9 +180,14 @@ def forward(q, k, v, causal, mask, scale, layout, want_lse):
     check_layout(layout)
     if is_tensor(q):
         torch = torch_module()
-        q, qa = torch_arg(q, "q")
-        k, ka = torch_arg(k, "k")
-        v, va = torch_arg(v, "v")
+        if torch.jit.is_tracing():
+            raise NotImplementedError(
+                "sdpa.attention does not support torch.jit.trace: the library's call is not a "
+                "torch operation, so the tracer cannot record it; call sdpa outside the traced "
+                "function")
+        q, qa = torch_arg(q, "q", layout)
+        k, ka = torch_arg(k, "k", layout)
+        v, va = torch_arg(v, "v", layout)
         if q.dim() != k.dim() or q.dim() != v.dim():
             raise ValueError(_ndim_message(q, k, v))
         m, ma = (None, None) if mask is None else mask_arg(mask, q, k, layout, True)
@@ -159,9 +198,9 @@ def forward(q, k, v, causal, mask, scale, layout, want_lse):
                  None if lse is None else (lse.data_ptr(), lse.shape, lse.stride(), _lib.F32),
                  ma, flags, scale, layout == "bshd", None)
         return out, lse, (q, k, v, m)
-    q = np_arg(q, "q")
-    k = np_arg(k, "k")
-    v = np_arg(v, "v")
+    q = np_arg(q, "q", layout)
+    k = np_arg(k, "k", layout)
+    v = np_arg(v, "v", layout)
     if q.ndim != k.ndim or q.ndim != v.ndim:
         raise ValueError(_ndim_message(q, k, v))
     m = None if mask is None else mask_arg(mask, q, k, layout, False)[0]

@@ -103,7 +103,9 @@ static int get_view(PyObject *o, const char *name, int writable, view *v) {
             return -1;
         }
     }
-    if (v->ndim > 0 && v->shape[v->ndim - 1] > 1 && v->strides[v->ndim - 1] != 1) {
+    int empty = 0; /* no element: nothing is read or written, whatever the strides */
+    for (int i = 0; i < v->ndim; i++) empty |= v->shape[i] == 0;
+    if (!empty && v->ndim > 0 && v->shape[v->ndim - 1] > 1 && v->strides[v->ndim - 1] != 1) {
         PyErr_Format(PyExc_ValueError, "%s: the last axis is not contiguous", name);
         return -1;
     }
@@ -130,8 +132,12 @@ static void dims(const view *v, int bshd, size_t d[4], size_t s[3]) {
     s[2] = (size_t)v->strides[r];
 }
 
+/* ValueError with the status string and, from a library that has it, the detail of the failure
+ * (read on the thread that made the call: the detail is thread-local) */
 static int status_error(const char *what, sdpa_status st) {
-    PyErr_Format(PyExc_ValueError, "%s: %s (status %d)", what, api->status_string(st), (int)st);
+    const char *detail = SDPA_API_HAS(api, last_error_detail) ? api->last_error_detail() : "";
+    PyErr_Format(PyExc_ValueError, "%s: %s (status %d)%s%s", what, api->status_string(st), (int)st,
+                 *detail ? ": " : "", detail);
     return -1;
 }
 
@@ -202,6 +208,13 @@ static PyObject *mha(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                      "v (batch, heads_kv, len_kv, d_v) = (%zu, %zu, %zu, %zu)",
                      qd[0], qd[1], qd[2], qd[3], kd[0], kd[1], kd[2], kd[3], vd[0], vd[1], vd[2],
                      vd[3]);
+        goto done;
+    }
+    if (kd[1] == 0 || qd[1] % kd[1]) {
+        PyErr_Format(PyExc_ValueError,
+                     "k and v have %zu heads (heads_kv), which must divide q's %zu heads "
+                     "(heads_q): query head h reads key/value head h // (heads_q // heads_kv)",
+                     kd[1], qd[1]);
         goto done;
     }
     if (vw[K].type != vw[V].type) {

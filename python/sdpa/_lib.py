@@ -82,6 +82,7 @@ _TABLE = [
     ("attention_merge_f32", "sdpa_attention_merge_f32", _status,
      [_vp, _vp, _vp, _vp, _size, _size, _size, _size]),
     ("mha_backward_f32", "sdpa_mha_backward_f32", _status, [_vp, _vp, _vp, _vp, _vp, _vp]),
+    ("last_error_detail", "sdpa_last_error_detail", _str, []),
 ]
 
 
@@ -164,6 +165,10 @@ class Api:
 
 
 def check(api, status, what):
-    """Raises ValueError with the library's status string unless status is SDPA_OK."""
+    """Raises ValueError with the library's status string, and the detail of the failure where
+    the library has sdpa_last_error_detail, unless status is SDPA_OK. Call it on the thread
+    that made the call (the detail is per thread)."""
     if status:
-        raise ValueError(f"{what}: {api.status_text(status)} (status {status})")
+        detail = api.last_error_detail().decode() if api.has("last_error_detail") else ""
+        raise ValueError(f"{what}: {api.status_text(status)} (status {status})"
+                         + (f": {detail}" if detail else ""))

@@ -25,6 +25,11 @@ class _Attention(_torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, m = ctx.saved_tensors
         types = (q.dtype, k.dtype, v.dtype)
+        if out.numel() == 0:
+            # no query row (len_q or batch 0): no key is seen, every gradient is 0 (dout may
+            # then be an expanded empty tensor whose strides no call would take)
+            return (_torch.zeros(q.shape, dtype=types[0]), _torch.zeros(k.shape, dtype=types[1]),
+                    _torch.zeros(v.shape, dtype=types[2]), None, None, None, None)
         # The C backward is float32: 16-bit views are widened (exactly) for it, and the
         # gradients rounded back to their inputs' types.
         q, k, v, out = (_dense_f32(t) for t in (q, k, v, out))

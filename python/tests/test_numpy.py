@@ -153,6 +153,27 @@ def test_strided_views_are_read_in_place(rng, monkeypatch):
     assert_close(out, ref, bound(v))
 
 
+@pytest.mark.parametrize("name", sdpa.backends())
+@pytest.mark.parametrize("layout", ["bhsd", "bshd", "2d"])
+def test_views_broadcast_along_len_are_copied(rng, name, layout):
+    # sdpa.h wants q, k and v rows at least a row apart: a broadcast along len (stride 0), such
+    # as one key repeated, was passed through and raised "invalid size"
+    q = randn(rng, 2, 3, 5, 16)
+    k1 = randn(rng, 2, 3, 1, 16)
+    v1 = randn(rng, 2, 3, 1, 8)
+    k = np.broadcast_to(k1, (2, 3, 9, 16))
+    v = np.broadcast_to(v1, (2, 3, 9, 8))
+    qr = np.broadcast_to(q[:, :, :1], q.shape)
+    ref, _ = reference(qr, k, v)
+    if layout == "bshd":
+        qr, k, v, ref = (x.transpose(0, 2, 1, 3) for x in (qr, k, v, ref))
+    elif layout == "2d":
+        qr, k, v, ref = qr[0, 0], k[0, 0], v[0, 0], ref[0, 0]
+    with sdpa.use_backend(name):
+        out = sdpa.attention(qr, k, v, layout="bshd" if layout == "bshd" else "bhsd")
+    assert_close(out, ref, bound(v))
+
+
 def test_a_non_contiguous_last_axis_is_copied(rng):
     q = randn(rng, 1, 2, 6, 32)[..., ::2]
     k = randn(rng, 1, 2, 9, 16)
@@ -274,8 +295,13 @@ def test_calls_from_many_python_threads_at_once(rng):
 def test_thread_count_errors():
     with pytest.raises(ValueError):
         sdpa.set_num_threads(-1)
-    with pytest.raises(ValueError, match=STATUS_ARG):
+    with pytest.raises(ValueError, match="between 0 and 1024"):
         sdpa.set_num_threads(100000)
+    before = sdpa.num_threads()
+    for n in (1025, 2**64 + 3, 2**64):  # ctypes passed n modulo 2**64: 3 threads, or 0
+        with pytest.raises(ValueError, match="between 0 and 1024"):
+            sdpa.set_num_threads(n)
+    assert sdpa.num_threads() == before
     with pytest.raises(TypeError):
         sdpa.set_num_threads(2.0)
 
@@ -351,20 +377,42 @@ def test_shape_errors(rng):
         sdpa.attention(q, k, v, layout="sbhd")
 
 
-def test_library_status_errors_come_with_its_string(rng):
-    q, k, v = three(rng, ks=(1, 3, 7, 16), vs=(1, 3, 7, 8))  # 3 kv heads do not divide 4
-    with pytest.raises(ValueError, match=STATUS_SIZE):
-        sdpa.attention(q, k, v)
-    q, k, v = three(rng)
-    with pytest.raises(ValueError, match=STATUS_ARG):
-        sdpa.attention(q, k, v, scale=np.nan)
-    with pytest.raises(ValueError, match=STATUS_ARG):
-        sdpa.attention(q, k, v, scale=1e300)  # inf as a float
-    with pytest.raises(ValueError, match="non-zero"):
-        sdpa.attention(q, k, v, scale=0)
+def test_library_status_errors_come_with_its_string_and_detail(rng):
     q, k, v = three(rng, qs=(1, 4, 5, 0), ks=(1, 2, 7, 0))  # d_k = 0 with output rows
-    with pytest.raises(ValueError, match=STATUS_SIZE):
+    with pytest.raises(ValueError, match=STATUS_SIZE + ".*: d_k is 0 with output rows"):
         sdpa.attention(q, k, v)
+    with pytest.raises(ValueError, match='"no-such" is not one this library knows'):
+        sdpa.set_backend("no-such")
+
+
+def test_heads_that_do_not_divide_name_the_fields(rng):
+    # the status alone said "invalid size: zero where work is needed, or overflowing"
+    q, k, v = three(rng, ks=(1, 3, 7, 16), vs=(1, 3, 7, 8))
+    with pytest.raises(ValueError, match=r"k and v have 3 heads \(heads_kv\), which must divide "
+                                         r"q's 4 heads \(heads_q\)"):
+        sdpa.attention(q, k, v)
+    with pytest.raises(ValueError, match="k and v have 3 heads"):
+        sdpa.attention(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), layout="bshd")
+
+
+@pytest.mark.parametrize("scale,why", [
+    (np.nan, "finite"), (np.inf, "finite"), (-np.inf, "finite"), (0, "is 0 in float32"),
+    (1e-50, "is 0 in float32"), (-1e-46, "is 0 in float32"), (1e300, "overflows float32"),
+    (3.5e38, "overflows float32")])
+def test_a_scale_that_float32_cannot_hold_raises(rng, scale, why):
+    # 1e-50 was cast to 0.0f, which the library takes for the default 1/sqrt(d_k)
+    q, k, v = three(rng)
+    with pytest.raises(ValueError, match=why):
+        sdpa.attention(q, k, v, scale=scale)
+
+
+def test_a_tiny_scale_that_float32_holds_is_used(rng):
+    # 1e-44 is a float32 subnormal: every score is about 0, so every row is the mean of v
+    q, k, v = three(rng)
+    ref, _ = reference(q, k, v, scale=float(np.float32(1e-44)))
+    assert_close(sdpa.attention(q, k, v, scale=1e-44), ref, bound(v))
+    default, _ = reference(q, k, v)
+    assert np.abs(ref - default).max() > 100 * bound(v)  # the default would be told apart
 
 
 def test_empty_query_gives_an_empty_output(rng):

@@ -132,8 +132,10 @@ def test_errors(gen):
         sdpa.attention(q, k.to(torch.int32), v)
     with pytest.raises(ValueError, match="do not match"):
         sdpa.attention(q, k, v[:, :, :3])
-    with pytest.raises(ValueError, match="invalid argument"):
+    with pytest.raises(ValueError, match="finite"):
         sdpa.attention(q, k, v, scale=math.inf)
+    with pytest.raises(ValueError, match="is 0 in float32"):
+        sdpa.attention(q, k, v, scale=1e-50)
     with pytest.raises(ValueError, match="broadcast"):
         sdpa.attention(q, k, v, mask=torch.ones(3, 5, dtype=torch.bool))
     with pytest.raises(TypeError):
@@ -277,3 +279,75 @@ def test_backward_without_the_c_function_raises_not_implemented(gen, monkeypatch
     out = sdpa.torch.attention(q, k, v)  # the forward needs nothing new
     with pytest.raises(NotImplementedError, match="sdpa_mha_backward_f32"):
         out.sum().backward()
+
+
+def test_heads_that_do_not_divide_name_the_fields(gen):
+    # the status alone said "invalid size: zero where work is needed, or overflowing"
+    q, k = randn(gen, 1, 8, 4, 16), randn(gen, 1, 3, 4, 16)
+    with pytest.raises(ValueError, match=r"k and v have 3 heads \(heads_kv\), which must divide "
+                                         r"q's 8 heads \(heads_q\)"):
+        sdpa.torch.attention(q, k, k)
+
+
+def test_sparse_tensors_raise_type_error(gen):
+    # sdpa.attention documents TypeError for what it does not take; data_ptr raised RuntimeError
+    q = randn(gen, 1, 2, 3, 8)
+    with pytest.raises(TypeError, match="q: a torch.sparse_coo tensor"):
+        sdpa.attention(q.to_sparse(), q, q)
+    with pytest.raises(TypeError, match="v: a torch.sparse_coo tensor"):
+        sdpa.attention(q, q, q.to_sparse())
+    with pytest.raises(TypeError, match="mask: a torch.sparse_coo tensor"):
+        sdpa.attention(q, q, q, mask=torch.zeros(3, 3).to_sparse())
+    with pytest.raises(TypeError, match="softmax: x: a torch.sparse_coo tensor"):
+        sdpa.softmax(q.to_sparse())
+
+
+def test_jit_trace_raises_a_clear_error(gen):
+    # it failed inside the binding with "TypeError: an integer is required"
+    q = randn(gen, 1, 2, 3, 8)
+    for f in (sdpa.attention, sdpa.torch.attention):
+        with pytest.raises(NotImplementedError, match="does not support torch.jit.trace"):
+            torch.jit.trace(lambda a, b, c: f(a, b, c), (q, q, q))
+
+
+@pytest.mark.parametrize("name", sdpa.backends())
+def test_tensors_expanded_along_len_are_copied(gen, name):
+    # expand along len (stride 0) raised "invalid size"; the gradient of an expanded k or v is
+    # summed back by autograd
+    q = randn(gen, 1, 2, 5, 16)
+    k1, v1 = randn(gen, 1, 2, 1, 16), randn(gen, 1, 2, 1, 8)
+    k1.requires_grad_()
+    k, v = k1.expand(1, 2, 7, 16), v1.expand(1, 2, 7, 8)
+    ref, _ = reference(q.numpy(), k.detach().numpy(), v.numpy())
+    with sdpa.use_backend(name):
+        out = sdpa.attention(q, k, v)
+        assert np.abs(out.detach().numpy() - ref).max() <= bound(v)
+        if has_backward:
+            out.sum().backward()
+            # every key is the same, so the weights do not depend on k: its gradient is 0
+            assert k1.grad.shape == k1.shape
+            assert k1.grad.abs().max().item() <= 1e-5
+
+
+@needs_backward
+@pytest.mark.parametrize("shape_q,shape_kv", [((1, 2, 0, 8), (1, 2, 5, 8)),
+                                              ((0, 2, 3, 8), (0, 2, 5, 8)),
+                                              ((0, 2, 0, 8), (0, 2, 0, 8))])
+def test_backward_without_query_rows_gives_zero_gradients(gen, shape_q, shape_kv):
+    # the upstream gradient of an empty output is an expanded empty tensor, which raised
+    # "dout: the last axis is not contiguous"
+    q, k, v = (randn(gen, *s).requires_grad_() for s in (shape_q, shape_kv, shape_kv))
+    out = sdpa.torch.attention(q, k, v)
+    out.sum().backward()
+    for x in (q, k, v):
+        assert x.grad.shape == x.shape and x.grad.dtype == x.dtype
+        assert not x.grad.any()
+
+
+def test_empty_tensors_with_any_strides_are_taken(gen):
+    # an empty tensor counts as contiguous for torch, so .contiguous() keeps its strides: a view
+    # with no element is taken whatever its strides (nothing is read)
+    q = torch.empty(1, 2, 0, 32)[..., ::2]
+    k, v = randn(gen, 1, 2, 5, 16), randn(gen, 1, 2, 5, 8)
+    assert q.stride(-1) == 2
+    assert sdpa.attention(q, k, v).shape == (1, 2, 0, 8)

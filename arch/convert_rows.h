@@ -14,6 +14,7 @@
 #ifndef SDPA_ARCH_CONVERT_ROWS_H
 #define SDPA_ARCH_CONVERT_ROWS_H
 
+#include "any_address.h"
 #include "convert_portable.h"
 #include "kernels.h"
 
@@ -49,12 +50,12 @@ ALWAYS_INLINE void narrow_vector(uint16_t *p, vf x, int type) {
         vf_narrow_bf16(p, x);
 }
 
-ALWAYS_INLINE void widen_portable(float *dst, const uint16_t *src, size_t n, int type) {
+ALWAYS_INLINE void widen_portable(f32_any *dst, const u16_any *src, size_t n, int type) {
     for (size_t i = 0; i < n; i++)
         dst[i] = type == SDPA_TYPE_F16 ? f16_to_f32(src[i]) : bf16_to_f32(src[i]);
 }
 
-ALWAYS_INLINE void narrow_portable(uint16_t *dst, const float *src, size_t n, int type) {
+ALWAYS_INLINE void narrow_portable(u16_any *dst, const f32_any *src, size_t n, int type) {
     for (size_t i = 0; i < n; i++)
         dst[i] = type == SDPA_TYPE_F16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
 }

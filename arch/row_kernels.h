@@ -2,9 +2,12 @@
  * exp_sum_max, normalize, softmax_backward and the exp entry (arch/kernels.h says what each
  * does). A backend file includes this after its ISA's vector operations and row exps, and so
  * compiles each kernel at its own vector width W: one source, many targets, as in Highway. What
- * an ISA does its own way comes in through those operations, many of them constants that the
- * compiler folds away: avx512's line-aligned loops, the tails (under a mask on avx512 and avx2,
- * element by element on sse and neon), each ISA's exps and how many run side by side.
+ * an ISA does its own way comes in through those operations: the tails (under a mask on avx512
+ * and avx2, element by element on sse and neon), each ISA's exps and how many run side by side.
+ * No sum starts at an address-dependent point: its split, and so its order, follows n alone, so
+ * that the same values anywhere give the same bits. Only the loops whose results no split can
+ * change (scale and normalize, element by element, and the max, which is exact) take a head to
+ * a line boundary on avx512 (vf_lead).
  *
  * Vector operations (arch/x86/<isa>.h, arch/arm/neon.c), + - * being the compiler's operators:
  *   vf, W       a vector of W floats
@@ -13,7 +16,7 @@
  *   vpart       the lanes of a row's last vector: vpart_first(len) is lanes [0, len), with
  *               vf_load_part (0 in the other lanes), vf_store_part, and vf_max_part and
  *               vf_add_part (acc in the other lanes)
- *   vf_lead(p)  floats from p to where the long loops start (0: no alignment)
+ *   vf_lead(p)  floats from p to where the element-wise and max loops start (0: no alignment)
  *   rounds_to_nearest()  whether the caller's rounding mode is round-to-nearest
  * Row exps (<isa>_exp.h; arch/row_exp_plain.h where the exps take no fold):
  *   row_exp     the constants of one row's exps, from row_exp_shift(shift, folded)

@@ -688,3 +688,129 @@ BACKEND_TEST(regressions, out_overlapping_an_input_is_rejected) {
     cr_assert_eq(sdpa_mha_desc_dense(&d, 1, 1, 1, L, 0, D, D, 0.0f, 0), SDPA_OK);
     cr_assert_eq(sdpa_mha_f32(&d, q, q, k, v), SDPA_OK);
 }
+
+/* ---- Keys far below the row's max weigh exactly nothing ----
+ * The fast exp of avx512, avx2 and sse clamped its argument at -87.5 and, on every attention path
+ * (and in the backward), left the clamped value's exp, about 8e-39, as the weight of a key whose
+ * score was -inf or far below the row's max: with v = 1e38 that key added 0.81 to the output, and
+ * 1,099 keys masked with -1e30 added 889. exp(-1e30) is 0 in any precision, so each of these keys
+ * must add exactly 0, on every path and backend, in both exp modes. Key 0 scores `top` (the
+ * row's max, which the fast exp folds into its constants) with v = 0, the others score `far`
+ * (through k with q = 1, or through a mask shared by the rows) with a large v: every output is
+ * exactly 0. */
+typedef struct far_keys {
+    size_t heads, len_q, len_kv;
+    sdpa_dtype kv_type;
+    int masked;
+} far_keys;
+
+static void far_keys_add_nothing(const far_keys *c, float top, float far) {
+    const size_t n_kv = c->heads * c->len_kv, n_q = c->heads * c->len_q;
+    const size_t size = c->kv_type == SDPA_F32 ? 4 : 2;
+    /* the largest v of the type: f16 holds no 1e38 */
+    const float big = c->kv_type == SDPA_F16 ? 65504.0f : 1e38f;
+    float *q = malloc(n_q * 4), *k = malloc(n_kv * 4), *v = malloc(n_kv * 4),
+          *out = malloc(n_q * 4);
+    float *mask = malloc(c->len_kv * 4);
+    void *kt = malloc(n_kv * size), *vt = malloc(n_kv * size);
+    for (size_t i = 0; i < n_q; i++) q[i] = 1.0f;
+    for (size_t j = 0; j < n_kv; j++) {
+        const int first = j % c->len_kv == 0;
+        k[j] = first ? top : c->masked ? 0.0f : far;
+        v[j] = first ? 0.0f : big;
+    }
+    for (size_t j = 0; j < c->len_kv; j++) mask[j] = j == 0 ? 0.0f : far;
+    cr_assert_eq(sdpa_convert(kt, c->kv_type, k, SDPA_F32, n_kv), SDPA_OK);
+    cr_assert_eq(sdpa_convert(vt, c->kv_type, v, SDPA_F32, n_kv), SDPA_OK);
+    sdpa_mha_desc desc;
+    cr_assert_eq(
+        sdpa_mha_desc_dense(&desc, 1, c->heads, c->heads, c->len_q, c->len_kv, 1, 1, 1.0f, 0),
+        SDPA_OK);
+    desc.kv_type = c->kv_type;
+    if (c->masked) cr_assert_eq(sdpa_mha_desc_set_mask(&desc, mask, 0, 0, 0), SDPA_OK);
+    cr_assert_eq(sdpa_mha(&desc, out, q, kt, vt), SDPA_OK);
+    for (size_t i = 0; i < n_q; i++)
+        cr_assert(out[i] == 0.0f,
+                  "%s, exp %s, %zu x %zu keys, %s, max %g, %s %g: out[%zu] = %g, want 0",
+                  sdpa_backend(), sdpa_exp_mode(), c->len_q, c->len_kv, top,
+                  c->kv_type == SDPA_F32   ? "f32"
+                  : c->kv_type == SDPA_F16 ? "f16"
+                                           : "bf16",
+                  c->masked ? "mask" : "score", far, i, out[i]);
+    free(q), free(k), free(v), free(out), free(mask), free(kt), free(vt);
+}
+
+BACKEND_TEST(regressions, attention_far_keys_add_exactly_nothing) {
+    /* the reproducer: one -inf score beside a score of 0 */
+    const float q1[1] = {1.0f}, k1[2] = {0.0f, -INFINITY}, v1[2] = {0.0f, 1e38f};
+    static const far_keys CALLS[] = {
+        {1, 16, 300, SDPA_F32, 0},  /* the packed path: 8 or more rows, no mask */
+        {1, 3, 300, SDPA_F32, 0},   /* few rows: scores row by row */
+        {1, 17, 1100, SDPA_F32, 1}, /* masked */
+        {1, 2, 70, SDPA_F32, 1},    {4, 1, 200, SDPA_F32, 0}, /* decode */
+        {1, 16, 300, SDPA_F16, 0},                            /* 16-bit K and V */
+        {1, 2, 300, SDPA_BF16, 1},  {2, 16, 150, SDPA_BF16, 0},
+    };
+    static const float FAR[] = {-INFINITY, -1e30f, -FLT_MAX};
+    static const float TOPS[] = {0.0f, 3.25f, -1234.5f, 60000.0f, 1e6f};
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+        float out[1];
+        cr_assert_eq(sdpa_attention_f32(out, q1, k1, v1, 1, 2, 1, 1, 1.0f, 0), SDPA_OK);
+        cr_assert(out[0] == 0.0f, "exp %s: %g, want 0", EXP_MODES[e], out[0]);
+        for (size_t i = 0; i < sizeof CALLS / sizeof CALLS[0]; i++)
+            for (size_t f = 0; f < sizeof FAR / sizeof FAR[0]; f++) {
+                /* f16 holds no -1e30: its k would be -inf, already covered */
+                if (CALLS[i].kv_type == SDPA_F16 && !CALLS[i].masked && isfinite(FAR[f])) continue;
+                /* nor 1e6 */
+                for (size_t t = 0; t < sizeof TOPS / sizeof TOPS[0]; t++)
+                    if (CALLS[i].kv_type != SDPA_F16 || TOPS[t] < 65504.0f)
+                        far_keys_add_nothing(&CALLS[i], TOPS[t], FAR[f]);
+            }
+        /* split-KV (one query over many keys, in pieces, each with its own max) */
+        const far_keys split[] = {
+            {1, 1, 1100, SDPA_F32, 1}, {1, 1, 4099, SDPA_F32, 0}, {1, 1, 2000, SDPA_BF16, 0}};
+        for (size_t i = 0; i < sizeof split / sizeof split[0]; i++)
+            for (size_t f = 0; f < sizeof FAR / sizeof FAR[0]; f++)
+                far_keys_add_nothing(&split[i], 3.25f, FAR[f]);
+    }
+    sdpa_set_exp_mode("fast");
+}
+
+/* The backward: a key that every row masks (-inf, or -1e30) has weight exactly 0 in every row,
+ * so its dv and dk are exactly 0; the fast exp gave it dv = 7.3e-8. */
+BACKEND_TEST(regressions, backward_far_keys_get_zero_gradients) {
+    enum { LQ = 40, LK = 300, D = 16 };
+    static float q[LQ * D], k[LK * D], v[LK * D], out[LQ * D], dout[LQ * D], lse[LQ];
+    static float dq[LQ * D], dk[LK * D], dv[LK * D], mask[LQ * LK];
+    rng r = rng_seed(34);
+    fill_normal(&r, q, LQ * D);
+    fill_normal(&r, k, LK * D);
+    fill_normal(&r, v, LK * D);
+    fill_normal(&r, dout, LQ * D);
+    static const float FAR[] = {-INFINITY, -1e30f, -FLT_MAX};
+    for (size_t e = 0; e < 2; e++) {
+        cr_assert_eq(sdpa_set_exp_mode(EXP_MODES[e]), SDPA_OK);
+        for (size_t f = 0; f < sizeof FAR / sizeof FAR[0]; f++) {
+            /* every third key masked in every row, the others with small random masks */
+            for (size_t i = 0; i < LQ; i++)
+                for (size_t j = 0; j < LK; j++)
+                    mask[i * LK + j] = j % 3 == 1 ? FAR[f] : (float)rng_uniform(&r, -1, 1);
+            sdpa_mha_desc d;
+            cr_assert_eq(sdpa_mha_desc_dense(&d, 1, 1, 1, LQ, LK, D, D, 0.0f, 0), SDPA_OK);
+            cr_assert_eq(sdpa_mha_desc_set_mask(&d, mask, 0, 0, LK), SDPA_OK);
+            d.lse = lse;
+            d.lse_stride[0] = d.lse_stride[1] = LQ;
+            cr_assert_eq(sdpa_mha_f32(&d, out, q, k, v), SDPA_OK);
+            sdpa_mha_grads g = {sizeof g,  0,         dq,        dk,   dv,
+                                {0, 0, D}, {0, 0, D}, {0, 0, D}, dout, {0, 0, D}};
+            cr_assert_eq(sdpa_mha_backward_f32(&d, &g, q, k, v, out), SDPA_OK);
+            for (size_t j = 1; j < LK; j += 3)
+                for (size_t c = 0; c < D; c++)
+                    cr_assert(dv[j * D + c] == 0.0f && dk[j * D + c] == 0.0f,
+                              "%s, exp %s, mask %g: key %zu: dv %g, dk %g, want 0", sdpa_backend(),
+                              EXP_MODES[e], FAR[f], j, dv[j * D + c], dk[j * D + c]);
+        }
+    }
+    sdpa_set_exp_mode("fast");
+}

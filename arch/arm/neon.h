@@ -6,6 +6,7 @@
 #include <arm_neon.h>
 #include <stddef.h>
 
+#include "any_address.h"
 #include "kernels.h"
 #include "neon_tails.h"
 
@@ -45,7 +46,7 @@ typedef size_t fv_lanes;
 #define FV_MASKED 0
 ALWAYS_INLINE fv fv_zero(void) { return vdupq_n_f32(0.0f); }
 ALWAYS_INLINE fv fv_set1(float x) { return vdupq_n_f32(x); }
-ALWAYS_INLINE fv fv_bcast(const float *p) { return vdupq_n_f32(*p); }
+ALWAYS_INLINE fv fv_bcast(const float *p) { return vdupq_n_f32(load_f32(p)); }
 ALWAYS_INLINE fv fv_load(const float *p) { return vld1q_f32(p); }
 ALWAYS_INLINE void fv_store(float *p, fv x) { vst1q_f32(p, x); }
 ALWAYS_INLINE fv fv_add(fv a, fv b) { return vaddq_f32(a, b); }

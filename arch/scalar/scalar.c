@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "any_address.h"
 #include "convert_portable.h"
 #include "exp_constants.h"
 #include "kernels.h"
@@ -19,7 +20,7 @@
  * of equal values did 1.5e-5 with plain lanes: tests/test_regressions.c). */
 #define DOT_BLOCK 256
 
-static float dot_scalar(const float *a, const float *b, size_t n) {
+static float dot_scalar(const f32_any *a, const f32_any *b, size_t n) {
     float total = 0.0f;
     for (size_t start = 0; start < n; start += DOT_BLOCK) {
         size_t end = n - start < DOT_BLOCK ? n : start + DOT_BLOCK;
@@ -34,11 +35,11 @@ static float dot_scalar(const float *a, const float *b, size_t n) {
 }
 SDPA_DOT_TO(dot_scalar)
 
-static void scale_scalar(float *y, const float *x, size_t n, float alpha) {
+static void scale_scalar(f32_any *y, const f32_any *x, size_t n, float alpha) {
     for (size_t i = 0; i < n; i++) y[i] = alpha * x[i];
 }
 
-static float max_scaled_scalar(const float *x, size_t n, float scale) {
+static float max_scaled_scalar(const f32_any *x, size_t n, float scale) {
     float m = -INFINITY;
     for (size_t i = 0; i < n; i++) {
         float z = scale * x[i];
@@ -73,7 +74,7 @@ static float exp_sleef_scalar(float x) {
 }
 
 /* One body for both exp kinds; exp is a constant at each call site, so it inlines. */
-static inline float exp_sum_with(float (*exp)(float), float *y, const float *x, size_t n,
+static inline float exp_sum_with(float (*exp)(float), f32_any *y, const f32_any *x, size_t n,
                                  float scale, float shift) {
     float acc[LANES] = {0};
     for (size_t i = 0; i < n; i++) {
@@ -84,77 +85,80 @@ static inline float exp_sum_with(float (*exp)(float), float *y, const float *x, 
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-static float exp_sum_fast_scalar(float *y, const float *x, size_t n, float scale, float shift) {
+static float exp_sum_fast_scalar(f32_any *y, const f32_any *x, size_t n, float scale, float shift) {
     return exp_sum_with(exp_fast_scalar, y, x, n, scale, shift);
 }
 
-static float exp_sum_sleef_scalar(float *y, const float *x, size_t n, float scale, float shift) {
+static float exp_sum_sleef_scalar(f32_any *y, const f32_any *x, size_t n, float scale,
+                                  float shift) {
     return exp_sum_with(exp_sleef_scalar, y, x, n, scale, shift);
 }
 
-static void normalize_scalar(float *y, size_t n, float factor) {
+static void normalize_scalar(f32_any *y, size_t n, float factor) {
     for (size_t i = 0; i < n; i++) {
         float w = y[i] * factor;
         y[i] = w < FLT_MIN ? 0.0f : w;
     }
 }
 
-static void softmax_backward_scalar(float *dx, const float *y, const float *dy, size_t n,
+static void softmax_backward_scalar(f32_any *dx, const f32_any *y, const f32_any *dy, size_t n,
                                     float scale, float y_dot_dy) {
     for (size_t i = 0; i < n; i++) dx[i] = scale * y[i] * (dy[i] - y_dot_dy);
 }
 
-static void exp_fast_array_scalar(float *y, const float *x, size_t n) {
+static void exp_fast_array_scalar(f32_any *y, const f32_any *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = exp_fast_scalar(x[i]);
 }
 
-static void exp_sleef_array_scalar(float *y, const float *x, size_t n) {
+static void exp_sleef_array_scalar(f32_any *y, const f32_any *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = exp_sleef_scalar(x[i]);
 }
 
-static void widen_f16_scalar(float *dst, const void *src, size_t n) {
-    const uint16_t *s = src;
+static void widen_f16_scalar(f32_any *dst, const void *src, size_t n) {
+    const u16_any *s = src;
     for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
 }
 
-static void widen_bf16_scalar(float *dst, const void *src, size_t n) {
-    const uint16_t *s = src;
+static void widen_bf16_scalar(f32_any *dst, const void *src, size_t n) {
+    const u16_any *s = src;
     for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
 }
 
-static void narrow_f16_scalar(void *dst, const float *src, size_t n) {
-    uint16_t *d = dst;
+static void narrow_f16_scalar(void *dst, const f32_any *src, size_t n) {
+    u16_any *d = dst;
     for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
 }
 
-static void narrow_bf16_scalar(void *dst, const float *src, size_t n) {
-    uint16_t *d = dst;
+static void narrow_bf16_scalar(void *dst, const f32_any *src, size_t n) {
+    u16_any *d = dst;
     for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
 }
 
 /* ---- Attention microkernels (the driver is src/attention.c) ---- */
 
-static void scores_tile_scalar(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                               const float *k, size_t k_stride, size_t nk, size_t d, float scale) {
+static void scores_tile_scalar(f32_any *s, size_t ld_s, const f32_any *q, size_t q_stride,
+                               size_t nq, const f32_any *k, size_t k_stride, size_t nk, size_t d,
+                               float scale) {
     for (size_t i = 0; i < nq; i++)
         for (size_t j = 0; j < nk; j++)
             s[i * ld_s + j] = scale * dot_scalar(q + i * q_stride, k + j * k_stride, d);
 }
 
 /* Two keys per pass over an output row halve its loads and stores. */
-static void pv_tile_scalar(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
-                           size_t nk, const float *v, size_t v_stride, size_t d_v) {
+static void pv_tile_scalar(f32_any *acc, size_t ld_acc, const f32_any *p, size_t ld_p, size_t nq,
+                           size_t nk, const f32_any *v, size_t v_stride, size_t d_v) {
     for (size_t i = 0; i < nq; i++) {
-        float *o = acc + i * ld_acc;
-        const float *pi = p + i * ld_p;
+        f32_any *o = acc + i * ld_acc;
+        const f32_any *pi = p + i * ld_p;
         size_t j = 0;
         for (; j + 2 <= nk; j += 2) {
             const float p0 = pi[j], p1 = pi[j + 1];
-            const float *v0 = v + j * v_stride, *v1 = v0 + v_stride;
+            const f32_any *v0 = v + j * v_stride, *v1 = v0 + v_stride;
             for (size_t c = 0; c < d_v; c++) o[c] = (o[c] + p0 * v0[c]) + p1 * v1[c];
         }
         if (j < nk) {
-            const float p0 = pi[j], *v0 = v + j * v_stride;
+            const float p0 = pi[j];
+            const f32_any *v0 = v + j * v_stride;
             for (size_t c = 0; c < d_v; c++) o[c] += p0 * v0[c];
         }
     }

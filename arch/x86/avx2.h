@@ -104,17 +104,7 @@ static inline float dot_avx2(const float *a, const float *b, size_t n) {
            acc3 = _mm256_setzero_ps(), acc4 = _mm256_setzero_ps(), acc5 = _mm256_setzero_ps(),
            acc6 = _mm256_setzero_ps(), acc7 = _mm256_setzero_ps();
     size_t i = 0;
-    if (n >= 8 * W) {
-        /* A load that straddles two cache lines costs two of the load ports' slots: a masked
-           head brings a to a 32-byte boundary (no 32-byte load then crosses a line), and b with
-           it when they are misaligned alike (buffers from malloc, in place). */
-        size_t lead = (32 - ((uintptr_t)a & 31)) % 32 / sizeof(float);
-        if (lead) {
-            __m256i m = tail_mask(lead);
-            acc1 = _mm256_mul_ps(_mm256_maskload_ps(a, m), _mm256_maskload_ps(b, m));
-            a += lead, b += lead, n -= lead;
-        }
-    }
+    /* no head to reach alignment: the order of the sum follows n, never a's address */
     for (; i + 8 * W <= n; i += 8 * W) {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + W), _mm256_loadu_ps(b + i + W), acc1);

@@ -15,16 +15,18 @@ static inline __m256 exp_table_avx2(void) {
                          _mm256_slli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), 20)));
 }
 
-/* The shared "fast" exp (exp_constants.h). full = 0, for exp_sum, whose arguments are <= 0
- * (kernels.h): no upper clamp, and results below FLT_MIN are left below it for normalize's
- * flush. full = 1, the exp entry: the whole float range, where 2^(N div 8) can reach 2^128:
- * positive x take one power of two off T and multiply it back at the end (to +inf on overflow),
- * and subnormal results become 0. max/min return their second operand when either is NaN, so
- * NaN passes the clamps (and becomes INT_MIN in N, an index like any other). N is rounded with
- * an explicit mode: the caller's MXCSR must not move it (tests/test_fpenv.c); it is integral,
- * so the conversion is exact in any mode. */
+/* The shared "fast" exp (exp_constants.h). full = 0, for exp_sum, exp_tile and exp_pv, whose
+ * arguments are <= 0 (kernels.h): no upper clamp; results below FLT_MIN may stay below it, but an
+ * argument below the clamp (a score of -inf, a mask's -1e30) gives exactly 0. full = 1, the exp
+ * entry: the whole float range, where 2^(N div 8) can reach 2^128: positive x take one power of two
+ * off T and multiply it back at the end (to +inf on overflow), and subnormal results become 0.
+ * max/min return their second operand when either is NaN, so NaN passes the clamps (and becomes
+ * INT_MIN in N, an index like any other). N is rounded with an explicit mode: the caller's MXCSR
+ * must not move it (tests/test_fpenv.c); it is integral, so the conversion is exact in any mode. */
 static inline __m256 exp_fast_avx2(__m256 x, __m256 table, int full) {
-    x = _mm256_max_ps(_mm256_set1_ps(SDPA_EXP_X_CLAMP_LO), x);
+    const __m256 lo = _mm256_set1_ps(SDPA_EXP_X_CLAMP_LO);
+    const __m256 below = _mm256_cmp_ps(x, lo, _CMP_LT_OQ); /* not NaN */
+    x = _mm256_max_ps(lo, x);
     if (full) x = _mm256_min_ps(_mm256_set1_ps(SDPA_EXP_X_CLAMP_HI), x);
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SDPA_EXP8_SCALE)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -44,7 +46,7 @@ static inline __m256 exp_fast_avx2(__m256 x, __m256 table, int full) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(tbits));
-    if (!full) return e;
+    if (!full) return _mm256_andnot_ps(below, e);
     e = _mm256_mul_ps(e, _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(2.0f), positive));
     /* drop results below FLT_MIN (not NaN: the ordered compare is false for it) */
     return _mm256_andnot_ps(_mm256_cmp_ps(e, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), e);
@@ -62,9 +64,14 @@ static inline __m256 exp_sleef_avx2(__m256 x, __m256 table, int full) {
  * itself, never from z - shift (one operation fewer, and no rounding of the difference), and the
  * table takes Mi off: its entry j holds 2^((j - Mi) / 8) with j << 20 taken off, so that N's low
  * bits pick entry N mod 8 and N << 20 adds the rest, 2^((N - Mi) / 8) in all (exact modulo 2^32,
- * and the result's exponent is in range because N - Mi >= -1016 after the clamp). e^(M' - shift)
- * scales the cubic's coefficients. `folded` = 0 is the plain form, for shifts beyond 2^16 and
- * for SLEEF's exp. */
+ * and the result's exponent is in range because N - Mi >= -1016 after the clamp). exp_sum's clamp
+ * (exact) is the z whose N - Mi is -1016 exactly, where the entry is a power of two and the
+ * exponent bits come to 0: T, and so the exp, is +0 for every z at or below it (a score of -inf,
+ * a mask's -1e30, in attention, which flushes no weights), at no cost, and a result below FLT_MIN
+ * between it and ln FLT_MIN above the shift (-88.03 to -87.34); softmax_short's, whose weights
+ * its normalisation flushes, stays at shift - 87.5, off the chain from the shift to the first
+ * exp. e^(M' - shift) scales the cubic's coefficients. `folded` = 0 is the plain form, for shifts
+ * beyond 2^16 and for SLEEF's exp. */
 typedef struct row_exp {
     __m256 table, shift, lo, c0, c2, c3;
 } row_exp;
@@ -86,7 +93,12 @@ ALWAYS_INLINE row_exp row_exp_at(float shift, float mi, int folded, int exact) {
     } else {
         c.table = exp_table_avx2();
     }
-    c.lo = _mm256_set1_ps(folded ? shift + SDPA_EXP_X_CLAMP_LO : SDPA_EXP_X_CLAMP_LO);
+    /* mi - 1016 is exact, and N is within 0.1 of it at lo, far from a rounding boundary, while
+       |shift| <= 2^16 */
+    if (exact)
+        c.lo = _mm256_set1_ps((float)((mi - 1016.0) * SDPA_EXP8_LN2));
+    else
+        c.lo = _mm256_set1_ps(folded ? shift + SDPA_EXP_X_CLAMP_LO : SDPA_EXP_X_CLAMP_LO);
     c.c0 = _mm256_set1_ps((float)e);
     c.c2 = _mm256_set1_ps((float)(e * SDPA_EXP8_C2));
     c.c3 = _mm256_set1_ps((float)(e * SDPA_EXP8_C3));
@@ -103,7 +115,7 @@ ALWAYS_INLINE row_exp row_exp_fast(float shift, int folded, int exact) {
  * (rounds_to_nearest): a directed mode would take r to ln2 / 8, twice the cubic's interval, and
  * the exp to about 20 ULP (tests/test_exp.c, sum_fast_directed). */
 ALWAYS_INLINE __m256 exp_row(__m256 z, const row_exp *c, int magic) {
-    z = _mm256_max_ps(c->lo, z);
+    z = _mm256_max_ps(c->lo, z); /* exp_sum's: at lo, T is +0 (row_exp_at) */
     __m256 n;
     __m256i ni;
     if (magic) {

@@ -8,6 +8,7 @@
 #include <sleef.h>
 #include <stdint.h>
 
+#include "any_address.h"
 #include "exp_constants.h"
 #include "kernels.h"
 #include "shift_guess.h"
@@ -35,7 +36,7 @@ typedef __mmask16 vpart; /* the lanes of a row's last, partial vector */
 #define vf_store_part(p, m, v) _mm512_mask_storeu_ps(p, m, v)
 #define vf_max_part(acc, m, z) _mm512_mask_max_ps(acc, m, z, acc)
 #define vf_add_part(acc, m, e) _mm512_mask_add_ps(acc, m, acc, e)
-#define vf_lead(p)             lead_to_line(p) /* the long loops start at a line: below */
+#define vf_lead(p)             lead_to_line(p)             /* below */
 #define rounds_to_nearest()    (!(_mm_getcsr() & 0x6000u)) /* MXCSR's RC */
 /* Lane-wise max and sum of all 16 lanes, in every lane, with no trip through a scalar register
  * (the result feeds vector code at once): inside each 128-bit chunk, then across the four chunks,
@@ -91,9 +92,8 @@ static inline __attribute__((always_inline)) void vf_narrow_bf16(uint16_t *p, vf
 static inline __mmask16 tail_mask(size_t remaining) { return (__mmask16)((1u << remaining) - 1u); }
 
 /* Floats from p to the next 64-byte boundary (0 when aligned). A 64-byte load or store that
- * straddles two cache lines costs two of the ports' slots, so the long loops take a masked head
- * of this many first: the stream they align (and any other misaligned alike, as buffers from
- * malloc are) then never straddles. */
+ * straddles two cache lines costs two of the ports' slots, so the element-wise and max loops take
+ * a masked head of this many first (row_kernels.h); no sum does, whose order would follow it. */
 static inline size_t lead_to_line(const float *p) {
     return (64 - ((uintptr_t)p & 63)) % 64 / sizeof(float);
 }
@@ -116,15 +116,9 @@ static inline float dot_avx512(const float *a, const float *b, size_t n) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     size_t i = 0;
     if (n >= 4 * W) {
-        /* a to a line boundary, b with it when misaligned alike: no load straddles two lines */
-        size_t lead = lead_to_line(a);
-        if (lead) {
-            __mmask16 m = tail_mask(lead);
-            acc1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a), _mm512_maskz_loadu_ps(m, b));
-            a += lead, b += lead, n -= lead;
-        }
         /* two loads feed each FMA, so two load ports allow one FMA per cycle, which four
-           independent chains of 4-cycle FMAs sustain; eight measured slower for n <= 1024 */
+           independent chains of 4-cycle FMAs sustain; eight measured slower for n <= 1024. No
+           head to reach a line boundary: the order of the sum follows n, never a's address. */
         __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
         for (; i + 4 * W <= n; i += 4 * W) {
             acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
@@ -164,7 +158,7 @@ typedef __mmask16 fv_lanes;
 #define FV_MASKED 1
 ALWAYS_INLINE fv fv_zero(void) { return _mm512_setzero_ps(); }
 ALWAYS_INLINE fv fv_set1(float x) { return _mm512_set1_ps(x); }
-ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm512_set1_ps(*p); }
+ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm512_set1_ps(load_f32(p)); }
 ALWAYS_INLINE fv fv_load(const float *p) { return _mm512_loadu_ps(p); }
 ALWAYS_INLINE fv fv_load_aligned(const float *p) { return _mm512_load_ps(p); } /* 64 bytes */
 ALWAYS_INLINE void fv_store(float *p, fv x) { _mm512_storeu_ps(p, x); }

@@ -14,8 +14,8 @@
 /* k's pair at p as a word in every lane; last: an odd d's last pair, whose second element lies
  * past the row and reads as 0 */
 ALWAYS_INLINE __m512bh k_pair(const uint16_t *p, int last) {
-    uint32_t word = p[0];
-    if (!last) memcpy(&word, p, sizeof word); /* k rows need not be 4-byte aligned */
+    uint32_t word = *(const u16_any *)p; /* k rows need no alignment at all */
+    if (!last) memcpy(&word, p, sizeof word);
     return (__m512bh)_mm512_set1_epi32((int)word);
 }
 

@@ -22,14 +22,16 @@ static inline __m512 exp_table_avx512(void) {
 }
 
 /* The shared "fast" exp (exp_constants.h). full = 0, for exp_sum and exp_tile, whose arguments are
- * <= 0 (kernels.h): no upper clamp, and results below FLT_MIN are left below it for the callers'
- * flush. full = 1, the exp entry: the whole float range, where 2^(N div 16) can reach 2^128:
- * positive x take one power of two off T and multiply it back at the end (to +inf on overflow),
- * and subnormal results become 0. max/min return their second operand when either is NaN, so
- * NaN passes the clamps; the FMA that forms N rounds to nearest whatever MXCSR says. */
+ * <= 0 (kernels.h): no upper clamp; results below FLT_MIN may stay below it, but an argument
+ * below the clamp (a score of -inf, a mask's -1e30) gives exactly 0, as it must: its key weighs
+ * nothing, however large its v. full = 1, the exp entry: the whole float range, where 2^(N div 16)
+ * can reach 2^128: positive x take one power of two off T and multiply it back at the end (to +inf
+ * on overflow), and subnormal results become 0. max/min return their second operand when either is
+ * NaN, so NaN passes the clamps; the FMA that forms N rounds to nearest whatever MXCSR says. */
 static inline __m512 exp_fast_avx512(__m512 x, __m512 table, int full) {
-    const __m512 magic = _mm512_set1_ps(0x1.8p23f);
-    x = _mm512_max_ps(_mm512_set1_ps(SDPA_EXP_X_CLAMP_LO), x);
+    const __m512 magic = _mm512_set1_ps(0x1.8p23f), lo = _mm512_set1_ps(SDPA_EXP_X_CLAMP_LO);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ); /* NaN too */
+    x = _mm512_max_ps(lo, x);
     if (full) x = _mm512_min_ps(_mm512_set1_ps(SDPA_EXP_X_CLAMP_HI), x);
     __m512 t = _mm512_fmadd_round_ps(x, _mm512_set1_ps(SDPA_EXP16_SCALE), magic,
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -50,7 +52,7 @@ static inline __m512 exp_fast_avx512(__m512 x, __m512 table, int full) {
     __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(SDPA_EXP16_C3), r, _mm512_set1_ps(SDPA_EXP16_C2));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512 e = _mm512_mul_ps(p, T);
+    __m512 e = _mm512_maskz_mul_ps(keep, p, T);
     if (!full) return e;
     e = _mm512_mask_mul_ps(e, positive, e, _mm512_set1_ps(2.0f));
     return keep_normal(e);
@@ -173,8 +175,9 @@ ALWAYS_INLINE __m512 exp_row_fast32(__m512 z, const row_exp *c) {
     return _mm512_mul_ps(p, T);
 }
 
-/* the fast exp of exp_fast_avx512 (full = 0), with c's b, lo and polynomial */
+/* the fast exp of exp_fast_avx512 (full = 0), with c's b, lo and polynomial: 0 below lo */
 ALWAYS_INLINE __m512 exp_row_fast(__m512 z, const row_exp *c) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(z, c->lo, _CMP_NLT_UQ); /* NaN too */
     __m512i ti;
     __m512 r = reduce_row(z, c, SDPA_EXP16_SCALE, SDPA_EXP16_LN2_HI, SDPA_EXP16_LN2_LO, &ti);
     __m512 T = _mm512_castsi512_ps(_mm512_add_epi32(
@@ -182,7 +185,7 @@ ALWAYS_INLINE __m512 exp_row_fast(__m512 z, const row_exp *c) {
     __m512 p = _mm512_fmadd_ps(c->c3, r, c->c2);
     p = _mm512_fmadd_ps(p, r, c->c0);
     p = _mm512_fmadd_ps(p, r, c->c0);
-    return _mm512_mul_ps(p, T);
+    return _mm512_maskz_mul_ps(keep, p, T);
 }
 
 ALWAYS_INLINE __m512 exp_row_sleef(__m512 z, const row_exp *c) {

@@ -7,6 +7,7 @@
 #include <sleef.h>
 #include <smmintrin.h>
 
+#include "any_address.h"
 #include "convert_portable.h"
 #include "exp_constants.h"
 #include "kernels.h"
@@ -52,16 +53,16 @@ static inline vf vf_add_part(vf acc, vpart len, vf e) {
 /* the first `len` (< W) floats of p in a vector, the rest `fill`; element loads, not a memcpy
  * through the stack: a libc call and a 16-byte load of bytes just stored in pieces (not
  * forwarded) would cost a short row more than its work */
-static inline __m128 load_partial(const float *p, size_t len, float fill) {
+static inline __m128 load_partial(const f32_any *p, size_t len, float fill) {
     return _mm_setr_ps(p[0], len > 1 ? p[1] : fill, len > 2 ? p[2] : fill, fill);
 }
 
-static inline void store_partial(float *p, __m128 v, size_t len) {
+static inline void store_partial(f32_any *p, __m128 v, size_t len) {
     if (len >= 2) {
         _mm_storel_pi((__m64 *)p, v);
-        if (len == 3) _mm_store_ss(p + 2, _mm_movehl_ps(v, v));
+        if (len == 3) store_f32(p + 2, _mm_cvtss_f32(_mm_movehl_ps(v, v)));
     } else {
-        _mm_store_ss(p, v);
+        store_f32(p, _mm_cvtss_f32(v));
     }
 }
 
@@ -82,7 +83,7 @@ static inline __m128i load4_u16(const uint16_t *p) {
 static inline void vf_narrow_f16(uint16_t *p, __m128 x) {
     float v[4];
     _mm_storeu_ps(v, x);
-    for (int i = 0; i < 4; i++) p[i] = f32_to_f16(v[i]);
+    for (int i = 0; i < 4; i++) ((u16_any *)p)[i] = f32_to_f16(v[i]);
 }
 #define vf_narrow_f16_ok() 1
 static inline __m128 vf_widen_bf16(const uint16_t *p) {
@@ -140,7 +141,7 @@ typedef size_t fv_lanes;
 #define FV_MASKED 0
 ALWAYS_INLINE fv fv_zero(void) { return _mm_setzero_ps(); }
 ALWAYS_INLINE fv fv_set1(float x) { return _mm_set1_ps(x); }
-ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm_set1_ps(*p); }
+ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm_set1_ps(load_f32(p)); }
 ALWAYS_INLINE fv fv_load(const float *p) { return _mm_loadu_ps(p); }
 ALWAYS_INLINE fv fv_load_aligned(const float *p) { return _mm_load_ps(p); } /* 16 bytes */
 ALWAYS_INLINE void fv_store(float *p, fv x) { _mm_storeu_ps(p, x); }

@@ -9,10 +9,11 @@
  * exact. x[u] = exp(x[u]) for u < count (at most 4), each step for all of them before the next: one
  * exp is a chain of some fifty cycles, and only exps side by side in the instruction stream
  * keep the pipes busy (four fill them where one or two leave them waiting on the chain).
- * full = 1 (exp_sum, the exp entry): the whole float range. full = 0, for exp_pv, whose
- * arguments are s - max <= 0: no upper clamp, no overflow case, and results below FLT_MIN are
- * left below it (as exp_sum's contract allows), five operations of about twenty fewer; the
- * lower clamp stays, it keeps n, and so 2^n's exponent bits, in range. */
+ * full = 1 (the exp entry): the whole float range. full = 0, for exp_sum and exp_pv, whose
+ * arguments are s - max <= 0: no upper clamp, no overflow case, and results below FLT_MIN may
+ * stay below it (as exp_sum's contract allows), three operations of about twenty fewer; the
+ * lower clamp stays, it keeps n, and so 2^n's exponent bits, in range, and an argument at or
+ * below it (a score of -inf, a mask's -1e30) gives exactly 0. */
 ALWAYS_INLINE void exp_fast_body(__m128 *x, int count, int full) {
     __m128 n[4], r[4], p[4];
     for (int u = 0; u < count; u++) {
@@ -44,6 +45,9 @@ ALWAYS_INLINE void exp_fast_body(__m128 *x, int count, int full) {
             e = _mm_andnot_ps(_mm_cmplt_ps(e, _mm_set1_ps(FLT_MIN)), e);
             e = _mm_blendv_ps(e, _mm_set1_ps(INFINITY),
                               _mm_cmpge_ps(x[u], _mm_set1_ps(SDPA_EXP_X_OVERFLOW)));
+        } else {
+            /* x was clamped: at the clamp, it was at or below it */
+            e = _mm_andnot_ps(_mm_cmple_ps(x[u], _mm_set1_ps(SDPA_EXP_X_CLAMP_LO)), e);
         }
         x[u] = e;
     }

@@ -9,7 +9,9 @@
  *
  * The exps first run against a guessed shift (shift_guess.h, "A guessed shift"), when y and x are
  * apart, so that x is still there to start again from: the max comes beside the exps and checks
- * the guess after the stores. A row that fails the check, or whose y is x, finds its max first.
+ * the guess after the stores. A row that fails the check finds its max first; a row whose y is x
+ * finds its max first and then, where the guess holds, runs the same exps against it, so that
+ * in place and apart give the same bits.
  * Against the max, the weights are exp(z - max) times one constant factor near 1, which the
  * division by their sum takes out: the exp needs no correction for its folded shift.
  *
@@ -58,20 +60,25 @@ ALWAYS_INLINE void exps_to_weights(float *y, const float *x, size_t n, vf vs, co
 ALWAYS_INLINE float softmax_passes(float *y, const float *x, size_t n, float scale, int unit,
                                    int kind) {
     const vf vs = vf_set1(scale);
-    if (sdpa_apart(y, x, n)) {
-        const vf g = ends_guess(x, n, vs, unit);
-        const float gs = vf_first(g);
-        if (sdpa_guess_usable(gs)) {
-            const row_exp c = row_exp_guess(g, kind);
-            vf vmax;
-            exps_to_weights(y, x, n, vs, &c, kind, unit, row_exp_folds(kind), &vmax);
-            const float max = vf_hmax(vmax);
-            if (sdpa_guess_fits(gs, max)) return max;
-        }
+    const vf g = ends_guess(x, n, vs, unit);
+    const float gs = vf_first(g);
+    const int apart = sdpa_apart(y, x, n);
+    if (apart && sdpa_guess_usable(gs)) {
+        const row_exp c = row_exp_guess(g, kind);
+        vf vmax;
+        exps_to_weights(y, x, n, vs, &c, kind, unit, row_exp_folds(kind), &vmax);
+        const float max = vf_hmax(vmax);
+        if (sdpa_guess_fits(gs, max)) return max;
     }
     const vf vmax = vf_allmax(max_lanes(x, n, vs, unit));
     const float max = vf_first(vmax);
     if (!isfinite(max)) return max;
+    if (!apart && sdpa_guess_fits(gs, max)) {
+        /* in place, the max first, then the weights that y apart from x gets: the same bits */
+        const row_exp c = row_exp_guess(g, kind);
+        exps_to_weights(y, x, n, vs, &c, kind, unit, row_exp_folds(kind), NULL);
+        return max;
+    }
     /* the sum is > 0.9 (the max gives about exp(0)), or NaN when x holds a NaN: so is every y */
     const int folded = row_exp_folds(kind) && fabsf(max) <= SDPA_EXP_FOLD_MAX;
     const row_exp c = row_exp_max(vmax, folded, kind);

@@ -176,6 +176,30 @@ static double exp_sum_max_blocked(const sdpa_kernels *k, int exp_kind, float *y,
     return sum;
 }
 
+/* A chunk's weights against a guessed shift s (arch/shift_guess.h, "A guessed shift"), or against
+ * its max where that passes s by more than the guess's range. Returns the shift used, with the
+ * chunk's sum in *sum, or NaN for a chunk holding a NaN or +inf z (nothing written then, in
+ * place). Apart from x, the max comes with the exps and a miss is done again from x, which is
+ * still whole; in place, a max pass comes first. Both form the same exps with the same shift, so
+ * y == x gives the bits of y apart from x. */
+static float chunk_guessed(const sdpa_kernels *k, int exp_kind, float *y, const float *x,
+                           size_t len, float scale, float s, int apart, double *sum) {
+    float mc;
+    if (apart) {
+        *sum = exp_sum_max_blocked(k, exp_kind, y, x, len, scale, s, &mc);
+        if (sdpa_guess_fits(s, mc)) return s;
+    } else {
+        mc = k->max_scaled(x, len, scale);
+        if (sdpa_guess_fits(s, mc)) {
+            *sum = exp_sum_blocked(k, exp_kind, y, x, len, scale, s);
+            return s;
+        }
+    }
+    if (!isfinite(mc)) return NAN; /* fits for -inf: mc is NaN or +inf */
+    *sum = exp_sum_blocked(k, exp_kind, y, x, len, scale, mc);
+    return mc;
+}
+
 /* softmax of a row that softmax_short does not take, in chunks; apart from sdpa_softmax_f32 so
  * that the short rows' path carries none of this one's frame (six saved registers and the chunks'
  * shifts). Each chunk's weights are computed against the running max when the chunk is
@@ -203,26 +227,20 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
     float m = -INFINITY;
     double sum = 0.0;
     size_t c = 0;
-    /* with exp_sum_max and y apart from x, a chunk's shift is guessed (arch/shift_guess.h, "A
-       guessed shift") and its max comes with its exps: no max pass over x. The guess is the larger
-       of m and the chunk's two ends, so never above the row's max; a chunk whose max passes it by
-       more than the guess's range is done again against its max, from x, which is still whole. */
-    const int guess = k->exp_sum_max[exp_kind] && sdpa_apart(y, x, n);
+    /* with exp_sum_max, a chunk's shift is guessed: the larger of m and the chunk's two ends, so
+       never above the row's max (chunk_guessed) */
+    const int guess = k->exp_sum_max[exp_kind] != NULL, apart = sdpa_apart(y, x, n);
     for (size_t i = 0; i < n; i += chunk, c++) {
         size_t len = n - i < chunk ? n - i : chunk;
         if (guess) {
             const float ends = sdpa_ends_guess(x + i, len, scale);
             float s = ends > m ? ends : m;
             if (sdpa_guess_usable(s)) {
-                float mc;
-                double sc = exp_sum_max_blocked(k, exp_kind, y + i, x + i, len, scale, s, &mc);
-                if (!sdpa_guess_fits(s, mc)) {
-                    if (!isfinite(mc)) { /* NaN or +inf */
-                        sdpa_softmax_nonfinite_from(y, x, n, scale, i, isnan(sum));
-                        return;
-                    }
-                    s = mc;
-                    sc = exp_sum_blocked(k, exp_kind, y + i, x + i, len, scale, s);
+                double sc;
+                s = chunk_guessed(k, exp_kind, y + i, x + i, len, scale, s, apart, &sc);
+                if (isnan(s)) {
+                    sdpa_softmax_nonfinite_from(y, x, n, scale, i, isnan(sum));
+                    return;
                 }
                 if (s > m) { /* s >= m: the chunk's shift is the new m */
                     if (sum != 0.0) sum *= exp((double)m - s);

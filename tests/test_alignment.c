@@ -150,6 +150,31 @@ static void rows_modes(void) {
 
 BACKEND_TEST(alignment, rows) { each_exp_mode(rows_modes); }
 
+/* softmax and scale in place (y == x) write the bits they write into another array: where y
+ * holds the result is no more a setting than where x sits. Rows short and long (the chunked
+ * path), with a max that a chunk's guessed shift misses. */
+static void in_place_modes(void) {
+    static const size_t SIZES[] = {17, 1000, 4096, 4097, 10000, 70000};
+    for (size_t s = 0; s < N_OF(SIZES); s++) {
+        const size_t n = SIZES[s];
+        float *x = normal_floats(200 + s, n), *apart = malloc(n * 4), *in_place = malloc(n * 4);
+        x[n / 2] = 90.0f; /* far above the ends that a chunk's shift is guessed from */
+        memcpy(in_place, x, n * 4);
+        cr_assert_eq(sdpa_softmax_f32(apart, x, n, 0.7f), SDPA_OK);
+        cr_assert_eq(sdpa_softmax_f32(in_place, in_place, n, 0.7f), SDPA_OK);
+        cr_assert(memcmp(apart, in_place, n * 4) == 0, "softmax in place, n = %zu (%s, %s)", n,
+                  sdpa_backend(), sdpa_exp_mode());
+        memcpy(in_place, x, n * 4);
+        cr_assert_eq(sdpa_scale_f32(apart, x, n, 0.3f), SDPA_OK);
+        cr_assert_eq(sdpa_scale_f32(in_place, in_place, n, 0.3f), SDPA_OK);
+        cr_assert(memcmp(apart, in_place, n * 4) == 0, "scale in place, n = %zu (%s)", n,
+                  sdpa_backend());
+        free(x), free(apart), free(in_place);
+    }
+}
+
+BACKEND_TEST(alignment, in_place) { each_exp_mode(in_place_modes); }
+
 /* ---- attention ---- */
 typedef struct attn_call {
     size_t len_q, len_kv, d;

@@ -3,7 +3,10 @@
  *     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
  *
  * ABI v1: names, argument orders and meanings never change within 1.x; functions are only added.
- * Every function is thread-safe; pointers need no particular alignment. The topics, in order:
+ * Every function is thread-safe. A void * view may sit at any byte address; a float * needs a
+ * float's alignment, as C requires. Every result is a function of the values, the shape, the
+ * backend and the settings, never of an address or of the thread count: the order of every sum
+ * is fixed by the shape. The topics, in order:
  * types, status, kernels (and the backends that run them), attention, backward, threads, the
  * plugin table. docs/numerics.md holds the numerical detail (special values, accuracy bounds,
  * the exp, the floating-point environment, tasks and memory); docs/guarantees.md the behaviour

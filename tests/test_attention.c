@@ -730,3 +730,36 @@ BACKEND_TEST(attention, concurrent_calls) {
     free(out);
     free(want);
 }
+
+/* A mask entry of +inf makes that score +inf, and the row NaN (docs/numerics.md): attention does
+ * not share the mass among +inf scores as softmax does. The other rows are untouched by it; on
+ * every path (a decode row, a block of 8 and of 32 rows) and with f16 K/V. */
+static void plus_inf_mask_rows(size_t len_q, sdpa_dtype kv_type) {
+    const size_t len_kv = 70, d = 16;
+    rng r = rng_seed(len_q * 3 + kv_type);
+    float *q = malloc(len_q * d * 4), *k = malloc(len_kv * d * 4), *v = malloc(len_kv * d * 4);
+    float *mask = calloc(len_q * len_kv, 4), *out = malloc(len_q * d * 4);
+    fill_normal(&r, q, len_q * d), fill_normal(&r, k, len_kv * d), fill_normal(&r, v, len_kv * d);
+    mask[0 * len_kv + 5] = INFINITY; /* row 0 */
+    uint16_t *k16 = malloc(len_kv * d * 2), *v16 = malloc(len_kv * d * 2);
+    cr_assert_eq(sdpa_convert(k16, SDPA_F16, k, SDPA_F32, len_kv * d), SDPA_OK);
+    cr_assert_eq(sdpa_convert(v16, SDPA_F16, v, SDPA_F32, len_kv * d), SDPA_OK);
+    sdpa_mha_desc desc;
+    cr_assert_eq(sdpa_mha_desc_dense(&desc, 1, 1, 1, len_q, len_kv, d, d, 0.0f, 0), SDPA_OK);
+    cr_assert_eq(sdpa_mha_desc_set_mask(&desc, mask, 0, 0, len_kv), SDPA_OK);
+    desc.kv_type = kv_type;
+    const int f16 = kv_type == SDPA_F16;
+    cr_assert_eq(sdpa_mha(&desc, out, q, f16 ? (void *)k16 : k, f16 ? (void *)v16 : v), SDPA_OK);
+    for (size_t c = 0; c < d; c++) cr_assert(isnan(out[c]), "len_q %zu col %zu", len_q, c);
+    for (size_t i = d; i < len_q * d; i++)
+        cr_assert(isfinite(out[i]), "len_q %zu: row %zu is not finite", len_q, i / d);
+    free(q), free(k), free(v), free(mask), free(out), free(k16), free(v16);
+}
+
+BACKEND_TEST(attention, plus_inf_mask_entry_gives_a_nan_row) {
+    static const size_t LENS[] = {1, 8, 32};
+    for (size_t i = 0; i < 3; i++) {
+        plus_inf_mask_rows(LENS[i], SDPA_F32);
+        plus_inf_mask_rows(LENS[i], SDPA_F16);
+    }
+}

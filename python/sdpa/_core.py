@@ -6,6 +6,7 @@ through sys.modules once a tensor has arrived.
 
 import ctypes
 import math
+import numbers
 import sys
 
 import numpy as np
@@ -109,6 +110,8 @@ def scale_arg(scale):
     finite, which the library rejects: both are ValueError here, naming the value."""
     if scale is None:
         return _lib.DEFAULT_SCALE
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, not {type(scale).__name__}")
     scale = float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, not {scale!r} (None gives 1/sqrt(d_k))")

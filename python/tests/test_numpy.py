@@ -406,6 +406,21 @@ def test_a_scale_that_float32_cannot_hold_raises(rng, scale, why):
         sdpa.attention(q, k, v, scale=scale)
 
 
+@pytest.mark.parametrize("scale", ["0.5", b"0.5", True, 1j, [0.5]])
+def test_a_scale_that_is_not_a_real_number_raises(rng, scale):
+    # float("0.5") would have taken a string for a scale without a word
+    q, k, v = three(rng)
+    with pytest.raises(TypeError, match="scale must be a real number"):
+        sdpa.attention(q, k, v, scale=scale)
+
+
+@pytest.mark.parametrize("scale", [np.float32(0.5), np.float64(0.5), 1, 0.5])
+def test_a_scale_of_any_real_type_is_taken(rng, scale):
+    q, k, v = three(rng)
+    ref, _ = reference(q, k, v, scale=float(scale))
+    assert_close(sdpa.attention(q, k, v, scale=scale), ref, bound(v))
+
+
 def test_a_tiny_scale_that_float32_holds_is_used(rng):
     # 1e-44 is a float32 subnormal: every score is about 0, so every row is the mean of v
     q, k, v = three(rng)

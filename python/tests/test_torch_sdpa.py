@@ -78,7 +78,9 @@ def torch_peer(q, k, v, **kw):
     """torch's own result, or None where this torch lacks the function or the argument."""
     if not hasattr(F, "scaled_dot_product_attention"):
         return None
-    if (kw.get("enable_gqa") and torch_version < (2, 5)) or (
+    # enable_gqa came in 2.5 (compared on 4-d inputs only, the shape torch's GQA checks
+    # name), scale in 2.1
+    if (kw.get("enable_gqa") and (torch_version < (2, 5) or q.dim() != 4)) or (
             kw.get("scale") is not None and torch_version < (2, 1)):
         return None
     mask = kw.get("attn_mask")

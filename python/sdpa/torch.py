@@ -1,14 +1,18 @@
-"""sdpa for torch tensors, with autograd: ``sdpa.torch.attention``.
+"""sdpa for torch tensors, with autograd: ``sdpa.torch.attention``, and
+``sdpa.torch.scaled_dot_product_attention``, a drop-in for torch's function of that name.
 
 Importing this module imports torch. The backward pass is libsdpa's sdpa_mha_backward_f32; with
 a library that lacks it, backward raises NotImplementedError naming it.
 """
 
+import math as _math
+import numbers as _numbers
+
 import torch as _torch
 
 from . import _core
 
-__all__ = ["attention"]
+__all__ = ["attention", "scaled_dot_product_attention"]
 
 
 class _Attention(_torch.autograd.Function):
@@ -66,3 +70,115 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     """
     out, lse = _Attention.apply(q, k, v, mask, causal, scale, layout)
     return (out, lse) if return_lse else out
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """``torch.nn.functional.scaled_dot_product_attention`` (torch 2.x's signature and meaning)
+    computed by sdpa, with autograd, on torch 1.13 as on 2.x.
+
+    query (N, ..., Hq, L, E), key (N, ..., H, S, E), value (N, ..., H, S, Ev): any number of
+    leading axes (2-d included), the same in all three; returns (N, ..., Hq, L, Ev) of query's
+    dtype (float32, float16 or bfloat16, CPU). The axes before the heads are merged into
+    sdpa's batch, as a view where their strides allow (4-d and 3-d inputs: always).
+    attn_mask: bool (True keeps the key) or floating point (added to the scores), broadcastable
+        to (N, ..., Hq, L, S); it gets no gradient, so one that requires grad raises.
+    is_causal: top-left aligned, as torch's: query i sees keys j <= i (with L > S, the rows
+        from S on see every key). With L == S this is sdpa's causal flag; otherwise an (L, S)
+        float mask is built for the call. Not with attn_mask (ValueError, as torch).
+    scale: None for 1/sqrt(E); otherwise as ``sdpa.attention`` takes it (0 raises).
+    enable_gqa: heads Hq a multiple of key and value's H (query head h reads head h // (Hq/H));
+        without it, heads that differ raise ValueError.
+    dropout_p: sdpa has no dropout: any value but 0 raises NotImplementedError.
+
+    A row that sees no key (every key masked) is zeros, as torch >= 2.5 gives (older versions
+    give NaN). A +inf mask entry gives a NaN row. Autograd is ``sdpa.torch.attention``'s.
+    """
+    _check_dropout(dropout_p)
+    if attn_mask is not None and is_causal:
+        raise ValueError("is_causal=True and attn_mask: pass one of them (as torch, which "
+                         "raises for both)")
+    if attn_mask is not None and _torch.is_grad_enabled() and getattr(
+            attn_mask, "requires_grad", False):
+        raise NotImplementedError("attn_mask requires grad; sdpa gives the mask no gradient "
+                                  "(pass attn_mask.detach())")
+    q, k, v = _bhsd_views(query, key, value, enable_gqa)
+    len_q, len_kv = q.shape[2], k.shape[2]
+    causal = bool(is_causal) and len_q == len_kv
+    mask = attn_mask
+    if is_causal and len_q != len_kv:
+        # top-left: sdpa's causal flag is bottom-right, the same only when L == S
+        mask = _torch.full((len_q, len_kv), -_math.inf).triu_(1)
+    elif mask is not None:
+        mask = _mask_view(mask, query.shape[:-1] + (len_kv,), q.shape[:2])
+    if _torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        out = _Attention.apply(q, k, v, mask, causal, scale, "bhsd")[0]
+    else:
+        out = _core.forward(q, k, v, causal, mask, scale, "bhsd", False)[0]
+    return out.view(tuple(query.shape[:-1]) + (value.shape[-1],))
+
+
+def _check_dropout(dropout_p):
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, _numbers.Real):
+        raise TypeError(f"dropout_p must be a real number, not {type(dropout_p).__name__}")
+    if dropout_p != 0:
+        raise NotImplementedError(f"dropout_p={dropout_p!r}: sdpa has no dropout; pass "
+                                  "dropout_p=0.0 (as in eval mode)")
+
+
+def _bhsd_views(query, key, value, enable_gqa):
+    """query, key and value as 4-d (batch, heads, len, d) tensors: the axes before the heads
+    merged (a view where the strides allow), 2-d and 3-d inputs given leading axes of 1."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, _torch.Tensor):
+            raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+        if x.dtype not in (_torch.float32, _torch.float16, _torch.bfloat16):
+            raise TypeError(f"{name}: dtype {x.dtype} is not float32, float16 or bfloat16")
+        if x.dim() < 2:
+            raise ValueError(f"{name}: expected at least 2 axes (..., len, d), got shape "
+                             f"{tuple(x.shape)}")
+    if not query.dim() == key.dim() == value.dim():
+        raise ValueError(f"query, key and value must have the same number of axes; got shapes "
+                         f"{tuple(query.shape)}, {tuple(key.shape)} and {tuple(value.shape)}")
+    if query.dim() > 3 and not (query.shape[:-3] == key.shape[:-3] == value.shape[:-3]):
+        raise ValueError("query, key and value must have the same leading axes (N, ...) before "
+                         f"the heads; got shapes {tuple(query.shape)}, {tuple(key.shape)} and "
+                         f"{tuple(value.shape)}")
+    if query.dim() > 2:
+        hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+        if hk != hv:
+            raise ValueError(f"key has {hk} heads and value {hv}; they must be the same")
+        if not enable_gqa and hq != hk:
+            raise ValueError(f"query has {hq} heads and key and value {hk}: pass "
+                             "enable_gqa=True for grouped-query attention")
+        if enable_gqa and (hk == 0 or hq % hk):
+            raise ValueError(f"enable_gqa: query's {hq} heads must be a multiple of key and "
+                             f"value's {hk}")
+
+    def bhsd(x):
+        lead = x.shape[:-3]
+        batch = _math.prod(lead)
+        heads = x.shape[-3] if x.dim() > 2 else 1
+        return x.reshape(batch, heads, x.shape[-2], x.shape[-1])
+
+    return bhsd(query), bhsd(key), bhsd(value)
+
+
+def _mask_view(mask, full, batch_heads):
+    """attn_mask broadcast to full (N, ..., Hq, L, S), as 4-d (batch, Hq, L, S); a mask of at
+    most 4 axes is left to sdpa.attention, which reads it through stride-0 axes."""
+    if not isinstance(mask, _torch.Tensor):
+        mask = _torch.as_tensor(mask)
+    if mask.dtype != _torch.bool and not mask.is_floating_point():
+        raise TypeError(f"attn_mask: dtype {mask.dtype} is neither bool nor floating point")
+    if mask.dim() > len(full):
+        raise ValueError(f"attn_mask of shape {tuple(mask.shape)} has more axes than the "
+                         f"scores {tuple(full)}")
+    try:
+        expanded = mask.expand(full)
+    except RuntimeError:
+        raise ValueError(f"attn_mask of shape {tuple(mask.shape)} does not broadcast to "
+                         f"{tuple(full)}") from None
+    if len(full) <= 4:
+        return mask
+    return expanded.reshape(tuple(batch_heads) + tuple(full[-2:]))

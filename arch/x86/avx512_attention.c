@@ -5,6 +5,7 @@
 
 #define ISA_NAME(f)     f##_avx512
 #define ISA_TYPED_LOADS 1 /* K and V of f16 and bf16 read as they are (kernels.h) */
+#define ISA_SCORES_HELD 1 /* a single query's vectors held in registers (attention_tiles.h) */
 
 #include "attention_packed.h"
 

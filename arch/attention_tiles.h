@@ -267,7 +267,7 @@ ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t 
  * rows. */
 ALWAYS_INLINE void block_step(fv *ch, const float *a, size_t a_row, const void *b, int bt, int mr,
                               int nv, const fv_lanes *m) {
-    fv bv[4];
+    fv bv[8]; /* nv <= 8 */
     for (int t = 0; t < nv; t++) bv[t] = tile_load_as(elem_at(b, t * W, bt), bt, m);
     if (mr > 1)
         for (int t = 0; t < nv; t++) fv_pin(&bv[t]);

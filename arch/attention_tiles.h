@@ -138,6 +138,19 @@ ALWAYS_INLINE void scores_step(fv *a, const float *q, size_t q_stride, const voi
         for (int c = 0; c < nr; c++) a[r * nr + c] = fv_madd(vq[r], vk[c], a[r * nr + c]);
 }
 
+/* s[r * ld_s + c] = scale * the sum of the lanes of a[r * nr + c], for the dots of scores_block,
+ * reduced W at a time (fv_hsums) */
+ALWAYS_INLINE void scores_store(float *s, size_t ld_s, const fv *a, fv vscale, int mr, int nr) {
+    for (int g = 0; g < mr * nr / W; g++) {
+        const fv sum = fv_mul(fv_hsums(a + g * W), vscale);
+        const int r = g * W / nr;
+        if (nr >= W)
+            fv_store(s + r * ld_s + g * W % nr, sum);
+        else
+            for (int h = 0; h < W / 4; h++) fv_store4(s + (r + h) * ld_s, sum, h);
+    }
+}
+
 /* s[r * ld_s + c] = scale * dot(q_r, k_c) for r < mr queries and c < nr keys: mr * nr dots in
  * registers for all of d, then reduced W at a time (fv_hsums), which takes mr * nr a multiple
  * of W, and nr a multiple of W or 4 (a reduced vector then spans W / 4 rows). */
@@ -153,14 +166,7 @@ ALWAYS_INLINE void scores_block(float *s, size_t ld_s, const float *q, size_t q_
         const fv_lanes m = fv_first(d - p);
         scores_step(a, q + p, q_stride, elem_at(k, p, kt), k_stride, kt, mr, nr, keywise, &m);
     }
-    for (int g = 0; g < mr * nr / W; g++) {
-        const fv sum = fv_mul(fv_hsums(a + g * W), vscale);
-        const int r = g * W / nr;
-        if (nr >= W)
-            fv_store(s + r * ld_s + g * W % nr, sum);
-        else
-            for (int h = 0; h < W / 4; h++) fv_store4(s + (r + h) * ld_s, sum, h);
-    }
+    scores_store(s, ld_s, a, vscale, mr, nr);
 }
 
 /* kernels.h's scores_tile (k rows of type kt) for the rows from 0 in blocks of mr, against nr
@@ -189,12 +195,60 @@ ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, si
     return i;
 }
 
+#define SCORES_HELD_MAX_V 8 /* the query's vectors scores_query_held keeps in registers */
+
+/* scores_query's blocks of row_nr float keys, returning the first key not done, with the query
+ * held in registers: its nv vectors (d in ((nv - 1) W, nv W]) loaded once for the call, and each
+ * key's row then read from its start to its end, into one chain of nv FMAs. The chains are
+ * scores_block's (the same vectors of q and k, in the same order, from the same zero), so the
+ * bits are too; the keys' rows are read one after another rather than row_nr streams side by
+ * side, and the query's vectors are not loaded again for every block: a decode's K, read once
+ * from L2 or beyond, then comes in as one stream, not row_nr of a line each, and the loads are
+ * half as many. */
+ALWAYS_INLINE size_t scores_query_held(float *s, const float *q, const float *k, size_t k_stride,
+                                       size_t nk, size_t d, fv vscale, int row_nr, int nv) {
+    fv vq[SCORES_HELD_MAX_V];
+    const size_t n_last = d - (size_t)(nv - 1) * W;
+    const fv_lanes last = fv_first(n_last);
+    for (int t = 0; t + 1 < nv; t++) vq[t] = fv_load(q + t * W);
+    vq[nv - 1] = fv_load_upto(q + (nv - 1) * W, n_last, last);
+    size_t j = 0;
+    for (; j + row_nr <= nk; j += row_nr) {
+        fv a[SCORES_MAX_SUMS];
+        for (int c = 0; c < row_nr; c++) {
+            const float *kc = k + (j + c) * k_stride;
+            fv x = fv_zero();
+            for (int t = 0; t + 1 < nv; t++) x = fv_madd(vq[t], fv_load(kc + t * W), x);
+            a[c] = fv_madd(vq[nv - 1], fv_load_upto(kc + (nv - 1) * W, n_last, last), x);
+        }
+        scores_store(s + j, 0, a, vscale, 1, row_nr);
+    }
+    return j;
+}
+
 /* one query's scores (a row left over, or decode): row_nr keys at a time, the query's vector
- * loaded once for all of them, then a dot each */
+ * loaded once for all of them (or, where the backend defines ISA_SCORES_HELD, held for the call:
+ * scores_query_held, for d up to SCORES_HELD_MAX_V vectors), then a dot each */
 ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t k_stride, int kt,
                                 size_t nk, size_t d, float scale, int row_nr) {
     const fv vscale = fv_set1(scale);
     size_t j = 0;
+#ifdef ISA_SCORES_HELD
+    /* nv a constant in each case, for vq and the chains in registers */
+    if (kt == SDPA_TYPE_F32 && d <= SCORES_HELD_MAX_V * W) {
+        const float *kf = k;
+        switch ((d + W - 1) / W) {
+        case 1: j = scores_query_held(s, q, kf, k_stride, nk, d, vscale, row_nr, 1); break;
+        case 2: j = scores_query_held(s, q, kf, k_stride, nk, d, vscale, row_nr, 2); break;
+        case 3: j = scores_query_held(s, q, kf, k_stride, nk, d, vscale, row_nr, 3); break;
+        case 4: j = scores_query_held(s, q, kf, k_stride, nk, d, vscale, row_nr, 4); break;
+        case 5: j = scores_query_held(s, q, kf, k_stride, nk, d, vscale, row_nr, 5); break;
+        case 6: j = scores_query_held(s, q, kf, k_stride, nk, d, vscale, row_nr, 6); break;
+        case 7: j = scores_query_held(s, q, kf, k_stride, nk, d, vscale, row_nr, 7); break;
+        default: j = scores_query_held(s, q, kf, k_stride, nk, d, vscale, row_nr, 8); break;
+        }
+    }
+#endif
     for (; j + row_nr <= nk; j += row_nr) {
         if (kt != SDPA_TYPE_F32)
             for (int c = 0; c < row_nr; c++) prefetch_row(k, j + row_nr + c, k_stride, d, kt);
@@ -213,7 +267,7 @@ ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t 
  * rows. */
 ALWAYS_INLINE void block_step(fv *ch, const float *a, size_t a_row, const void *b, int bt, int mr,
                               int nv, const fv_lanes *m) {
-    fv bv[4];
+    fv bv[8]; /* nv <= 8 */
     for (int t = 0; t < nv; t++) bv[t] = tile_load_as(elem_at(b, t * W, bt), bt, m);
     if (mr > 1)
         for (int t = 0; t < nv; t++) fv_pin(&bv[t]);

@@ -5,6 +5,7 @@
 
 #define ISA_NAME(f)     f##_avx512
 #define ISA_TYPED_LOADS 1 /* K and V of f16 and bf16 read as they are (kernels.h) */
+#define ISA_SCORES_HELD 1 /* a single query's vectors held in registers (attention_tiles.h) */
 
 #include "attention_packed.h"
 
@@ -21,6 +22,24 @@ ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) {
     return dot_avx512(a, b, n);
 }
 
+/* A single row of f32 (decode): pv_tile_loops' blocks of 4 vectors and two keys a step, but two
+ * blocks of them side by side (128 columns, 16 chains), so that each row of v is read once from
+ * start to end rather than in two passes of half a row; each column's chains are the 4-vector
+ * block's, so the sums are too, bit for bit. The columns past the last 128 as pv_tile_loops
+ * takes them. */
+ALWAYS_INLINE void pv_single_row(const pv_operands *o) {
+    size_t c = 0;
+    for (; c + 8 * W <= o->d_v; c += 8 * W)
+        bcast_block(o->acc + c, o->ld_acc, o->p, o->p_row, o->p_key, (const float *)o->v + c,
+                    o->v_stride, SDPA_TYPE_F32, o->nk, 1, 8, 2, o->alpha, NULL, NULL);
+    if (c == o->d_v) return;
+    pv_operands rest = *o;
+    rest.acc += c;
+    rest.v = (const float *)o->v + c;
+    rest.d_v -= c;
+    pv_tile_loops(&rest, SDPA_TYPE_F32, 4, 4, 0, 0, 4, 4);
+}
+
 /* P V: 6 rows x 64 columns, the block of acc in 24 of the 32 registers for all nk keys (4 loads
  * of v and 6 broadcasts for 24 FMAs a key, where 4 rows take 8 for 16), then blocks of 2 rows
  * (what 6 leaves of a 32-row tile or a 128-key block). Decode's few rows (the query heads of a
@@ -28,8 +47,12 @@ ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) {
  * columns left over 16 at a time, masked, for the rows of a block at once; the rows left over
  * one at a time. */
 ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) {
-    if (o->nq >= 16)
+    if (o->nq >= 16) {
         pv_tile_loops(o, vt, 6, 4, 2, 4, 6, 4);
+        return;
+    }
+    if (o->nq == 1 && vt == SDPA_TYPE_F32)
+        pv_single_row(o);
     else
         pv_tile_loops(o, vt, 4, 4, 0, 0, 4, 4);
 }

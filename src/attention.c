@@ -28,6 +28,7 @@
 #include "sdpa.h"
 #include "sizes.h"
 #include "threads.h"
+#include "visibility.h"
 
 #if defined(__AVX__) || defined(__SSE4_1__)
 #error "src/attention.c must be compiled for the baseline ISA, without -m flags"
@@ -56,7 +57,7 @@ typedef struct row_block {
     int simple; /* STEP_ROWS: every row sees every key of the block */
     float m[SDPA_ATTN_MAX_BLOCK_Q], m_new[SDPA_ATTN_MAX_BLOCK_Q];
     double l[SDPA_ATTN_MAX_BLOCK_Q];
-    size_t visible[SDPA_ATTN_MAX_BLOCK_Q]; /* keys row r sees (all keys unless causal) */
+    size_t visible[SDPA_ATTN_MAX_BLOCK_Q]; /* keys row r sees: [0, visible[r]) */
     unsigned char poisoned[SDPA_ATTN_MAX_BLOCK_Q], live[SDPA_ATTN_MAX_BLOCK_Q];
     _Alignas(64) float s[SDPA_ATTN_MAX_BLOCK_Q * SDPA_ATTN_MAX_BLOCK_KV]; /* scores, weights */
     /* the rows, transposed: floats, or with the bf16 dot words of bf16 pairs */
@@ -132,10 +133,11 @@ static const float *value_rows(const attention_run *run, const attention_problem
                       run->wide ? run->wide->kv : NULL, stride);
 }
 
-/* Rows [q0, q0 + nq) into b: their queries packed or as float rows, the keys each sees, an empty
- * state. acc_tile holds ACC_FLOATS. */
-static void rows_begin(const attention_run *run, const attention_problem *p, const void *q,
-                       void *out, float *acc_tile, size_t q0, size_t nq, row_block *b) {
+/* Rows [q0, q0 + nq) into b: their queries packed or as float rows, the keys each sees (vis: a
+ * row's keys start at the first), an empty state. acc_tile holds ACC_FLOATS. */
+static void rows_begin(const attention_run *run, const attention_problem *p, const visibility *vis,
+                       const void *q, void *out, float *acc_tile, size_t q0, size_t nq,
+                       row_block *b) {
     const sdpa_attention_kernels *a = run->a;
     const size_t d_v = p->d_v, os = p->out_stride[2];
     b->q0 = q0;
@@ -159,13 +161,7 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
     b->kv_end = 0;
     b->all_see = SIZE_MAX;
     for (size_t r = 0; r < nq; r++) {
-        size_t seen = p->len_kv;
-        if (p->causal) {
-            /* row i sees j <= i + len_kv - len_q, i.e. i + 1 + len_kv - len_q keys, clipped */
-            size_t i1 = q0 + r + 1;
-            seen = i1 + p->len_kv > p->len_q ? i1 + p->len_kv - p->len_q : 0;
-            if (seen > p->len_kv) seen = p->len_kv;
-        }
+        const size_t seen = visibility_row_end(vis, q0 + r);
         b->visible[r] = seen;
         if (seen > b->kv_end) b->kv_end = seen;
         if (seen < b->all_see) b->all_see = seen;
@@ -366,14 +362,14 @@ static void rows_end(const attention_run *run, const attention_problem *p, const
     }
 }
 
-/* Query rows [q0, q0 + nq) of one head against all the keys they see, in blocks of
+/* Query rows [q0, q0 + nq) of one head against all the keys they see (vis), in blocks of
  * run->rows_max rows (at most ROW_BLOCKS of them; more than one only with the wide tiles, which
  * hold the others' state): each block of keys, and of values, is read (widened) once for all of
  * them. */
-static void attention_block(const attention_run *run, const attention_problem *p, const void *q,
-                            const void *k, const void *v, const float *mask, size_t mask_row,
-                            void *out, float *lse, size_t lse_row, float *part_l, size_t q0,
-                            size_t nq) {
+static void attention_block(const attention_run *run, const attention_problem *p,
+                            const visibility *vis, const void *q, const void *k, const void *v,
+                            const float *mask, size_t mask_row, void *out, float *lse,
+                            size_t lse_row, float *part_l, size_t q0, size_t nq) {
     const size_t block_kv = run->keys_max;
     row_block first;
     float acc_tile[ACC_FLOATS];
@@ -382,8 +378,8 @@ static void attention_block(const attention_run *run, const attention_problem *p
     for (size_t r0 = 0; r0 < nq; r0 += run->rows_max, n_blocks++) {
         if (n_blocks) blocks[n_blocks] = &run->wide->more[n_blocks - 1];
         const size_t n = nq - r0 < run->rows_max ? nq - r0 : run->rows_max;
-        rows_begin(run, p, q, out, n_blocks ? run->wide->more_acc[n_blocks - 1] : acc_tile, q0 + r0,
-                   n, blocks[n_blocks]);
+        rows_begin(run, p, vis, q, out, n_blocks ? run->wide->more_acc[n_blocks - 1] : acc_tile,
+                   q0 + r0, n, blocks[n_blocks]);
         if (blocks[n_blocks]->kv_end > kv_end) kv_end = blocks[n_blocks]->kv_end;
     }
     /* the bf16 dot reads K as it is for packed blocks, typed_k for unpacked ones; any other
@@ -515,8 +511,9 @@ static void unit_of(const plan *pl, size_t u, unit *x) {
 static void unit_run(const attention_run *run, const plan *pl, size_t u) {
     unit x;
     unit_of(pl, u, &x);
-    attention_block(run, &x.sub, x.q, x.k, x.v, x.mask, x.mask_row, x.out, x.lse, x.lse_row, NULL,
-                    x.q0, x.nq);
+    const visibility vis = visibility_of(&x.sub);
+    attention_block(run, &x.sub, &vis, x.q, x.k, x.v, x.mask, x.mask_row, x.out, x.lse, x.lse_row,
+                    NULL, x.q0, x.nq);
 }
 
 typedef void (*run_fn)(const attention_run *run, const plan *pl, size_t index);
@@ -582,20 +579,19 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
 }
 
 /* Unit x's rows over the keys of chunk c, as rows_end leaves a chunk: its rows of acc to out
-   (out_row floats apart), each row's max to m[r] and sum to l[r]. Every row sees every key of a
-   chunk but the last (the chunk holding the causal diagonal), since split units have at most a
-   piece of rows. */
+   (out_row floats apart), each row's max to m[r] and sum to l[r]. */
 static void chunk_run(const attention_run *run, const plan *pl, const unit *x, size_t c, float *out,
                       size_t out_row, float *m, float *l) {
     const attention_problem *p = pl->p;
     const size_t begin = SPLIT_PIECE * (c * pl->pieces / pl->n_chunks);
     const size_t end =
         c + 1 == pl->n_chunks ? p->len_kv : SPLIT_PIECE * ((c + 1) * pl->pieces / pl->n_chunks);
+    const visibility whole = visibility_of(&x->sub);
+    const visibility vis = visibility_keys(&whole, begin, end - begin);
     attention_problem sub = x->sub;
-    if (end < p->len_kv) sub.causal = 0;
     sub.len_kv = end - begin;
     sub.out_stride[2] = out_row;
-    attention_block(run, &sub, x->q, element(x->k, begin * p->k_stride[2], p->kv_type),
+    attention_block(run, &sub, &vis, x->q, element(x->k, begin * p->k_stride[2], p->kv_type),
                     element(x->v, begin * p->v_stride[2], p->kv_type),
                     x->mask ? x->mask + begin : NULL, x->mask_row, out, m, 1, l, 0, x->nq);
 }

@@ -36,6 +36,7 @@
 #include "dispatch.h"
 #include "sdpa.h"
 #include "threads.h"
+#include "visibility.h"
 
 #if defined(__AVX__) || defined(__SSE4_1__)
 #error "src/attention_backward.c must be compiled for the baseline ISA, without -m flags"
@@ -55,6 +56,7 @@
 /* Kernels and constants of one call. */
 typedef struct backward_run {
     const backward_problem *bp;
+    visibility vis; /* the keys each query row sees */
     const sdpa_kernels *k;
     const sdpa_attention_kernels *a;
     int packed;  /* pack_q and scores_max for S^T and dP^T (d_k, d_v <= SDPA_ATTN_PACK_MAX_D) */
@@ -112,11 +114,10 @@ static int rows_finite(const float *x, size_t n, size_t stride, size_t row) {
     return !(bad >> 31);
 }
 
-/* Pair (row i, key j) of the tile counts: seen under causality (j < i + diag), by a live row,
- * not removed by the mask. */
-static inline int pair_counts(const attention_problem *p, const head *h, size_t q0, size_t k0,
-                              size_t i, size_t j, ptrdiff_t diag) {
-    if ((ptrdiff_t)j >= diag + (ptrdiff_t)i || h->lse[q0 + i] == -INFINITY) return 0;
+/* Pair (row i, key j) of the tile counts: seen (vis), by a live row, not removed by the mask. */
+static inline int pair_counts(const attention_problem *p, const visibility *vis, const head *h,
+                              size_t q0, size_t k0, size_t i, size_t j) {
+    if (k0 + j >= visibility_row_end(vis, q0 + i) || h->lse[q0 + i] == -INFINITY) return 0;
     return !p->mask || h->mask[(q0 + i) * p->mask_stride[2] + k0 + j] != -INFINITY;
 }
 
@@ -134,17 +135,11 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
     float *dq = h->dq + (q0 - h->dq_first) * h->dq_row;
     float lse[QT], dd[QT], zero[SDPA_ATTN_MAX_BLOCK_KV];
 
-    /* causal: row q0 + i sees key k0 + j when k0 + j <= q0 + i + len_kv - len_q, that is
-       j < i + diag (sizes fit ptrdiff_t: checked); the keys past what the last row sees are
-       left out of the tile */
-    size_t nk = kb->nk;
-    ptrdiff_t diag = PTRDIFF_MAX / 2;
-    if (p->causal) {
-        diag = (ptrdiff_t)(q0 + p->len_kv + 1) - (ptrdiff_t)(p->len_q + kb->k0);
-        const ptrdiff_t last = diag + (ptrdiff_t)nq - 1;
-        if (last <= 0) return 0;
-        if ((size_t)last < nk) nk = (size_t)last;
-    }
+    /* the keys past what the last row sees are left out of the tile */
+    const visibility *vis = &run->vis;
+    if (visibility_block(vis, q0, nq, kb->k0, kb->nk) == VIS_NONE) return 0;
+    const size_t last_end = visibility_row_end(vis, q0 + nq - 1) - kb->k0;
+    const size_t nk = last_end < kb->nk ? last_end : kb->nk;
 
     /* the rows: a row whose lse is -inf saw no key and counts nowhere */
     size_t live = 0;
@@ -162,9 +157,8 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
     }
     if (!live) return 0;
 
-    /* which pairs count: all, unless the causal diagonal, the mask or a dead row says not */
-    int clean = live == nq;
-    if (diag < (ptrdiff_t)nk) clean = 0;
+    /* which pairs count: all, unless visibility, the mask or a dead row says not */
+    int clean = live == nq && visibility_block(vis, q0, nq, kb->k0, nk) == VIS_ALL;
     if (p->mask)
         for (size_t i = 0; i < nq && clean; i++) {
             const float *mr = h->mask + (q0 + i) * p->mask_stride[2] + kb->k0;
@@ -218,19 +212,19 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
     }
 
     if (!clean) {
-        /* P = dS = 0 exactly where the pair does not count; under causality alone, the rows
-           before a key's first */
+        /* P = dS = 0 exactly where the pair does not count; under visibility alone, the rows
+           before the first that sees the key */
         if (!p->mask && live == nq) {
             for (size_t j = 0; j < nk; j++) {
-                const ptrdiff_t first = (ptrdiff_t)j - diag + 1;
-                const size_t n = first <= 0 ? 0 : (size_t)first < nq ? (size_t)first : nq;
+                const size_t first = visibility_first_row(vis, kb->k0 + j);
+                const size_t n = first <= q0 ? 0 : first - q0 < nq ? first - q0 : nq;
                 memset(t->s + j * QT, 0, n * sizeof(float));
                 memset(t->ds + j * QT, 0, n * sizeof(float));
             }
         } else {
             for (size_t j = 0; j < nk; j++)
                 for (size_t i = 0; i < nq; i++)
-                    if (!pair_counts(p, h, q0, kb->k0, i, j, diag))
+                    if (!pair_counts(p, vis, h, q0, kb->k0, i, j))
                         t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
         }
     }
@@ -245,12 +239,12 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
        down each query's column for dq. */
     for (size_t j = 0; j < nk; j++)
         for (size_t i = 0; i < nq;) {
-            if (!pair_counts(p, h, q0, kb->k0, i, j, diag)) {
+            if (!pair_counts(p, vis, h, q0, kb->k0, i, j)) {
                 i++;
                 continue;
             }
             const size_t i0 = i;
-            while (i < nq && pair_counts(p, h, q0, kb->k0, i, j, diag)) i++;
+            while (i < nq && pair_counts(p, vis, h, q0, kb->k0, i, j)) i++;
             a->pv_tile(kb->dv_to + j * kb->dv_row, 0, t->s + j * QT + i0, QT, 1, i - i0,
                        dout + i0 * dos, dos, d_v);
             a->pv_tile(kb->dk_to + j * kb->dk_row, 0, t->ds + j * QT + i0, QT, 1, i - i0,
@@ -260,12 +254,12 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
         float w[SDPA_ATTN_MAX_BLOCK_KV]; /* the column, as a row: pv_tile_t wants whole tiles */
         for (size_t j = 0; j < nk; j++) w[j] = t->ds[j * QT + i];
         for (size_t j = 0; j < nk;) {
-            if (!pair_counts(p, h, q0, kb->k0, i, j, diag)) {
+            if (!pair_counts(p, vis, h, q0, kb->k0, i, j)) {
                 j++;
                 continue;
             }
             const size_t j0 = j;
-            while (j < nk && pair_counts(p, h, q0, kb->k0, i, j, diag)) j++;
+            while (j < nk && pair_counts(p, vis, h, q0, kb->k0, i, j)) j++;
             a->pv_tile(dq + i * h->dq_row, 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks, d_k);
         }
     }
@@ -354,12 +348,6 @@ static void key_block_of(const backward_run *run, size_t b, size_t hk, size_t k0
     kb->k_finite = -1;
 }
 
-/* The first query row that sees key k0: under causality k0 + len_q - len_kv, which may be
- * len_q or more (no row), else 0. */
-static size_t first_row_seeing(const attention_problem *p, size_t k0) {
-    return p->causal && k0 + p->len_q > p->len_kv ? k0 + p->len_q - p->len_kv : 0;
-}
-
 /* The keys [k_begin, k_end) of kv head hk of batch entry b against every row of its query
  * heads, block of keys by block of keys; the dq rows of query head g go to the output or, with
  * partial, to partial + g len_q d_k (dense rows). */
@@ -369,7 +357,7 @@ static void backward_keys(const backward_run *run, tiles *t, size_t b, size_t hk
     for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
         key_block kb;
         key_block_of(run, b, hk, k0, &kb);
-        const size_t first = first_row_seeing(p, k0);
+        const size_t first = visibility_first_row(&run->vis, k0);
         if (first >= p->len_q) break;
         for (size_t g = 0; g < run->group; g++) {
             head h;
@@ -452,7 +440,7 @@ static void chunk_keys(const chunked *ch, size_t c, size_t *begin, size_t *end) 
 static size_t chunk_first_row(const chunked *ch, size_t c) {
     size_t k_begin, k_end;
     chunk_keys(ch, c, &k_begin, &k_end);
-    return first_row_seeing(&ch->run->bp->fwd, k_begin) / QT * QT;
+    return visibility_first_row(&ch->run->vis, k_begin) / QT * QT;
 }
 
 static void chunk_task(void *arg, size_t index) {
@@ -543,6 +531,7 @@ static void backward_run_all(const backward_problem *bp) {
     const attention_problem *p = &bp->fwd;
     backward_run run;
     run.bp = bp;
+    run.vis = visibility_of(p);
     run.k = sdpa_kernels_now();
     run.a = run.k->attention;
     const int kind = sdpa_exp_with(run.k);

@@ -25,6 +25,7 @@
 #include "attention_problem.h"
 #include "dispatch.h"
 #include "error.h"
+#include "plan.h"
 #include "sdpa.h"
 #include "sizes.h"
 #include "threads.h"
@@ -36,11 +37,6 @@
 
 /* Accumulator tile on the stack: block_q rows of d_v floats when they fit. */
 #define ACC_FLOATS (SDPA_ATTN_MAX_BLOCK_Q * 256)
-
-/* Blocks of query rows a unit of a 16-bit K/V prefill holds: each block of keys and of values is
-   widened once for all of them, where one block alone would widen it per 32 rows, a cost of
-   about a tenth of the prefill. */
-#define ROW_BLOCKS 2
 
 /* A block of at most SDPA_ATTN_MAX_BLOCK_Q query rows of one head, and the state of its online
  * softmax: running max m and sum l per row, and the accumulator acc. */
@@ -425,38 +421,17 @@ static const void *element(const void *base, size_t index, uint32_t t) {
 
 /* ---- tasks ----
  *
- * A call's work is cut into units by its shape alone: a unit is (batch, query head, block of
- * block_q query rows), or, for decode with grouped heads, (batch, kv head, block of block_q of
- * its query heads), which read the kv head's K and V once for all of them. Split-KV cuts each
- * unit's keys into chunks as well. Every task writes rows no other task writes, and the chunks'
- * partial results are merged in key order on the calling thread, so the bits never depend on
- * which thread ran what, or how many there were. */
+ * A call's work is cut by plan.h, from its shape alone. Every task writes rows no other task
+ * writes, and the chunks' partial results are merged in key order on the calling thread, so the
+ * bits never depend on which thread ran what, or how many there were. */
 
-/* Split-KV: keys come in pieces of SPLIT_PIECE, a multiple of every backend's block_kv, so a
-   chunk's blocks are those of an unsplit run; not so for 16-bit K/V with d > 128, whose blocks
-   shrink to SDPA_WIDE_FLOATS / d keys (40 at d = 200), which need not divide a piece: a chunk then
-   ends in a shorter block. The 1-thread call runs the same chunks, so the bits still depend on the
-   shape alone. A unit's chunks are whole runs of pieces, the last one taking the remainder, as
-   many as there are pieces but no more than give about SPLIT_TASKS tasks. It applies to units of
-   few rows (len_q <= SPLIT_MAX_Q, or grouped decode) over at least two pieces, with d_v <=
-   SPLIT_MAX_D_V, so that a chunk's partial rows fit a stack tile on the 1-thread path, and to an
-   f32 out (a 16-bit out must be rounded once, from the merged float row). */
-#define SPLIT_PIECE   512
-#define SPLIT_TASKS   128
-#define SPLIT_MAX_Q   16
-#define SPLIT_MAX_D_V 256
-
+/* A call's plan (plan.h) and what its tasks share. */
 typedef struct plan {
     attention_run run; /* with no wide tiles: a task that needs them makes its own */
     int wide;          /* a view is 16-bit */
     const attention_problem *p;
-    int grouped;            /* decode with grouped heads: a unit's rows are query heads */
-    size_t group, block_q;  /* query heads per kv head; rows per unit at most */
-    size_t blocks_per_head; /* units per (batch, query head), or per (batch, kv head) if grouped */
-    size_t n_units;
-    size_t pieces, n_chunks; /* split-KV; n_chunks == 1: no split */
-    size_t slot;             /* floats of one (unit, chunk) partial: rows, maxima, sums */
-    float *workspace;        /* the partials, n_units * n_chunks slots */
+    forward_plan f;
+    float *workspace; /* the split's partials, f.workspace floats */
 } plan;
 
 /* One unit: its rows as attention_block takes them. */
@@ -472,33 +447,23 @@ typedef struct unit {
 
 static void unit_of(const plan *pl, size_t u, unit *x) {
     const attention_problem *p = pl->p;
-    size_t b, h, hk;
+    plan_unit pu;
+    plan_forward_unit(&pl->f, p, u, &pu);
+    const size_t b = pu.batch, h = pu.head, hk = pu.kv_head;
     x->sub = *p;
-    if (pl->grouped) {
-        /* With one query row, causal masking removes nothing. */
-        const size_t g0 = (u % pl->blocks_per_head) * pl->block_q;
-        hk = u / pl->blocks_per_head % p->heads_kv;
-        b = u / pl->blocks_per_head / p->heads_kv;
-        h = hk * pl->group + g0;
+    x->q0 = pu.q0;
+    x->nq = pu.nq;
+    if (pl->f.grouped) {
+        /* the rows are query heads; with one query row, causal masking removes nothing */
         x->sub.causal = 0;
         x->sub.q_stride[2] = p->q_stride[1];
         x->sub.out_stride[2] = p->out_stride[1];
-        x->sub.len_q = pl->group - g0 < pl->block_q ? pl->group - g0 : pl->block_q;
+        x->sub.len_q = pu.nq;
         x->mask_row = p->mask_stride[1];
         x->lse_row = p->lse_stride[1];
-        x->q0 = 0;
-        x->nq = x->sub.len_q;
     } else {
-        /* within a head, the last blocks first: under causality they see the most keys, and
-           the smallest tasks are left to fill the end */
-        const size_t qb = pl->blocks_per_head - 1 - u % pl->blocks_per_head;
-        h = u / pl->blocks_per_head % p->heads_q;
-        b = u / pl->blocks_per_head / p->heads_q;
-        hk = h / pl->group;
         x->mask_row = p->mask_stride[2];
         x->lse_row = 1;
-        x->q0 = qb * pl->block_q;
-        x->nq = p->len_q - x->q0 < pl->block_q ? p->len_q - x->q0 : pl->block_q;
     }
     x->q = element(p->q, b * p->q_stride[0] + h * p->q_stride[1], p->q_type);
     x->k = element(p->k, b * p->k_stride[0] + hk * p->k_stride[1], p->kv_type);
@@ -583,9 +548,8 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
 static void chunk_run(const attention_run *run, const plan *pl, const unit *x, size_t c, float *out,
                       size_t out_row, float *m, float *l) {
     const attention_problem *p = pl->p;
-    const size_t begin = SPLIT_PIECE * (c * pl->pieces / pl->n_chunks);
-    const size_t end =
-        c + 1 == pl->n_chunks ? p->len_kv : SPLIT_PIECE * ((c + 1) * pl->pieces / pl->n_chunks);
+    size_t begin, end;
+    plan_forward_chunk(&pl->f, p, c, &begin, &end);
     const visibility whole = visibility_of(&x->sub);
     const visibility vis = visibility_keys(&whole, begin, end - begin);
     attention_problem sub = x->sub;
@@ -662,7 +626,7 @@ static __attribute__((noinline)) void split_serial_unit(const attention_run *run
     float *out = (float *)x.out;
     const size_t os = x.sub.out_stride[2];
     chunk_run(run, pl, &x, 0, out, os, m, l);
-    for (size_t c = 1; c < pl->n_chunks; c++) {
+    for (size_t c = 1; c < pl->f.n_chunks; c++) {
         chunk_run(run, pl, &x, c, part, d_v, part_m, part_l);
         merge_state(pl->run.k, out, os, m, l, part, d_v, part_m, part_l, x.nq, d_v);
     }
@@ -672,9 +636,9 @@ static __attribute__((noinline)) void split_serial_unit(const attention_run *run
 /* Task t: unit t / n_chunks, its chunks last (longest) first. Chunk 0 writes the output rows,
    the others their slot's rows; every chunk's maxima and sums go to its slot. */
 static void split_run(const attention_run *run, const plan *pl, size_t t) {
-    const size_t u = t / pl->n_chunks, c = pl->n_chunks - 1 - t % pl->n_chunks;
-    float *slot = pl->workspace + t * pl->slot;
-    float *m = slot + pl->block_q * pl->p->d_v, *l = m + pl->block_q;
+    const size_t u = t / pl->f.n_chunks, c = pl->f.n_chunks - 1 - t % pl->f.n_chunks;
+    float *slot = pl->workspace + plan_forward_slot(&pl->f, u, c) * pl->f.slot;
+    float *m = slot + pl->f.block_q * pl->p->d_v, *l = m + pl->f.block_q;
     unit x;
     unit_of(pl, u, &x);
     if (c == 0)
@@ -686,32 +650,19 @@ static void split_run(const attention_run *run, const plan *pl, size_t t) {
 static void split_task(void *arg, size_t t) { call_run(split_run, arg, t); }
 
 static void split_merge(const plan *pl, size_t u) {
-    const size_t d_v = pl->p->d_v, n = pl->n_chunks, rows_floats = pl->block_q * d_v;
+    const size_t d_v = pl->p->d_v, n = pl->f.n_chunks, rows_floats = pl->f.block_q * d_v;
     unit x;
     unit_of(pl, u, &x);
-    /* slots in task order: task u * n + i holds chunk n - 1 - i */
-    float *slots = pl->workspace + u * n * pl->slot;
-    float *m = slots + (n - 1) * pl->slot + rows_floats, *l = m + pl->block_q;
+    float *m = pl->workspace + plan_forward_slot(&pl->f, u, 0) * pl->f.slot + rows_floats;
+    float *l = m + pl->f.block_q;
     float *out = (float *)x.out;
     const size_t os = x.sub.out_stride[2];
     for (size_t c = 1; c < n; c++) {
-        const float *s = slots + (n - 1 - c) * pl->slot;
+        const float *s = pl->workspace + plan_forward_slot(&pl->f, u, c) * pl->f.slot;
         merge_state(pl->run.k, out, os, m, l, s, d_v, s + rows_floats,
-                    s + rows_floats + pl->block_q, x.nq, d_v);
+                    s + rows_floats + pl->f.block_q, x.nq, d_v);
     }
     split_finish(pl->run.k, &x, out, os, m, l, d_v);
-}
-
-/* The call's work in multiply-adds, roughly: the scores and weighted sums of every row, and
-   each unit's pass over its K and V, a float of which costs about as much as 8 multiply-adds
-   when it comes from memory (what makes decode worth splitting). */
-static double work_of(const attention_problem *p, size_t n_units) {
-    double keys = (double)p->len_kv;
-    if (p->causal) keys -= 0.5 * (double)p->len_q;
-    if (keys < 1.0) keys = 1.0;
-    const double row_floats = keys * (double)(p->d_k + p->d_v);
-    return (double)p->batch * (double)p->heads_q * (double)p->len_q * row_floats +
-           8.0 * (double)n_units * row_floats;
 }
 
 static void attention_run_all(const attention_problem *p) {
@@ -738,46 +689,26 @@ static void attention_run_all(const attention_problem *p) {
             pl.run.keys_max = SDPA_WIDE_FLOATS / d;
     }
     pl.p = p;
-    pl.group = p->heads_q / p->heads_kv;
-    pl.grouped = p->len_q == 1 && pl.group > 1;
-    /* a 16-bit K/V prefill: ROW_BLOCKS blocks of rows a unit (never split: len_q > SPLIT_MAX_Q) */
-    pl.block_q = pl.run.rows_max;
-    if (p->kv_type != SDPA_F32 && !pl.grouped && p->len_q > SPLIT_MAX_Q && pl.run.a->pack_q &&
-        p->d_k <= SDPA_ATTN_PACK_MAX_D)
-        pl.block_q *= ROW_BLOCKS;
-    const size_t rows = pl.grouped ? pl.group : p->len_q;
-    pl.blocks_per_head = (rows + pl.block_q - 1) / pl.block_q;
-    pl.n_units = p->batch * (pl.grouped ? p->heads_kv : p->heads_q) * pl.blocks_per_head;
-    pl.pieces = p->len_kv / SPLIT_PIECE;
-    pl.n_chunks = 1;
-    /* a split unit's rows start at the head's first (chunk_run has no q0): one block a head */
-    if (p->out_type == SDPA_F32 &&
-        (pl.grouped || (p->len_q <= SPLIT_MAX_Q && pl.blocks_per_head == 1)) &&
-        p->d_v <= SPLIT_MAX_D_V && pl.pieces >= 2) {
-        const size_t want = (SPLIT_TASKS + pl.n_units - 1) / pl.n_units;
-        pl.n_chunks = pl.pieces < want ? pl.pieces : want;
-    }
-    pl.slot = pl.block_q * (p->d_v + 2);
-    pl.workspace = NULL;
-
     const size_t threads = sdpa_threads_for_call();
-    const int parallel = threads > 1 && work_of(p, pl.n_units) >= (double)SDPA_PARALLEL_MIN_WORK;
-    if (pl.n_chunks == 1) {
-        if (parallel && pl.n_units > 1) {
-            sdpa_parallel_run(unit_task, &pl, pl.n_units, threads);
+    plan_forward(&pl.f, p, pl.run.rows_max,
+                 pl.run.a->pack_q != NULL && p->d_k <= SDPA_ATTN_PACK_MAX_D, threads);
+    pl.workspace = NULL;
+    if (pl.f.n_chunks == 1) {
+        if (pl.f.parallel && pl.f.n_units > 1) {
+            sdpa_parallel_run(unit_task, &pl, pl.f.n_units, threads);
             return;
         }
-        for (size_t u = 0; u < pl.n_units; u++) unit_task(&pl, u);
+        for (size_t u = 0; u < pl.f.n_units; u++) unit_task(&pl, u);
         return;
     }
-    const size_t n_tasks = pl.n_units * pl.n_chunks; /* at most SPLIT_TASKS + n_units */
-    if (parallel && (pl.workspace = sdpa_workspace_acquire(n_tasks * pl.slot)) != NULL) {
+    const size_t n_tasks = pl.f.n_units * pl.f.n_chunks;
+    if (pl.f.parallel && (pl.workspace = sdpa_workspace_acquire(pl.f.workspace)) != NULL) {
         sdpa_parallel_run(split_task, &pl, n_tasks, threads);
-        for (size_t u = 0; u < pl.n_units; u++) split_merge(&pl, u);
+        for (size_t u = 0; u < pl.f.n_units; u++) split_merge(&pl, u);
         sdpa_workspace_release();
         return;
     }
-    for (size_t u = 0; u < pl.n_units; u++) call_run(split_serial_unit, &pl, u);
+    for (size_t u = 0; u < pl.f.n_units; u++) call_run(split_serial_unit, &pl, u);
 }
 
 static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {

@@ -425,14 +425,14 @@ static const void *element(const void *base, size_t index, uint32_t t) {
  * writes, and the chunks' partial results are merged in key order on the calling thread, so the
  * bits never depend on which thread ran what, or how many there were. */
 
-/* A call's plan (plan.h) and what its tasks share. */
-typedef struct plan {
+/* A call: its kernels, its plan (plan.h) and the workspace its tasks share. */
+typedef struct forward_call {
     attention_run run; /* with no wide tiles: a task that needs them makes its own */
     int wide;          /* a view is 16-bit */
     const attention_problem *p;
     forward_plan f;
     float *workspace; /* the split's partials, f.workspace floats */
-} plan;
+} forward_call;
 
 /* One unit: its rows as attention_block takes them. */
 typedef struct unit {
@@ -445,7 +445,7 @@ typedef struct unit {
     size_t lse_row, q0, nq;
 } unit;
 
-static void unit_of(const plan *pl, size_t u, unit *x) {
+static void unit_of(const forward_call *pl, size_t u, unit *x) {
     const attention_problem *p = pl->p;
     plan_unit pu;
     plan_forward_unit(&pl->f, p, u, &pu);
@@ -473,7 +473,7 @@ static void unit_of(const plan *pl, size_t u, unit *x) {
     x->lse = p->lse ? p->lse + b * p->lse_stride[0] + h * p->lse_stride[1] : NULL;
 }
 
-static void unit_run(const attention_run *run, const plan *pl, size_t u) {
+static void unit_run(const attention_run *run, const forward_call *pl, size_t u) {
     unit x;
     unit_of(pl, u, &x);
     const visibility vis = visibility_of(&x.sub);
@@ -481,18 +481,18 @@ static void unit_run(const attention_run *run, const plan *pl, size_t u) {
                     NULL, x.q0, x.nq);
 }
 
-typedef void (*run_fn)(const attention_run *run, const plan *pl, size_t index);
+typedef void (*run_fn)(const attention_run *run, const forward_call *pl, size_t index);
 
 /* fn with a 16-bit view's widening tiles on the stack of the thread that runs it, in a frame of
    its own that an f32 call never makes */
-static __attribute__((noinline)) void call_wide(run_fn fn, const plan *pl, size_t index) {
+static __attribute__((noinline)) void call_wide(run_fn fn, const forward_call *pl, size_t index) {
     wide_tiles wide;
     attention_run run = pl->run;
     run.wide = &wide;
     fn(&run, pl, index);
 }
 
-static void call_run(run_fn fn, const plan *pl, size_t index) {
+static void call_run(run_fn fn, const forward_call *pl, size_t index) {
     if (pl->wide)
         call_wide(fn, pl, index);
     else
@@ -545,14 +545,14 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
 
 /* Unit x's rows over the keys of chunk c, as rows_end leaves a chunk: its rows of acc to out
    (out_row floats apart), each row's max to m[r] and sum to l[r]. */
-static void chunk_run(const attention_run *run, const plan *pl, const unit *x, size_t c, float *out,
-                      size_t out_row, float *m, float *l) {
+static void chunk_run(const attention_run *run, const forward_call *pl, const unit *x, size_t c,
+                      float *out, size_t out_row, float *m, float *l) {
     const attention_problem *p = pl->p;
     size_t begin, end;
     plan_forward_chunk(&pl->f, p, c, &begin, &end);
     const visibility whole = visibility_of(&x->sub);
     const visibility vis = visibility_keys(&whole, begin, end - begin);
-    attention_problem sub = x->sub;
+    attention_problem sub = x->sub; /* the chunk's keys; which of them each row sees is vis */
     sub.len_kv = end - begin;
     sub.out_stride[2] = out_row;
     attention_block(run, &sub, &vis, x->q, element(x->k, begin * p->k_stride[2], p->kv_type),
@@ -615,8 +615,8 @@ static void split_finish(const sdpa_kernels *k, const unit *x, float *out, size_
 
 /* The 1-thread split-KV unit: the same chunks and merges as split_task and split_merge, with
    the partial on the stack. */
-static __attribute__((noinline)) void split_serial_unit(const attention_run *run, const plan *pl,
-                                                        size_t u) {
+static __attribute__((noinline)) void split_serial_unit(const attention_run *run,
+                                                        const forward_call *pl, size_t u) {
     const size_t d_v = pl->p->d_v;
     float m[SDPA_ATTN_MAX_BLOCK_Q], l[SDPA_ATTN_MAX_BLOCK_Q];
     float part_m[SDPA_ATTN_MAX_BLOCK_Q], part_l[SDPA_ATTN_MAX_BLOCK_Q];
@@ -635,7 +635,7 @@ static __attribute__((noinline)) void split_serial_unit(const attention_run *run
 
 /* Task t: unit t / n_chunks, its chunks last (longest) first. Chunk 0 writes the output rows,
    the others their slot's rows; every chunk's maxima and sums go to its slot. */
-static void split_run(const attention_run *run, const plan *pl, size_t t) {
+static void split_run(const attention_run *run, const forward_call *pl, size_t t) {
     const size_t u = t / pl->f.n_chunks, c = pl->f.n_chunks - 1 - t % pl->f.n_chunks;
     float *slot = pl->workspace + plan_forward_slot(&pl->f, u, c) * pl->f.slot;
     float *m = slot + pl->f.block_q * pl->p->d_v, *l = m + pl->f.block_q;
@@ -649,7 +649,7 @@ static void split_run(const attention_run *run, const plan *pl, size_t t) {
 
 static void split_task(void *arg, size_t t) { call_run(split_run, arg, t); }
 
-static void split_merge(const plan *pl, size_t u) {
+static void split_merge(const forward_call *pl, size_t u) {
     const size_t d_v = pl->p->d_v, n = pl->f.n_chunks, rows_floats = pl->f.block_q * d_v;
     unit x;
     unit_of(pl, u, &x);
@@ -666,7 +666,7 @@ static void split_merge(const plan *pl, size_t u) {
 }
 
 static void attention_run_all(const attention_problem *p) {
-    plan pl;
+    forward_call pl;
     pl.run.k = sdpa_kernels_now();
     pl.run.a = pl.run.k->attention;
     const int exp_kind = sdpa_exp_with(pl.run.k);

@@ -25,9 +25,11 @@
 #include "attention_problem.h"
 #include "dispatch.h"
 #include "error.h"
+#include "plan.h"
 #include "sdpa.h"
 #include "sizes.h"
 #include "threads.h"
+#include "visibility.h"
 
 #if defined(__AVX__) || defined(__SSE4_1__)
 #error "src/attention.c must be compiled for the baseline ISA, without -m flags"
@@ -35,11 +37,6 @@
 
 /* Accumulator tile on the stack: block_q rows of d_v floats when they fit. */
 #define ACC_FLOATS (SDPA_ATTN_MAX_BLOCK_Q * 256)
-
-/* Blocks of query rows a unit of a 16-bit K/V prefill holds: each block of keys and of values is
-   widened once for all of them, where one block alone would widen it per 32 rows, a cost of
-   about a tenth of the prefill. */
-#define ROW_BLOCKS 2
 
 /* A block of at most SDPA_ATTN_MAX_BLOCK_Q query rows of one head, and the state of its online
  * softmax: running max m and sum l per row, and the accumulator acc. */
@@ -56,7 +53,7 @@ typedef struct row_block {
     int simple; /* STEP_ROWS: every row sees every key of the block */
     float m[SDPA_ATTN_MAX_BLOCK_Q], m_new[SDPA_ATTN_MAX_BLOCK_Q];
     double l[SDPA_ATTN_MAX_BLOCK_Q];
-    size_t visible[SDPA_ATTN_MAX_BLOCK_Q]; /* keys row r sees (all keys unless causal) */
+    size_t visible[SDPA_ATTN_MAX_BLOCK_Q]; /* keys row r sees: [0, visible[r]) */
     unsigned char poisoned[SDPA_ATTN_MAX_BLOCK_Q], live[SDPA_ATTN_MAX_BLOCK_Q];
     _Alignas(64) float s[SDPA_ATTN_MAX_BLOCK_Q * SDPA_ATTN_MAX_BLOCK_KV]; /* scores, weights */
     /* the rows, transposed: floats, or with the bf16 dot words of bf16 pairs */
@@ -132,10 +129,11 @@ static const float *value_rows(const attention_run *run, const attention_problem
                       run->wide ? run->wide->kv : NULL, stride);
 }
 
-/* Rows [q0, q0 + nq) into b: their queries packed or as float rows, the keys each sees, an empty
- * state. acc_tile holds ACC_FLOATS. */
-static void rows_begin(const attention_run *run, const attention_problem *p, const void *q,
-                       void *out, float *acc_tile, size_t q0, size_t nq, row_block *b) {
+/* Rows [q0, q0 + nq) into b: their queries packed or as float rows, the keys each sees (vis: a
+ * row's keys start at the first), an empty state. acc_tile holds ACC_FLOATS. */
+static void rows_begin(const attention_run *run, const attention_problem *p, const visibility *vis,
+                       const void *q, void *out, float *acc_tile, size_t q0, size_t nq,
+                       row_block *b) {
     const sdpa_attention_kernels *a = run->a;
     const size_t d_v = p->d_v, os = p->out_stride[2];
     b->q0 = q0;
@@ -159,13 +157,7 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
     b->kv_end = 0;
     b->all_see = SIZE_MAX;
     for (size_t r = 0; r < nq; r++) {
-        size_t seen = p->len_kv;
-        if (p->causal) {
-            /* row i sees j <= i + len_kv - len_q, i.e. i + 1 + len_kv - len_q keys, clipped */
-            size_t i1 = q0 + r + 1;
-            seen = i1 + p->len_kv > p->len_q ? i1 + p->len_kv - p->len_q : 0;
-            if (seen > p->len_kv) seen = p->len_kv;
-        }
+        const size_t seen = visibility_row_end(vis, q0 + r);
         b->visible[r] = seen;
         if (seen > b->kv_end) b->kv_end = seen;
         if (seen < b->all_see) b->all_see = seen;
@@ -366,14 +358,14 @@ static void rows_end(const attention_run *run, const attention_problem *p, const
     }
 }
 
-/* Query rows [q0, q0 + nq) of one head against all the keys they see, in blocks of
+/* Query rows [q0, q0 + nq) of one head against all the keys they see (vis), in blocks of
  * run->rows_max rows (at most ROW_BLOCKS of them; more than one only with the wide tiles, which
  * hold the others' state): each block of keys, and of values, is read (widened) once for all of
  * them. */
-static void attention_block(const attention_run *run, const attention_problem *p, const void *q,
-                            const void *k, const void *v, const float *mask, size_t mask_row,
-                            void *out, float *lse, size_t lse_row, float *part_l, size_t q0,
-                            size_t nq) {
+static void attention_block(const attention_run *run, const attention_problem *p,
+                            const visibility *vis, const void *q, const void *k, const void *v,
+                            const float *mask, size_t mask_row, void *out, float *lse,
+                            size_t lse_row, float *part_l, size_t q0, size_t nq) {
     const size_t block_kv = run->keys_max;
     row_block first;
     float acc_tile[ACC_FLOATS];
@@ -382,8 +374,8 @@ static void attention_block(const attention_run *run, const attention_problem *p
     for (size_t r0 = 0; r0 < nq; r0 += run->rows_max, n_blocks++) {
         if (n_blocks) blocks[n_blocks] = &run->wide->more[n_blocks - 1];
         const size_t n = nq - r0 < run->rows_max ? nq - r0 : run->rows_max;
-        rows_begin(run, p, q, out, n_blocks ? run->wide->more_acc[n_blocks - 1] : acc_tile, q0 + r0,
-                   n, blocks[n_blocks]);
+        rows_begin(run, p, vis, q, out, n_blocks ? run->wide->more_acc[n_blocks - 1] : acc_tile,
+                   q0 + r0, n, blocks[n_blocks]);
         if (blocks[n_blocks]->kv_end > kv_end) kv_end = blocks[n_blocks]->kv_end;
     }
     /* the bf16 dot reads K as it is for packed blocks, typed_k for unpacked ones; any other
@@ -429,39 +421,18 @@ static const void *element(const void *base, size_t index, uint32_t t) {
 
 /* ---- tasks ----
  *
- * A call's work is cut into units by its shape alone: a unit is (batch, query head, block of
- * block_q query rows), or, for decode with grouped heads, (batch, kv head, block of block_q of
- * its query heads), which read the kv head's K and V once for all of them. Split-KV cuts each
- * unit's keys into chunks as well. Every task writes rows no other task writes, and the chunks'
- * partial results are merged in key order on the calling thread, so the bits never depend on
- * which thread ran what, or how many there were. */
+ * A call's work is cut by plan.h, from its shape alone. Every task writes rows no other task
+ * writes, and the chunks' partial results are merged in key order on the calling thread, so the
+ * bits never depend on which thread ran what, or how many there were. */
 
-/* Split-KV: keys come in pieces of SPLIT_PIECE, a multiple of every backend's block_kv, so a
-   chunk's blocks are those of an unsplit run; not so for 16-bit K/V with d > 128, whose blocks
-   shrink to SDPA_WIDE_FLOATS / d keys (40 at d = 200), which need not divide a piece: a chunk then
-   ends in a shorter block. The 1-thread call runs the same chunks, so the bits still depend on the
-   shape alone. A unit's chunks are whole runs of pieces, the last one taking the remainder, as
-   many as there are pieces but no more than give about SPLIT_TASKS tasks. It applies to units of
-   few rows (len_q <= SPLIT_MAX_Q, or grouped decode) over at least two pieces, with d_v <=
-   SPLIT_MAX_D_V, so that a chunk's partial rows fit a stack tile on the 1-thread path, and to an
-   f32 out (a 16-bit out must be rounded once, from the merged float row). */
-#define SPLIT_PIECE   512
-#define SPLIT_TASKS   128
-#define SPLIT_MAX_Q   16
-#define SPLIT_MAX_D_V 256
-
-typedef struct plan {
+/* A call: its kernels, its plan (plan.h) and the workspace its tasks share. */
+typedef struct forward_call {
     attention_run run; /* with no wide tiles: a task that needs them makes its own */
     int wide;          /* a view is 16-bit */
     const attention_problem *p;
-    int grouped;            /* decode with grouped heads: a unit's rows are query heads */
-    size_t group, block_q;  /* query heads per kv head; rows per unit at most */
-    size_t blocks_per_head; /* units per (batch, query head), or per (batch, kv head) if grouped */
-    size_t n_units;
-    size_t pieces, n_chunks; /* split-KV; n_chunks == 1: no split */
-    size_t slot;             /* floats of one (unit, chunk) partial: rows, maxima, sums */
-    float *workspace;        /* the partials, n_units * n_chunks slots */
-} plan;
+    forward_plan f;
+    float *workspace; /* the split's partials, f.workspace floats */
+} forward_call;
 
 /* One unit: its rows as attention_block takes them. */
 typedef struct unit {
@@ -474,35 +445,25 @@ typedef struct unit {
     size_t lse_row, q0, nq;
 } unit;
 
-static void unit_of(const plan *pl, size_t u, unit *x) {
+static void unit_of(const forward_call *pl, size_t u, unit *x) {
     const attention_problem *p = pl->p;
-    size_t b, h, hk;
+    plan_unit pu;
+    plan_forward_unit(&pl->f, p, u, &pu);
+    const size_t b = pu.batch, h = pu.head, hk = pu.kv_head;
     x->sub = *p;
-    if (pl->grouped) {
-        /* With one query row, causal masking removes nothing. */
-        const size_t g0 = (u % pl->blocks_per_head) * pl->block_q;
-        hk = u / pl->blocks_per_head % p->heads_kv;
-        b = u / pl->blocks_per_head / p->heads_kv;
-        h = hk * pl->group + g0;
+    x->q0 = pu.q0;
+    x->nq = pu.nq;
+    if (pl->f.grouped) {
+        /* the rows are query heads; with one query row, causal masking removes nothing */
         x->sub.causal = 0;
         x->sub.q_stride[2] = p->q_stride[1];
         x->sub.out_stride[2] = p->out_stride[1];
-        x->sub.len_q = pl->group - g0 < pl->block_q ? pl->group - g0 : pl->block_q;
+        x->sub.len_q = pu.nq;
         x->mask_row = p->mask_stride[1];
         x->lse_row = p->lse_stride[1];
-        x->q0 = 0;
-        x->nq = x->sub.len_q;
     } else {
-        /* within a head, the last blocks first: under causality they see the most keys, and
-           the smallest tasks are left to fill the end */
-        const size_t qb = pl->blocks_per_head - 1 - u % pl->blocks_per_head;
-        h = u / pl->blocks_per_head % p->heads_q;
-        b = u / pl->blocks_per_head / p->heads_q;
-        hk = h / pl->group;
         x->mask_row = p->mask_stride[2];
         x->lse_row = 1;
-        x->q0 = qb * pl->block_q;
-        x->nq = p->len_q - x->q0 < pl->block_q ? p->len_q - x->q0 : pl->block_q;
     }
     x->q = element(p->q, b * p->q_stride[0] + h * p->q_stride[1], p->q_type);
     x->k = element(p->k, b * p->k_stride[0] + hk * p->k_stride[1], p->kv_type);
@@ -512,25 +473,26 @@ static void unit_of(const plan *pl, size_t u, unit *x) {
     x->lse = p->lse ? p->lse + b * p->lse_stride[0] + h * p->lse_stride[1] : NULL;
 }
 
-static void unit_run(const attention_run *run, const plan *pl, size_t u) {
+static void unit_run(const attention_run *run, const forward_call *pl, size_t u) {
     unit x;
     unit_of(pl, u, &x);
-    attention_block(run, &x.sub, x.q, x.k, x.v, x.mask, x.mask_row, x.out, x.lse, x.lse_row, NULL,
-                    x.q0, x.nq);
+    const visibility vis = visibility_of(&x.sub);
+    attention_block(run, &x.sub, &vis, x.q, x.k, x.v, x.mask, x.mask_row, x.out, x.lse, x.lse_row,
+                    NULL, x.q0, x.nq);
 }
 
-typedef void (*run_fn)(const attention_run *run, const plan *pl, size_t index);
+typedef void (*run_fn)(const attention_run *run, const forward_call *pl, size_t index);
 
 /* fn with a 16-bit view's widening tiles on the stack of the thread that runs it, in a frame of
    its own that an f32 call never makes */
-static __attribute__((noinline)) void call_wide(run_fn fn, const plan *pl, size_t index) {
+static __attribute__((noinline)) void call_wide(run_fn fn, const forward_call *pl, size_t index) {
     wide_tiles wide;
     attention_run run = pl->run;
     run.wide = &wide;
     fn(&run, pl, index);
 }
 
-static void call_run(run_fn fn, const plan *pl, size_t index) {
+static void call_run(run_fn fn, const forward_call *pl, size_t index) {
     if (pl->wide)
         call_wide(fn, pl, index);
     else
@@ -582,20 +544,18 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
 }
 
 /* Unit x's rows over the keys of chunk c, as rows_end leaves a chunk: its rows of acc to out
-   (out_row floats apart), each row's max to m[r] and sum to l[r]. Every row sees every key of a
-   chunk but the last (the chunk holding the causal diagonal), since split units have at most a
-   piece of rows. */
-static void chunk_run(const attention_run *run, const plan *pl, const unit *x, size_t c, float *out,
-                      size_t out_row, float *m, float *l) {
+   (out_row floats apart), each row's max to m[r] and sum to l[r]. */
+static void chunk_run(const attention_run *run, const forward_call *pl, const unit *x, size_t c,
+                      float *out, size_t out_row, float *m, float *l) {
     const attention_problem *p = pl->p;
-    const size_t begin = SPLIT_PIECE * (c * pl->pieces / pl->n_chunks);
-    const size_t end =
-        c + 1 == pl->n_chunks ? p->len_kv : SPLIT_PIECE * ((c + 1) * pl->pieces / pl->n_chunks);
-    attention_problem sub = x->sub;
-    if (end < p->len_kv) sub.causal = 0;
+    size_t begin, end;
+    plan_forward_chunk(&pl->f, p, c, &begin, &end);
+    const visibility whole = visibility_of(&x->sub);
+    const visibility vis = visibility_keys(&whole, begin, end - begin);
+    attention_problem sub = x->sub; /* the chunk's keys; which of them each row sees is vis */
     sub.len_kv = end - begin;
     sub.out_stride[2] = out_row;
-    attention_block(run, &sub, x->q, element(x->k, begin * p->k_stride[2], p->kv_type),
+    attention_block(run, &sub, &vis, x->q, element(x->k, begin * p->k_stride[2], p->kv_type),
                     element(x->v, begin * p->v_stride[2], p->kv_type),
                     x->mask ? x->mask + begin : NULL, x->mask_row, out, m, 1, l, 0, x->nq);
 }
@@ -655,8 +615,8 @@ static void split_finish(const sdpa_kernels *k, const unit *x, float *out, size_
 
 /* The 1-thread split-KV unit: the same chunks and merges as split_task and split_merge, with
    the partial on the stack. */
-static __attribute__((noinline)) void split_serial_unit(const attention_run *run, const plan *pl,
-                                                        size_t u) {
+static __attribute__((noinline)) void split_serial_unit(const attention_run *run,
+                                                        const forward_call *pl, size_t u) {
     const size_t d_v = pl->p->d_v;
     float m[SDPA_ATTN_MAX_BLOCK_Q], l[SDPA_ATTN_MAX_BLOCK_Q];
     float part_m[SDPA_ATTN_MAX_BLOCK_Q], part_l[SDPA_ATTN_MAX_BLOCK_Q];
@@ -666,7 +626,7 @@ static __attribute__((noinline)) void split_serial_unit(const attention_run *run
     float *out = (float *)x.out;
     const size_t os = x.sub.out_stride[2];
     chunk_run(run, pl, &x, 0, out, os, m, l);
-    for (size_t c = 1; c < pl->n_chunks; c++) {
+    for (size_t c = 1; c < pl->f.n_chunks; c++) {
         chunk_run(run, pl, &x, c, part, d_v, part_m, part_l);
         merge_state(pl->run.k, out, os, m, l, part, d_v, part_m, part_l, x.nq, d_v);
     }
@@ -675,10 +635,10 @@ static __attribute__((noinline)) void split_serial_unit(const attention_run *run
 
 /* Task t: unit t / n_chunks, its chunks last (longest) first. Chunk 0 writes the output rows,
    the others their slot's rows; every chunk's maxima and sums go to its slot. */
-static void split_run(const attention_run *run, const plan *pl, size_t t) {
-    const size_t u = t / pl->n_chunks, c = pl->n_chunks - 1 - t % pl->n_chunks;
-    float *slot = pl->workspace + t * pl->slot;
-    float *m = slot + pl->block_q * pl->p->d_v, *l = m + pl->block_q;
+static void split_run(const attention_run *run, const forward_call *pl, size_t t) {
+    const size_t u = t / pl->f.n_chunks, c = pl->f.n_chunks - 1 - t % pl->f.n_chunks;
+    float *slot = pl->workspace + plan_forward_slot(&pl->f, u, c) * pl->f.slot;
+    float *m = slot + pl->f.block_q * pl->p->d_v, *l = m + pl->f.block_q;
     unit x;
     unit_of(pl, u, &x);
     if (c == 0)
@@ -689,37 +649,24 @@ static void split_run(const attention_run *run, const plan *pl, size_t t) {
 
 static void split_task(void *arg, size_t t) { call_run(split_run, arg, t); }
 
-static void split_merge(const plan *pl, size_t u) {
-    const size_t d_v = pl->p->d_v, n = pl->n_chunks, rows_floats = pl->block_q * d_v;
+static void split_merge(const forward_call *pl, size_t u) {
+    const size_t d_v = pl->p->d_v, n = pl->f.n_chunks, rows_floats = pl->f.block_q * d_v;
     unit x;
     unit_of(pl, u, &x);
-    /* slots in task order: task u * n + i holds chunk n - 1 - i */
-    float *slots = pl->workspace + u * n * pl->slot;
-    float *m = slots + (n - 1) * pl->slot + rows_floats, *l = m + pl->block_q;
+    float *m = pl->workspace + plan_forward_slot(&pl->f, u, 0) * pl->f.slot + rows_floats;
+    float *l = m + pl->f.block_q;
     float *out = (float *)x.out;
     const size_t os = x.sub.out_stride[2];
     for (size_t c = 1; c < n; c++) {
-        const float *s = slots + (n - 1 - c) * pl->slot;
+        const float *s = pl->workspace + plan_forward_slot(&pl->f, u, c) * pl->f.slot;
         merge_state(pl->run.k, out, os, m, l, s, d_v, s + rows_floats,
-                    s + rows_floats + pl->block_q, x.nq, d_v);
+                    s + rows_floats + pl->f.block_q, x.nq, d_v);
     }
     split_finish(pl->run.k, &x, out, os, m, l, d_v);
 }
 
-/* The call's work in multiply-adds, roughly: the scores and weighted sums of every row, and
-   each unit's pass over its K and V, a float of which costs about as much as 8 multiply-adds
-   when it comes from memory (what makes decode worth splitting). */
-static double work_of(const attention_problem *p, size_t n_units) {
-    double keys = (double)p->len_kv;
-    if (p->causal) keys -= 0.5 * (double)p->len_q;
-    if (keys < 1.0) keys = 1.0;
-    const double row_floats = keys * (double)(p->d_k + p->d_v);
-    return (double)p->batch * (double)p->heads_q * (double)p->len_q * row_floats +
-           8.0 * (double)n_units * row_floats;
-}
-
 static void attention_run_all(const attention_problem *p) {
-    plan pl;
+    forward_call pl;
     pl.run.k = sdpa_kernels_now();
     pl.run.a = pl.run.k->attention;
     const int exp_kind = sdpa_exp_with(pl.run.k);
@@ -742,46 +689,26 @@ static void attention_run_all(const attention_problem *p) {
             pl.run.keys_max = SDPA_WIDE_FLOATS / d;
     }
     pl.p = p;
-    pl.group = p->heads_q / p->heads_kv;
-    pl.grouped = p->len_q == 1 && pl.group > 1;
-    /* a 16-bit K/V prefill: ROW_BLOCKS blocks of rows a unit (never split: len_q > SPLIT_MAX_Q) */
-    pl.block_q = pl.run.rows_max;
-    if (p->kv_type != SDPA_F32 && !pl.grouped && p->len_q > SPLIT_MAX_Q && pl.run.a->pack_q &&
-        p->d_k <= SDPA_ATTN_PACK_MAX_D)
-        pl.block_q *= ROW_BLOCKS;
-    const size_t rows = pl.grouped ? pl.group : p->len_q;
-    pl.blocks_per_head = (rows + pl.block_q - 1) / pl.block_q;
-    pl.n_units = p->batch * (pl.grouped ? p->heads_kv : p->heads_q) * pl.blocks_per_head;
-    pl.pieces = p->len_kv / SPLIT_PIECE;
-    pl.n_chunks = 1;
-    /* a split unit's rows start at the head's first (chunk_run has no q0): one block a head */
-    if (p->out_type == SDPA_F32 &&
-        (pl.grouped || (p->len_q <= SPLIT_MAX_Q && pl.blocks_per_head == 1)) &&
-        p->d_v <= SPLIT_MAX_D_V && pl.pieces >= 2) {
-        const size_t want = (SPLIT_TASKS + pl.n_units - 1) / pl.n_units;
-        pl.n_chunks = pl.pieces < want ? pl.pieces : want;
-    }
-    pl.slot = pl.block_q * (p->d_v + 2);
-    pl.workspace = NULL;
-
     const size_t threads = sdpa_threads_for_call();
-    const int parallel = threads > 1 && work_of(p, pl.n_units) >= (double)SDPA_PARALLEL_MIN_WORK;
-    if (pl.n_chunks == 1) {
-        if (parallel && pl.n_units > 1) {
-            sdpa_parallel_run(unit_task, &pl, pl.n_units, threads);
+    plan_forward(&pl.f, p, pl.run.rows_max,
+                 pl.run.a->pack_q != NULL && p->d_k <= SDPA_ATTN_PACK_MAX_D, threads);
+    pl.workspace = NULL;
+    if (pl.f.n_chunks == 1) {
+        if (pl.f.parallel && pl.f.n_units > 1) {
+            sdpa_parallel_run(unit_task, &pl, pl.f.n_units, threads);
             return;
         }
-        for (size_t u = 0; u < pl.n_units; u++) unit_task(&pl, u);
+        for (size_t u = 0; u < pl.f.n_units; u++) unit_task(&pl, u);
         return;
     }
-    const size_t n_tasks = pl.n_units * pl.n_chunks; /* at most SPLIT_TASKS + n_units */
-    if (parallel && (pl.workspace = sdpa_workspace_acquire(n_tasks * pl.slot)) != NULL) {
+    const size_t n_tasks = pl.f.n_units * pl.f.n_chunks;
+    if (pl.f.parallel && (pl.workspace = sdpa_workspace_acquire(pl.f.workspace)) != NULL) {
         sdpa_parallel_run(split_task, &pl, n_tasks, threads);
-        for (size_t u = 0; u < pl.n_units; u++) split_merge(&pl, u);
+        for (size_t u = 0; u < pl.f.n_units; u++) split_merge(&pl, u);
         sdpa_workspace_release();
         return;
     }
-    for (size_t u = 0; u < pl.n_units; u++) call_run(split_serial_unit, &pl, u);
+    for (size_t u = 0; u < pl.f.n_units; u++) call_run(split_serial_unit, &pl, u);
 }
 
 static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {

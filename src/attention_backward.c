@@ -34,8 +34,10 @@
 
 #include "attention_problem.h"
 #include "dispatch.h"
+#include "plan.h"
 #include "sdpa.h"
 #include "threads.h"
+#include "visibility.h"
 
 #if defined(__AVX__) || defined(__SSE4_1__)
 #error "src/attention_backward.c must be compiled for the baseline ISA, without -m flags"
@@ -55,6 +57,7 @@
 /* Kernels and constants of one call. */
 typedef struct backward_run {
     const backward_problem *bp;
+    visibility vis; /* the keys each query row sees */
     const sdpa_kernels *k;
     const sdpa_attention_kernels *a;
     int packed;  /* pack_q and scores_max for S^T and dP^T (d_k, d_v <= SDPA_ATTN_PACK_MAX_D) */
@@ -63,10 +66,9 @@ typedef struct backward_run {
                     of scores_tile, which here are keys) */
     void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
-    size_t sum_rows;         /* query rows a block of each key's dk and dv sums (above) */
-    size_t group;            /* query heads per kv head */
-    size_t task_b, task_h;   /* batch entries and kv heads a task owns: 1, or the whole axis */
-    size_t tasks_b, tasks_h; /* tasks along each axis */
+    size_t sum_rows;  /* query rows a block of each key's dk and dv sums (above) */
+    backward_plan pl; /* units, key chunks (plan.h) */
+    float *workspace; /* the key chunks' dq partials, pl.workspace floats */
 } backward_run;
 
 /* One query head's views; dq is where its dq rows from dq_first on are summed (dq_row floats
@@ -112,11 +114,10 @@ static int rows_finite(const float *x, size_t n, size_t stride, size_t row) {
     return !(bad >> 31);
 }
 
-/* Pair (row i, key j) of the tile counts: seen under causality (j < i + diag), by a live row,
- * not removed by the mask. */
-static inline int pair_counts(const attention_problem *p, const head *h, size_t q0, size_t k0,
-                              size_t i, size_t j, ptrdiff_t diag) {
-    if ((ptrdiff_t)j >= diag + (ptrdiff_t)i || h->lse[q0 + i] == -INFINITY) return 0;
+/* Pair (row i, key j) of the tile counts: seen (vis), by a live row, not removed by the mask. */
+static inline int pair_counts(const attention_problem *p, const visibility *vis, const head *h,
+                              size_t q0, size_t k0, size_t i, size_t j) {
+    if (k0 + j >= visibility_row_end(vis, q0 + i) || h->lse[q0 + i] == -INFINITY) return 0;
     return !p->mask || h->mask[(q0 + i) * p->mask_stride[2] + k0 + j] != -INFINITY;
 }
 
@@ -134,17 +135,11 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
     float *dq = h->dq + (q0 - h->dq_first) * h->dq_row;
     float lse[QT], dd[QT], zero[SDPA_ATTN_MAX_BLOCK_KV];
 
-    /* causal: row q0 + i sees key k0 + j when k0 + j <= q0 + i + len_kv - len_q, that is
-       j < i + diag (sizes fit ptrdiff_t: checked); the keys past what the last row sees are
-       left out of the tile */
-    size_t nk = kb->nk;
-    ptrdiff_t diag = PTRDIFF_MAX / 2;
-    if (p->causal) {
-        diag = (ptrdiff_t)(q0 + p->len_kv + 1) - (ptrdiff_t)(p->len_q + kb->k0);
-        const ptrdiff_t last = diag + (ptrdiff_t)nq - 1;
-        if (last <= 0) return 0;
-        if ((size_t)last < nk) nk = (size_t)last;
-    }
+    /* the keys past what the last row sees are left out of the tile */
+    const visibility *vis = &run->vis;
+    if (visibility_block(vis, q0, nq, kb->k0, kb->nk) == VIS_NONE) return 0;
+    const size_t last_end = visibility_row_end(vis, q0 + nq - 1) - kb->k0;
+    const size_t nk = last_end < kb->nk ? last_end : kb->nk;
 
     /* the rows: a row whose lse is -inf saw no key and counts nowhere */
     size_t live = 0;
@@ -162,9 +157,8 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
     }
     if (!live) return 0;
 
-    /* which pairs count: all, unless the causal diagonal, the mask or a dead row says not */
-    int clean = live == nq;
-    if (diag < (ptrdiff_t)nk) clean = 0;
+    /* which pairs count: all, unless visibility, the mask or a dead row says not */
+    int clean = live == nq && visibility_block(vis, q0, nq, kb->k0, nk) == VIS_ALL;
     if (p->mask)
         for (size_t i = 0; i < nq && clean; i++) {
             const float *mr = h->mask + (q0 + i) * p->mask_stride[2] + kb->k0;
@@ -218,19 +212,19 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
     }
 
     if (!clean) {
-        /* P = dS = 0 exactly where the pair does not count; under causality alone, the rows
-           before a key's first */
+        /* P = dS = 0 exactly where the pair does not count; under visibility alone, the rows
+           before the first that sees the key */
         if (!p->mask && live == nq) {
             for (size_t j = 0; j < nk; j++) {
-                const ptrdiff_t first = (ptrdiff_t)j - diag + 1;
-                const size_t n = first <= 0 ? 0 : (size_t)first < nq ? (size_t)first : nq;
+                const size_t first = visibility_first_row(vis, kb->k0 + j);
+                const size_t n = first <= q0 ? 0 : first - q0 < nq ? first - q0 : nq;
                 memset(t->s + j * QT, 0, n * sizeof(float));
                 memset(t->ds + j * QT, 0, n * sizeof(float));
             }
         } else {
             for (size_t j = 0; j < nk; j++)
                 for (size_t i = 0; i < nq; i++)
-                    if (!pair_counts(p, h, q0, kb->k0, i, j, diag))
+                    if (!pair_counts(p, vis, h, q0, kb->k0, i, j))
                         t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
         }
     }
@@ -245,12 +239,12 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
        down each query's column for dq. */
     for (size_t j = 0; j < nk; j++)
         for (size_t i = 0; i < nq;) {
-            if (!pair_counts(p, h, q0, kb->k0, i, j, diag)) {
+            if (!pair_counts(p, vis, h, q0, kb->k0, i, j)) {
                 i++;
                 continue;
             }
             const size_t i0 = i;
-            while (i < nq && pair_counts(p, h, q0, kb->k0, i, j, diag)) i++;
+            while (i < nq && pair_counts(p, vis, h, q0, kb->k0, i, j)) i++;
             a->pv_tile(kb->dv_to + j * kb->dv_row, 0, t->s + j * QT + i0, QT, 1, i - i0,
                        dout + i0 * dos, dos, d_v);
             a->pv_tile(kb->dk_to + j * kb->dk_row, 0, t->ds + j * QT + i0, QT, 1, i - i0,
@@ -260,12 +254,12 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
         float w[SDPA_ATTN_MAX_BLOCK_KV]; /* the column, as a row: pv_tile_t wants whole tiles */
         for (size_t j = 0; j < nk; j++) w[j] = t->ds[j * QT + i];
         for (size_t j = 0; j < nk;) {
-            if (!pair_counts(p, h, q0, kb->k0, i, j, diag)) {
+            if (!pair_counts(p, vis, h, q0, kb->k0, i, j)) {
                 j++;
                 continue;
             }
             const size_t j0 = j;
-            while (j < nk && pair_counts(p, h, q0, kb->k0, i, j, diag)) j++;
+            while (j < nk && pair_counts(p, vis, h, q0, kb->k0, i, j)) j++;
             a->pv_tile(dq + i * h->dq_row, 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks, d_k);
         }
     }
@@ -326,7 +320,7 @@ static void rows_against_keys(const backward_run *run, tiles *t, const head *h, 
 static void head_of(const backward_run *run, size_t b, size_t hk, size_t g, head *h) {
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
-    const size_t hq = hk * run->group + g;
+    const size_t hq = hk * run->pl.group + g;
     h->q = (const float *)p->q + b * p->q_stride[0] + hq * p->q_stride[1];
     h->out = (const float *)p->out + b * p->out_stride[0] + hq * p->out_stride[1];
     h->dout = bp->dout + b * bp->dout_stride[0] + hq * bp->dout_stride[1];
@@ -354,12 +348,6 @@ static void key_block_of(const backward_run *run, size_t b, size_t hk, size_t k0
     kb->k_finite = -1;
 }
 
-/* The first query row that sees key k0: under causality k0 + len_q - len_kv, which may be
- * len_q or more (no row), else 0. */
-static size_t first_row_seeing(const attention_problem *p, size_t k0) {
-    return p->causal && k0 + p->len_q > p->len_kv ? k0 + p->len_q - p->len_kv : 0;
-}
-
 /* The keys [k_begin, k_end) of kv head hk of batch entry b against every row of its query
  * heads, block of keys by block of keys; the dq rows of query head g go to the output or, with
  * partial, to partial + g len_q d_k (dense rows). */
@@ -369,9 +357,9 @@ static void backward_keys(const backward_run *run, tiles *t, size_t b, size_t hk
     for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
         key_block kb;
         key_block_of(run, b, hk, k0, &kb);
-        const size_t first = first_row_seeing(p, k0);
+        const size_t first = visibility_first_row(&run->vis, k0);
         if (first >= p->len_q) break;
-        for (size_t g = 0; g < run->group; g++) {
+        for (size_t g = 0; g < run->pl.group; g++) {
             head h;
             head_of(run, b, hk, g, &h);
             if (partial) {
@@ -395,27 +383,28 @@ static void backward_task(void *arg, size_t index) {
     const backward_run *run = arg;
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
-    const size_t b0 = index / run->tasks_h * run->task_b, h0 = index % run->tasks_h * run->task_h;
+    const size_t b0 = index / run->pl.tasks_h * run->pl.task_b,
+                 h0 = index % run->pl.tasks_h * run->pl.task_h;
     tiles t;
     memset(t.dk, 0, sizeof t.dk);
     memset(t.dv, 0, sizeof t.dv);
-    for (size_t b = b0; b < b0 + run->task_b; b++)
-        for (size_t hk = h0; hk < h0 + run->task_h; hk++) {
+    for (size_t b = b0; b < b0 + run->pl.task_b; b++)
+        for (size_t hk = h0; hk < h0 + run->pl.task_h; hk++) {
             zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
             zero_rows(bp->dv, bp->dv_stride, b, hk, 0, p->len_kv, p->d_v);
-            for (size_t g = 0; g < run->group; g++)
-                zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, 0, p->len_q, p->d_k);
+            for (size_t g = 0; g < run->pl.group; g++)
+                zero_rows(bp->dq, bp->dq_stride, b, hk * run->pl.group + g, 0, p->len_q, p->d_k);
         }
     if (!p->len_q || !p->len_kv) return;
-    for (size_t b = b0; b < b0 + run->task_b; b++)
-        for (size_t hk = h0; hk < h0 + run->task_h; hk++)
+    for (size_t b = b0; b < b0 + run->pl.task_b; b++)
+        for (size_t hk = h0; hk < h0 + run->pl.task_h; hk++)
             backward_keys(run, &t, b, hk, 0, p->len_kv, NULL);
 }
 
 /* ---- key chunks ----
  *
  * A call with few (batch, kv head) units (one head, say) also cuts each unit's keys into chunks
- * of whole CHUNK_KEYS pieces, as many as give about CHUNK_TASKS tasks. Task (unit, chunk c)
+ * of whole pieces (plan.h, KEY_PIECE), about 16 tasks in all. Task (unit, chunk c)
  * writes the dk and dv rows of its keys, and its share of dq: chunk 0 into the output rows,
  * chunk c >= 1 into a partial of the workspace; the partials are then added to dq in chunk
  * order. On one thread, or without the workspace (another call holds it), the unit runs on the
@@ -426,66 +415,46 @@ static void backward_task(void *arg, size_t index) {
  * no summed axis (task_b = task_h = 1, and dq not summed over query heads), and d_k is at most
  * CHUNK_MAX_D (a band of at least sum_rows rows in the stack tile: bands of whole blocks of
  * rows, so that each dk and dv row gets the same block sums in the same order). */
-#define CHUNK_KEYS   512
-#define CHUNK_TASKS  16
-#define CHUNK_MAX_D  256
-#define CHUNK_FLOATS ((size_t)1 << 22)      /* at most this workspace (16 MiB): else no chunks */
-#define CHUNK_ACC    (2 * QT * CHUNK_MAX_D) /* the stack tile of the serial order (64 KiB) */
-
-typedef struct chunked {
-    const backward_run *run;
-    size_t n_chunks, chunk_keys;
-    size_t part; /* floats of one (unit, chunk >= 1) partial: group * len_q * d_k */
-    float *ws;   /* the partials, unit by unit, chunks 1.. in order */
-} chunked;
-
-/* The keys [*begin, *end) of chunk c */
-static void chunk_keys(const chunked *ch, size_t c, size_t *begin, size_t *end) {
-    const size_t len_kv = ch->run->bp->fwd.len_kv;
-    *begin = c * ch->chunk_keys;
-    *end = *begin + ch->chunk_keys < len_kv ? *begin + ch->chunk_keys : len_kv;
-}
+#define CHUNK_ACC (2 * QT * CHUNK_MAX_D) /* the stack tile of the serial order (64 KiB) */
 
 /* The first row of chunk c's dq partial: that of the tile of the first row that sees any of its
- * keys (rows before it see none under causality). Both orders add the partial from there, so
- * that their bits agree. */
-static size_t chunk_first_row(const chunked *ch, size_t c) {
+ * keys (rows before it see none). Both orders add the partial from there, so that their bits
+ * agree. */
+static size_t chunk_first_row(const backward_run *run, size_t c) {
     size_t k_begin, k_end;
-    chunk_keys(ch, c, &k_begin, &k_end);
-    return first_row_seeing(&ch->run->bp->fwd, k_begin) / QT * QT;
+    plan_backward_chunk(&run->pl, run->bp->fwd.len_kv, c, &k_begin, &k_end);
+    return visibility_first_row(&run->vis, k_begin) / QT * QT;
 }
 
 static void chunk_task(void *arg, size_t index) {
-    const chunked *ch = arg;
-    const backward_run *run = ch->run;
+    const backward_run *run = arg;
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
-    const size_t u = index / ch->n_chunks, c = index % ch->n_chunks;
-    const size_t b = u / run->tasks_h, hk = u % run->tasks_h;
+    const size_t u = index / run->pl.n_chunks, c = index % run->pl.n_chunks;
+    const size_t b = u / run->pl.tasks_h, hk = u % run->pl.tasks_h;
     size_t k_begin, k_end;
-    chunk_keys(ch, c, &k_begin, &k_end);
-    float *partial = c ? ch->ws + (u * (ch->n_chunks - 1) + c - 1) * ch->part : NULL;
+    plan_backward_chunk(&run->pl, p->len_kv, c, &k_begin, &k_end);
+    float *partial = c ? run->workspace + plan_backward_partial(&run->pl, u, c) : NULL;
     tiles t;
     memset(t.dk, 0, sizeof t.dk);
     memset(t.dv, 0, sizeof t.dv);
     zero_rows(bp->dk, bp->dk_stride, b, hk, k_begin, k_end - k_begin, p->d_k);
     zero_rows(bp->dv, bp->dv_stride, b, hk, k_begin, k_end - k_begin, p->d_v);
     if (partial)
-        memset(partial, 0, ch->part * sizeof(float));
+        memset(partial, 0, run->pl.part * sizeof(float));
     else
-        for (size_t g = 0; g < run->group; g++)
-            zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, 0, p->len_q, p->d_k);
+        for (size_t g = 0; g < run->pl.group; g++)
+            zero_rows(bp->dq, bp->dq_stride, b, hk * run->pl.group + g, 0, p->len_q, p->d_k);
     backward_keys(run, &t, b, hk, k_begin, k_end, partial);
 }
 
 /* Unit u on the calling thread, a band of query rows at a time (see above): as many rows as
  * the stack tile holds at d_k, so that each pass over the unit's keys (their k, v, dk and dv
  * rows, 2 MiB at 1024 keys and d = 128, more than L2) serves that many rows, not 32. */
-static void chunk_unit_serial(const chunked *ch, size_t u) {
-    const backward_run *run = ch->run;
+static void chunk_unit_serial(const backward_run *run, size_t u) {
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
-    const size_t b = u / run->tasks_h, hk = u % run->tasks_h;
+    const size_t b = u / run->pl.tasks_h, hk = u % run->pl.tasks_h;
     const size_t band = CHUNK_ACC / p->d_k / run->sum_rows * run->sum_rows; /* whole blocks */
     tiles t;
     memset(t.dk, 0, sizeof t.dk);
@@ -493,16 +462,16 @@ static void chunk_unit_serial(const chunked *ch, size_t u) {
     float acc[CHUNK_ACC];
     zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
     zero_rows(bp->dv, bp->dv_stride, b, hk, 0, p->len_kv, p->d_v);
-    for (size_t g = 0; g < run->group; g++) {
+    for (size_t g = 0; g < run->pl.group; g++) {
         head h;
         head_of(run, b, hk, g, &h);
-        zero_rows(bp->dq, bp->dq_stride, b, hk * run->group + g, 0, p->len_q, p->d_k);
+        zero_rows(bp->dq, bp->dq_stride, b, hk * run->pl.group + g, 0, p->len_q, p->d_k);
         for (size_t r0 = 0; r0 < p->len_q; r0 += band) {
             const size_t nr = p->len_q - r0 < band ? p->len_q - r0 : band;
-            for (size_t c = 0; c < ch->n_chunks; c++) {
+            for (size_t c = 0; c < run->pl.n_chunks; c++) {
                 size_t k_begin, k_end;
-                chunk_keys(ch, c, &k_begin, &k_end);
-                const size_t from = chunk_first_row(ch, c);
+                plan_backward_chunk(&run->pl, p->len_kv, c, &k_begin, &k_end);
+                const size_t from = chunk_first_row(run, c);
                 if (from >= r0 + nr) continue;
                 const size_t r1 = from > r0 ? from : r0, n1 = r0 + nr - r1;
                 head hc = h;
@@ -523,26 +492,28 @@ static void chunk_unit_serial(const chunked *ch, size_t u) {
     }
 }
 
-/* The chunks of a call with few units, or 0 (no chunks). */
-static size_t chunks_for(const backward_run *run, size_t n_units) {
+/* Unit u's dq partials, chunk after chunk, into its dq rows. */
+static void chunk_partials_add(const backward_run *run, size_t u) {
     const attention_problem *p = &run->bp->fwd;
-    const size_t pieces = (p->len_kv + CHUNK_KEYS - 1) / CHUNK_KEYS;
-    /* a unit's dq rows summed over its query heads (a head stride of 0) would take every
-       head's partials in another order on the two paths */
-    if (run->task_b != 1 || run->task_h != 1 || (p->heads_q > 1 && !run->bp->dq_stride[1]) ||
-        p->d_k > CHUNK_MAX_D || pieces < 2 || n_units >= CHUNK_TASKS)
-        return 0;
-    size_t n = (CHUNK_TASKS + n_units - 1) / n_units;
-    if (n > pieces) n = pieces;
-    const size_t part = run->group * p->len_q * p->d_k;
-    while (n > 1 && (n - 1) * n_units > CHUNK_FLOATS / part) n--;
-    return n > 1 ? n : 0;
+    for (size_t g = 0; g < run->pl.group; g++) {
+        head h;
+        head_of(run, u / run->pl.tasks_h, u % run->pl.tasks_h, g, &h);
+        for (size_t c = 1; c < run->pl.n_chunks; c++) {
+            const size_t r1 = chunk_first_row(run, c);
+            if (r1 >= p->len_q) continue;
+            add_rows(h.dq + r1 * h.dq_row, h.dq_row,
+                     run->workspace + plan_backward_partial(&run->pl, u, c) +
+                         (g * p->len_q + r1) * p->d_k,
+                     p->d_k, p->len_q - r1, p->d_k);
+        }
+    }
 }
 
 static void backward_run_all(const backward_problem *bp) {
     const attention_problem *p = &bp->fwd;
     backward_run run;
     run.bp = bp;
+    run.vis = visibility_of(p);
     run.k = sdpa_kernels_now();
     run.a = run.k->attention;
     const int kind = sdpa_exp_with(run.k);
@@ -551,49 +522,22 @@ static void backward_run_all(const backward_problem *bp) {
     run.packed = run.a->pack_q && run.a->scores_max && p->d_k <= SDPA_ATTN_PACK_MAX_D &&
                  p->d_v <= SDPA_ATTN_PACK_MAX_D;
     run.keys = run.packed ? SDPA_ATTN_MAX_BLOCK_KV : run.a->block_q;
-    run.group = p->heads_q / p->heads_kv;
     run.sum_rows = p->d_k <= 64 ? 8 * QT : p->d_k <= 128 ? 4 * QT : 2 * QT;
-    /* a gradient summed over an axis (stride 0) is written by one task for the whole axis */
-    const int all_b = p->batch > 1 && (!bp->dq_stride[0] || !bp->dk_stride[0] || !bp->dv_stride[0]);
-    const int all_h = p->heads_kv > 1 && (!bp->dk_stride[1] || !bp->dv_stride[1] ||
-                                          (p->heads_q > 1 && !bp->dq_stride[1]));
-    run.task_b = all_b ? p->batch : 1;
-    run.task_h = all_h ? p->heads_kv : 1;
-    run.tasks_b = p->batch / run.task_b;
-    run.tasks_h = p->heads_kv / run.task_h;
-    const size_t n_units = run.tasks_b * run.tasks_h;
-    /* four products of len_q x len_kv pairs over d, and the scores */
-    const double work = (double)p->batch * (double)p->heads_q * (double)p->len_q *
-                        (double)p->len_kv * (double)(2 * p->d_k + 3 * p->d_v);
     const size_t threads = sdpa_threads_for_call();
-    const int parallel = threads > 1 && work >= (double)SDPA_PARALLEL_MIN_WORK;
-    const size_t n_chunks = p->len_q ? chunks_for(&run, n_units) : 0;
+    plan_backward(&run.pl, bp, threads);
+    run.workspace = NULL;
+    const size_t n_units = run.pl.n_units, n_chunks = run.pl.n_chunks;
     if (n_chunks) {
-        chunked ch = {&run, n_chunks, 0, run.group * p->len_q * p->d_k, NULL};
-        ch.chunk_keys = (p->len_kv + CHUNK_KEYS - 1) / CHUNK_KEYS;
-        ch.chunk_keys = (ch.chunk_keys + n_chunks - 1) / n_chunks * CHUNK_KEYS;
-        if (parallel && (ch.ws = sdpa_workspace_acquire(n_units * (n_chunks - 1) * ch.part))) {
-            sdpa_parallel_run(chunk_task, &ch, n_units * n_chunks, threads);
-            for (size_t u = 0; u < n_units; u++)
-                for (size_t g = 0; g < run.group; g++) {
-                    head h;
-                    head_of(&run, u / run.tasks_h, u % run.tasks_h, g, &h);
-                    for (size_t c = 1; c < n_chunks; c++) {
-                        const size_t r1 = chunk_first_row(&ch, c);
-                        if (r1 >= p->len_q) continue;
-                        add_rows(h.dq + r1 * h.dq_row, h.dq_row,
-                                 ch.ws + (u * (n_chunks - 1) + c - 1) * ch.part +
-                                     (g * p->len_q + r1) * p->d_k,
-                                 p->d_k, p->len_q - r1, p->d_k);
-                    }
-                }
+        if (run.pl.parallel && (run.workspace = sdpa_workspace_acquire(run.pl.workspace))) {
+            sdpa_parallel_run(chunk_task, &run, n_units * n_chunks, threads);
+            for (size_t u = 0; u < n_units; u++) chunk_partials_add(&run, u);
             sdpa_workspace_release();
             return;
         }
-        for (size_t u = 0; u < n_units; u++) chunk_unit_serial(&ch, u);
+        for (size_t u = 0; u < n_units; u++) chunk_unit_serial(&run, u);
         return;
     }
-    if (parallel && n_units > 1) {
+    if (run.pl.parallel && n_units > 1) {
         sdpa_parallel_run(backward_task, &run, n_units, threads);
         return;
     }

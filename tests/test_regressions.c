@@ -731,7 +731,7 @@ static void far_keys_add_nothing(const far_keys *c, float top, float far) {
     cr_assert_eq(sdpa_mha(&desc, out, q, kt, vt), SDPA_OK);
     for (size_t i = 0; i < n_q; i++)
         cr_assert(out[i] == 0.0f,
-                  "%s, exp %s, %zu x %zu keys, %s, max %g, %s %g: out[%zu] = %g, want 0",
+                  "%s, exp %s, %zu x %zu keys, max %g, %s, %s %g: out[%zu] = %g, want 0",
                   sdpa_backend(), sdpa_exp_mode(), c->len_q, c->len_kv, top,
                   c->kv_type == SDPA_F32   ? "f32"
                   : c->kv_type == SDPA_F16 ? "f16"

@@ -200,6 +200,24 @@ static float chunk_guessed(const sdpa_kernels *k, int exp_kind, float *y, const 
     return mc;
 }
 
+/* The final pass of softmax_chunked: chunk c of y (its exps against shift[c], summing to
+ * chunk_sum[c]) times exp(shift[c] - m) / sum, with m the row's max. sum >= 1 (the max
+ * contributes exp(0)), or NaN when x holds a NaN: then every y is NaN. */
+static void chunks_normalize(const sdpa_kernels *k, float *y, size_t n, size_t chunk,
+                             const float *shift, const double *chunk_sum, float m, double sum) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i += chunk, c++) {
+        size_t len = n - i < chunk ? n - i : chunk;
+        if (shift[c] == -INFINITY && !isnan(sum))
+            fill(y + i, len, 0.0f);
+        else
+            k->normalize(y + i, len,
+                         shift[c] == m
+                             ? reciprocal_factor(sum)
+                             : weight_factor(exp((double)shift[c] - m) / sum, chunk_sum[c]));
+    }
+}
+
 /* softmax of a row that softmax_short does not take, in chunks; apart from sdpa_softmax_f32 so
  * that the short rows' path carries none of this one's frame (six saved registers and the chunks'
  * shifts). Each chunk's weights are computed against the running max when the chunk is
@@ -284,18 +302,7 @@ static __attribute__((noinline)) void softmax_chunked(const sdpa_kernels *k, int
         fill(y, n, 0.0f);
         return;
     }
-    /* sum >= 1 (the max contributes exp(0)), or NaN when x holds a NaN: then every y is NaN */
-    c = 0;
-    for (size_t i = 0; i < n; i += chunk, c++) {
-        size_t len = n - i < chunk ? n - i : chunk;
-        if (shift[c] == -INFINITY && !isnan(sum))
-            fill(y + i, len, 0.0f);
-        else
-            k->normalize(y + i, len,
-                         shift[c] == m
-                             ? reciprocal_factor(sum)
-                             : weight_factor(exp((double)shift[c] - m) / sum, chunk_sum[c]));
-    }
+    chunks_normalize(k, y, n, chunk, shift, chunk_sum, m, sum);
 }
 
 SDPA_API sdpa_status sdpa_softmax_f32(float *y, const float *x, size_t n, float scale) {

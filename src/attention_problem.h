@@ -22,6 +22,12 @@ typedef struct attention_problem {
     /* optional: each query row's log-sum-exp of its scores, lse[b s0 + h s1 + r] */
     float *lse;
     size_t lse_stride[2];
+    /* paged K/V (sdpa_attention_paged), NULL when dense: key j of a head sits in page
+       pages[j / page_size] at token j % page_size, its elements at
+       k + h k_stride[1] + pages[j / page_size] k_page_stride + (j % page_size) k_stride[2]
+       (v likewise); batch is then 1 and k_stride[0] unused. */
+    const int32_t *pages;
+    size_t page_size, k_page_stride, v_page_stride;
 } attention_problem;
 
 /* The largest d_k and d_v of a problem with a 16-bit view: its rows are widened to float in

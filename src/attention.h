@@ -1,0 +1,12 @@
+/* Internal: the dense calls' tasks (attention.c), for every entry point that states its work as
+ * attention problems (the paged call states one per sequence). */
+#ifndef SDPA_SRC_ATTENTION_H
+#define SDPA_SRC_ATTENTION_H
+
+#include "attention_problem.h"
+
+/* Runs p, checked (sdpa_problem_check or its equal) and with keys (len_kv > 0), on the call's
+   threads: its planned units, split over keys where the plan says, merged in key order. */
+void attention_run_all(const attention_problem *p);
+
+#endif

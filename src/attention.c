@@ -79,8 +79,9 @@ static void unit_run(const attention_run *run, const void *ctx, size_t u) {
     unit x;
     unit_of(pl, u, &x);
     const visibility vis = visibility_of(&x.sub);
-    attention_block(run, &x.sub, &vis, x.q, x.k, x.v, x.mask, x.mask_row, x.out, x.lse, x.lse_row,
-                    NULL, x.q0, x.nq);
+    const key_source src = key_source_of(&x.sub, x.k, x.v, 0);
+    attention_block(run, &x.sub, &vis, x.q, &src, x.mask, x.mask_row, x.out, x.lse, x.lse_row, NULL,
+                    x.q0, x.nq);
 }
 
 static void call_run(block_fn fn, const forward_call *pl, size_t index) {
@@ -143,9 +144,9 @@ static void chunk_run(const attention_run *run, const forward_call *pl, const un
     attention_problem sub = x->sub; /* the chunk's keys; which of them each row sees is vis */
     sub.len_kv = end - begin;
     sub.out_stride[2] = out_row;
-    attention_block(run, &sub, &vis, x->q, element(x->k, begin * p->k_stride[2], p->kv_type),
-                    element(x->v, begin * p->v_stride[2], p->kv_type),
-                    x->mask ? x->mask + begin : NULL, x->mask_row, out, m, 1, l, 0, x->nq);
+    const key_source src = key_source_of(&x->sub, x->k, x->v, begin);
+    attention_block(run, &sub, &vis, x->q, &src, x->mask ? x->mask + begin : NULL, x->mask_row, out,
+                    m, 1, l, 0, x->nq);
 }
 
 /* Chunk b's state (rows b, b_row floats apart, maxima mb, sums lb) into a's (rows a, maxima ma,

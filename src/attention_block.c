@@ -67,6 +67,9 @@ typedef struct row_block {
 typedef struct wide_tiles {
     _Alignas(64) float q[SDPA_WIDE_FLOATS];
     _Alignas(64) float kv[SDPA_WIDE_FLOATS];
+    /* a paged block of 16-bit keys, then of values, gathered as they are, for the entries that
+       read 16-bit rows (a paged f32 block gathers into kv) */
+    _Alignas(64) uint16_t kv16[SDPA_WIDE_FLOATS];
     /* the row blocks past the first that share each widened block of keys and values */
     row_block more[ROW_BLOCKS - 1];
     float more_acc[ROW_BLOCKS - 1][ACC_FLOATS];
@@ -105,11 +108,52 @@ static const float *float_rows(const attention_run *run, uint32_t type, const vo
     return tile;
 }
 
-/* The block of values [k0, k0 + nk) as float rows, and their stride */
-static const float *value_rows(const attention_run *run, const attention_problem *p, const void *v,
-                               size_t k0, size_t nk, size_t *stride) {
-    return float_rows(run, p->kv_type, v, k0, nk, p->v_stride[2], p->d_v,
-                      run->wide ? run->wide->kv : NULL, stride);
+/* A block of keys or values as the kernels read it: float rows fs floats apart, and the 16-bit
+   rows themselves hs elements apart, each NULL where no kernel asked for it. */
+typedef struct block_rows {
+    const float *f;
+    const uint16_t *h;
+    size_t fs, hs;
+} block_rows;
+
+/* Keys (values: 0) or values (1) [k0, k0 + nk) of src into r: as float rows when as_float, as
+   the 16-bit rows when as_16 (a 16-bit source). One run (dense, or within a page) is read in
+   place where the type allows; runs across pages are gathered into the wide tiles, float rows
+   into kv and 16-bit ones into kv16, so that every kernel sees one block of rows a stride
+   apart, whatever the pages, and gives the bits of the same keys dense. */
+static void source_rows(const attention_run *run, const key_source *src, int values, size_t k0,
+                        size_t nk, int as_float, int as_16, block_rows *r) {
+    const size_t d = values ? src->d_v : src->d_k, stride = values ? src->v_stride : src->k_stride;
+    const void *row;
+    r->f = NULL;
+    r->h = NULL;
+    r->fs = r->hs = 0;
+    if (key_source_run(src, values, k0, nk, &row) == nk) {
+        if (as_float)
+            r->f = float_rows(run, src->type, row, 0, nk, stride, d,
+                              run->wide ? run->wide->kv : NULL, &r->fs);
+        r->h = as_16 ? row : NULL;
+        r->hs = stride;
+        return;
+    }
+    const size_t size = sdpa_type_size(src->type);
+    for (size_t j = 0, n; j < nk; j += n) {
+        n = key_source_run(src, values, k0 + j, nk - j, &row);
+        size_t unused;
+        if (as_float && src->type != SDPA_F32)
+            float_rows(run, src->type, row, 0, n, stride, d, run->wide->kv + j * d, &unused);
+        void *to = as_16                               ? (void *)(run->wide->kv16 + j * d)
+                   : src->type == SDPA_F32 && as_float ? (void *)(run->wide->kv + j * d)
+                                                       : NULL;
+        if (to && stride == d)
+            memcpy(to, row, n * d * size);
+        else if (to)
+            for (size_t i = 0; i < n; i++)
+                memcpy((char *)to + i * d * size, (const char *)row + i * stride * size, d * size);
+    }
+    r->f = as_float ? run->wide->kv : NULL;
+    r->h = as_16 ? run->wide->kv16 : NULL;
+    r->fs = r->hs = d;
 }
 
 /* Rows [q0, q0 + nq) into b: their queries packed or as float rows, the keys each sees (vis: a
@@ -169,18 +213,18 @@ static int typed_v(const attention_run *run, const attention_problem *p) {
  * float rows ks apart, or kb16, the 16-bit rows themselves, for a packed block with the bf16 dot
  * and an unpacked one with typed_k. */
 static void rows_scores(const attention_run *run, const attention_problem *p, row_block *b,
-                        const float *kb, const uint16_t *kb16, size_t ks, const float *mask,
-                        size_t mask_row, size_t k0, size_t nk) {
+                        const block_rows *kr, const float *mask, size_t mask_row, size_t k0,
+                        size_t nk) {
     const sdpa_attention_kernels *a = run->a;
     const sdpa_bf16_dot_kernels *pairs = b->packed ? run->bf16_dot : NULL;
     const size_t nq = b->nq, ld_s = run->keys_max;
     float *s_tile = b->s;
     if (b->packed && run->exp_pv && !mask && b->all_see >= k0 + nk) {
         if (pairs)
-            pairs->scores_max(s_tile, b->m_new, b->qt.pairs, nq, kb16, p->k_stride[2], nk, p->d_k,
+            pairs->scores_max(s_tile, b->m_new, b->qt.pairs, nq, kr->h, kr->hs, nk, p->d_k,
                               p->scale);
         else
-            a->scores_max(s_tile, b->m_new, b->qt.f, nq, kb, ks, nk, p->d_k, p->scale);
+            a->scores_max(s_tile, b->m_new, b->qt.f, nq, kr->f, kr->fs, nk, p->d_k, p->scale);
         for (size_t r = 0; r < nq; r++) b->m_new[r] = b->m_new[r] > b->m[r] ? b->m_new[r] : b->m[r];
         if (all_finite(b->m_new, nq)) {
             b->step = STEP_FUSED;
@@ -189,15 +233,14 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     }
     b->step = STEP_ROWS;
     if (pairs)
-        pairs->scores_packed(s_tile, ld_s, b->qt.pairs, nq, kb16, p->k_stride[2], nk, p->d_k,
-                             p->scale);
+        pairs->scores_packed(s_tile, ld_s, b->qt.pairs, nq, kr->h, kr->hs, nk, p->d_k, p->scale);
     else if (b->packed)
-        a->scores_packed(s_tile, ld_s, b->qt.f, nq, kb, ks, nk, p->d_k, p->scale);
+        a->scores_packed(s_tile, ld_s, b->qt.f, nq, kr->f, kr->fs, nk, p->d_k, p->scale);
     else if (typed_k(run, p))
-        a->scores_tile_typed[p->kv_type](s_tile, ld_s, b->qb, b->qs, nq, kb16, p->k_stride[2], nk,
-                                         p->d_k, p->scale);
+        a->scores_tile_typed[p->kv_type](s_tile, ld_s, b->qb, b->qs, nq, kr->h, kr->hs, nk, p->d_k,
+                                         p->scale);
     else
-        a->scores_tile(s_tile, ld_s, b->qb, b->qs, nq, kb, ks, nk, p->d_k, p->scale);
+        a->scores_tile(s_tile, ld_s, b->qb, b->qs, nq, kr->f, kr->fs, nk, p->d_k, p->scale);
 
     int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
     for (size_t r = 0; r < nq; r++) {
@@ -252,29 +295,30 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     }
 }
 
-/* pv_tile on the values from key j of the block: vb's float rows, vs apart, or vb16's 16-bit
- * rows through the typed entry */
+/* pv_tile on the values from key j of the block: the 16-bit rows through the typed entry where
+ * vr has them, else the float rows */
 static void values_pv(const attention_run *run, const attention_problem *p, float *acc,
                       size_t ld_acc, const float *w, size_t ld_w, size_t nq, size_t nk,
-                      const float *vb, const uint16_t *vb16, size_t vs, size_t j) {
-    if (vb16)
-        run->a->pv_tile_typed[p->kv_type](acc, ld_acc, w, ld_w, nq, nk, vb16 + j * p->v_stride[2],
-                                          p->v_stride[2], p->d_v);
+                      const block_rows *vr, size_t j) {
+    if (vr->h)
+        run->a->pv_tile_typed[p->kv_type](acc, ld_acc, w, ld_w, nq, nk, vr->h + j * vr->hs, vr->hs,
+                                          p->d_v);
     else
-        run->a->pv_tile(acc, ld_acc, w, ld_w, nq, nk, vb + j * vs, vs, p->d_v);
+        run->a->pv_tile(acc, ld_acc, w, ld_w, nq, nk, vr->f + j * vr->fs, vr->fs, p->d_v);
 }
 
 /* The second half: the weights of rows_scores times the block of values into acc: vb, float
  * rows vs apart (NULL unless a block took the fused path or V is not typed_v), or vb16, the
  * 16-bit rows themselves (with typed_v). */
 static void rows_values(const attention_run *run, const attention_problem *p, row_block *b,
-                        const float *vb, const uint16_t *vb16, size_t vs, const float *mask,
-                        size_t mask_row, size_t k0, size_t nk) {
+                        const block_rows *vr, const float *mask, size_t mask_row, size_t k0,
+                        size_t nk) {
     const size_t nq = b->nq, ld_s = run->keys_max, d_v = p->d_v;
     float *s_tile = b->s;
     if (b->step == STEP_FUSED) {
         float alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
-        run->exp_pv(b->acc, b->ld_acc, s_tile, b->m, b->m_new, alpha, sums, nq, nk, vb, vs, d_v);
+        run->exp_pv(b->acc, b->ld_acc, s_tile, b->m, b->m_new, alpha, sums, nq, nk, vr->f, vr->fs,
+                    d_v);
         for (size_t r = 0; r < nq; r++) {
             b->l[r] = b->l[r] * alpha[r] + sums[r];
             b->m[r] = b->m_new[r];
@@ -284,7 +328,7 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
     if (b->simple) {
         for (size_t r = 0; r < nq; r++)
             if (!b->live[r]) memset(s_tile + r * ld_s, 0, nk * sizeof(float));
-        values_pv(run, p, b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vb, vb16, vs, 0);
+        values_pv(run, p, b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vr, 0);
         return;
     }
     /* Rows that leave keys out: only the runs of keys they see are summed, so a removed key's
@@ -302,8 +346,8 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
             }
             size_t start = j;
             while (j < n && !(mr && mr[j] == -INFINITY)) j++;
-            values_pv(run, p, b->acc + r * b->ld_acc, b->ld_acc, s + start, ld_s, 1, j - start, vb,
-                      vb16, vs, start);
+            values_pv(run, p, b->acc + r * b->ld_acc, b->ld_acc, s + start, ld_s, 1, j - start, vr,
+                      start);
         }
     }
 }
@@ -346,9 +390,8 @@ static void rows_end(const attention_run *run, const attention_problem *p, const
  * hold the others' state): each block of keys, and of values, is read (widened) once for all of
  * them. */
 void attention_block(const attention_run *run, const attention_problem *p, const visibility *vis,
-                     const void *q, const void *k, const void *v, const float *mask,
-                     size_t mask_row, void *out, float *lse, size_t lse_row, float *part_l,
-                     size_t q0, size_t nq) {
+                     const void *q, const key_source *src, const float *mask, size_t mask_row,
+                     void *out, float *lse, size_t lse_row, float *part_l, size_t q0, size_t nq) {
     const size_t block_kv = run->keys_max;
     row_block first;
     float acc_tile[ACC_FLOATS];
@@ -372,26 +415,22 @@ void attention_block(const attention_run *run, const attention_problem *p, const
     }
     for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
-        size_t ks = p->k_stride[2], vs = p->v_stride[2];
-        const uint16_t *kb16 = raw ? (const uint16_t *)k + k0 * p->k_stride[2] : NULL;
-        const float *kb = floats ? float_rows(run, p->kv_type, k, k0, nk, p->k_stride[2], p->d_k,
-                                              run->wide ? run->wide->kv : NULL, &ks)
-                                 : NULL;
+        block_rows kr, vr;
+        source_rows(run, src, 0, k0, nk, floats, raw, &kr);
         for (size_t i = 0; i < n_blocks; i++) {
             row_block *b = blocks[i];
             b->step = STEP_NONE;
             if (k0 < b->kv_end)
-                rows_scores(run, p, b, kb, kb16, ks, mask, mask_row, k0,
+                rows_scores(run, p, b, &kr, mask, mask_row, k0,
                             b->kv_end - k0 < nk ? b->kv_end - k0 : nk);
         }
         /* V as float rows for the fused path (exp_pv), and where it is not typed_v */
         int fused = 0;
         for (size_t i = 0; i < n_blocks; i++) fused |= blocks[i]->step == STEP_FUSED;
-        const float *vb = fused || !tv ? value_rows(run, p, v, k0, nk, &vs) : NULL;
-        const uint16_t *vb16 = tv ? (const uint16_t *)v + k0 * p->v_stride[2] : NULL;
+        source_rows(run, src, 1, k0, nk, fused || !tv, tv, &vr);
         for (size_t i = 0; i < n_blocks; i++)
             if (blocks[i]->step != STEP_NONE)
-                rows_values(run, p, blocks[i], vb, vb16, vs, mask, mask_row, k0,
+                rows_values(run, p, blocks[i], &vr, mask, mask_row, k0,
                             blocks[i]->kv_end - k0 < nk ? blocks[i]->kv_end - k0 : nk);
     }
     for (size_t i = 0; i < n_blocks; i++) rows_end(run, p, blocks[i], out, lse, lse_row, part_l);
@@ -409,14 +448,16 @@ int attention_run_init(attention_run *run, const attention_problem *p) {
         p->q_type == SDPA_BF16 && p->kv_type == SDPA_BF16 ? sdpa_bf16_dot_for(run->k) : NULL;
     run->rows_max = run->a->block_q;
     run->keys_max = run->a->block_kv;
-    const int wide = p->q_type != SDPA_F32 || p->kv_type != SDPA_F32 || p->out_type != SDPA_F32;
+    /* a paged block gathers across pages into the wide tiles */
+    const int wide =
+        p->q_type != SDPA_F32 || p->kv_type != SDPA_F32 || p->out_type != SDPA_F32 || p->pages;
     if (wide) {
         const size_t d = p->d_k > p->d_v ? p->d_k : p->d_v; /* <= SDPA_WIDE_FLOATS (checked) */
         if (p->q_type != SDPA_F32 && run->rows_max > SDPA_WIDE_FLOATS / p->d_k)
             run->rows_max = SDPA_WIDE_FLOATS / p->d_k;
         if (p->out_type != SDPA_F32 && run->rows_max > ACC_FLOATS / p->d_v)
             run->rows_max = ACC_FLOATS / p->d_v;
-        if (p->kv_type != SDPA_F32 && run->keys_max > SDPA_WIDE_FLOATS / d)
+        if ((p->kv_type != SDPA_F32 || p->pages) && run->keys_max > SDPA_WIDE_FLOATS / d)
             run->keys_max = SDPA_WIDE_FLOATS / d;
     }
     return wide;

@@ -8,6 +8,7 @@
 
 #include "attention_problem.h"
 #include "kernels.h"
+#include "key_source.h"
 #include "visibility.h"
 
 struct wide_tiles;
@@ -31,14 +32,14 @@ typedef struct attention_run {
    16-bit, so that the tasks need the widening tiles (attention_with_tiles). */
 int attention_run_init(attention_run *run, const attention_problem *p);
 
-/* Query rows [q0, q0 + nq) of p (one head: q, k, v, out at its first row and key) against the
-   keys they see (vis), normalised into out with their log-sum-exps into lse (lse_row floats
-   apart, or NULL); or, with part_l (a split-KV chunk, f32 out), the unnormalised state a merge
-   takes: the rows as they are, each row's max to lse and its sum to part_l (NaN if poisoned). */
+/* Query rows [q0, q0 + nq) of p (one head: q and out at its first row; its keys and values
+   from src) against the keys they see (vis), normalised into out with their log-sum-exps into lse
+   (lse_row floats apart, or NULL); or, with part_l (a split-KV chunk, f32 out), the unnormalised
+   state a merge takes: the rows as they are, each row's max to lse and its sum to part_l (NaN if
+   poisoned). */
 void attention_block(const attention_run *run, const attention_problem *p, const visibility *vis,
-                     const void *q, const void *k, const void *v, const float *mask,
-                     size_t mask_row, void *out, float *lse, size_t lse_row, float *part_l,
-                     size_t q0, size_t nq);
+                     const void *q, const key_source *src, const float *mask, size_t mask_row,
+                     void *out, float *lse, size_t lse_row, float *part_l, size_t q0, size_t nq);
 
 typedef void (*block_fn)(const attention_run *run, const void *ctx, size_t index);
 

@@ -305,8 +305,8 @@ typedef struct sdpa_kv_cache {
     size_t num_blocks; /* blocks in the pool: a table entry outside [0, num_blocks) is an error */
     size_t block_size; /* tokens per block (1 gives a token table, as SGLang's) */
     size_t heads_kv, d_k, d_v;
-    size_t k_stride[3],
-        v_stride[3]; /* [block][head][token] in elements; a token's d values contiguous */
+    /* [block][head][token] in elements; a token's d values contiguous */
+    size_t k_stride[3], v_stride[3];
     const int32_t *block_table; /* [num_seqs][block_table_stride]: sequence s's n-th block */
     size_t block_table_stride;
     float k_scale, v_scale; /* 8-bit types only (value = scale * stored; 0 means 1); 0 or 1 now */
@@ -319,8 +319,8 @@ typedef struct sdpa_batch {
     size_t num_seqs, heads_q;
     const int32_t *q_start; /* [num_seqs + 1], non-decreasing from 0: sequence s owns query rows
                                q_start[s] .. q_start[s+1]-1 of q and out (its newest tokens) */
-    const int32_t
-        *kv_len; /* [num_seqs]: keys of sequence s in the cache, its new tokens included */
+    /* [num_seqs]: keys of sequence s in the cache, its new tokens included */
+    const int32_t *kv_len;
     float scale; /* SDPA_DEFAULT_SCALE for 1/sqrt(d_k) */
     uint32_t q_type, out_type;
     size_t q_stride[2], out_stride[2]; /* [token][head] in elements */
@@ -332,7 +332,9 @@ typedef struct sdpa_batch {
 /* out = sdpa_mha of each sequence: its rows of q against its kv_len[s] keys (GQA as sdpa_mha,
  * causal bottom-right within the sequence), every type, special value and bound of sdpa_mha.
  * A sequence with no rows costs nothing and reads nothing; one with rows and no keys gets zeros
- * (lse -inf). Bitwise the same at every thread count. Errors, before any work (nothing written):
+ * (lse -inf). Bitwise the same at every thread count. An lse whose token stride is not 1 is
+ * staged in a sequence's rows x heads_q floats the call allocates (SDPA_ERR_SIZE if it cannot).
+ * Errors, before any work (nothing written):
  *   SDPA_ERR_NULL  batch or cache, or with rows q_start, kv_len, q, out, and with keys read the
  *                  pools or block_table;
  *   SDPA_ERR_ARG   a struct_size too small, unknown flags or type, non-finite scale, mods not

@@ -41,6 +41,7 @@ typedef struct batch_sizes {
     size_t rows;      /* query rows of the batch, q_start[num_seqs] */
     size_t most_rows; /* of one sequence */
     int reads_keys;   /* a sequence with rows has keys */
+    size_t table_end; /* entries of block_table up to the last one read */
 } batch_sizes;
 
 /* q_start, kv_len and the causal rule of every sequence */
@@ -70,7 +71,7 @@ static sdpa_status sequences_check(const sdpa_batch *b, batch_sizes *z) {
 }
 
 /* The blocks of the keys the call reads: each entry in [0, num_blocks), the table's extent */
-static sdpa_status table_check(const sdpa_batch *b, const sdpa_kv_cache *c) {
+static sdpa_status table_check(const sdpa_batch *b, const sdpa_kv_cache *c, batch_sizes *z) {
     const int32_t *table = c->block_table;
     if (!table) return sdpa_fail(SDPA_ERR_NULL, "cache->block_table is NULL with keys to read");
     for (size_t s = 0; s < b->num_seqs; s++) {
@@ -82,6 +83,7 @@ static sdpa_status table_check(const sdpa_batch *b, const sdpa_kv_cache *c) {
             return sdpa_fail(SDPA_ERR_SIZE,
                              "cache->block_table's row %zu (stride %zu) is past PTRDIFF_MAX bytes",
                              s, c->block_table_stride);
+        if (end > z->table_end) z->table_end = end;
         const int32_t *row = table + s * c->block_table_stride;
         for (size_t n = 0; n < blocks; n++)
             if (row[n] < 0 || (size_t)row[n] >= c->num_blocks)
@@ -141,9 +143,11 @@ static sdpa_status lse_check(const sdpa_batch *b, size_t rows) {
 }
 
 /* q's token stride and extent; out and lse against q, the pools and each other */
-static sdpa_status views_check(const sdpa_batch *b, const sdpa_kv_cache *c, size_t rows,
+static sdpa_status views_check(const sdpa_batch *b, const sdpa_kv_cache *c, const batch_sizes *z,
                                const void *out, const void *q, const void *k_pool,
-                               const void *v_pool, int reads_keys) {
+                               const void *v_pool) {
+    const size_t rows = z->rows;
+    const int reads_keys = z->reads_keys;
     const size_t q_size = sdpa_type_size(b->q_type), d_k = c->d_k, hq = b->heads_q;
     if (!q) return sdpa_fail(SDPA_ERR_NULL, "q is NULL with %zu query rows", rows);
     if (rows > 1 && b->q_stride[0] < d_k)
@@ -162,13 +166,16 @@ static sdpa_status views_check(const sdpa_batch *b, const sdpa_kv_cache *c, size
     const size_t v_bytes = reads_keys ? paged_pool_bytes(c, 1) : 0;
     const void *written[2] = {out, b->lse};
     const size_t written_bytes[2] = {out_bytes, lse_bytes};
-    const void *read[3] = {q, k_pool, v_pool};
-    const size_t read_bytes[3] = {q_bytes, k_bytes, v_bytes};
-    static const char *const names[5] = {"out", "lse", "q", "k_pool", "v_pool"};
+    const size_t ints = sizeof(int32_t), n = b->num_seqs;
+    const void *read[6] = {q, k_pool, v_pool, b->q_start, b->kv_len, c->block_table};
+    const size_t read_bytes[6] = {q_bytes,        k_bytes,  v_bytes,
+                                  (n + 1) * ints, n * ints, z->table_end * ints};
+    static const char *const names[8] = {"out",    "lse",     "q",      "k_pool",
+                                         "v_pool", "q_start", "kv_len", "block_table"};
     for (int w = 0; w < 2; w++) {
         if (w == 0 && sdpa_bytes_overlap(out, out_bytes, b->lse, lse_bytes))
             return sdpa_fail(SDPA_ERR_SIZE, "out overlaps lse");
-        for (int r = 0; r < 3; r++)
+        for (int r = 0; r < 6; r++)
             if (sdpa_bytes_overlap(written[w], written_bytes[w], read[r], read_bytes[r]))
                 return sdpa_fail(SDPA_ERR_SIZE, "%s overlaps %s", names[w], names[2 + r]);
     }
@@ -191,10 +198,10 @@ static sdpa_status paged_check(attention_problem *p, batch_sizes *z, const sdpa_
     if (st != SDPA_OK || !has_rows) return st;
     if (z->reads_keys) {
         st = paged_pools_check(c, k_pool, v_pool);
-        if (st == SDPA_OK) st = table_check(b, c);
+        if (st == SDPA_OK) st = table_check(b, c, z);
         if (st != SDPA_OK) return st;
     }
-    return views_check(b, c, z->rows, out, q, k_pool, v_pool, z->reads_keys);
+    return views_check(b, c, z, out, q, k_pool, v_pool);
 }
 
 /* element `index` of an array of type t */

@@ -482,6 +482,7 @@ static void huge_q(paged_data *d) { d->batch.q_stride[0] = SIZE_MAX / 4; }
 static void out_meets_q(paged_data *d) { d->out = d->q; }
 static void out_meets_pool(paged_data *d) { d->out = d->k_pool; }
 static void lse_meets_out(paged_data *d) { d->batch.lse = (float *)d->out; }
+static void lse_meets_table(paged_data *d) { d->batch.lse = (float *)d->table; }
 static void no_q_start(paged_data *d) { d->batch.q_start = NULL; }
 static void no_kv_len(paged_data *d) { d->batch.kv_len = NULL; }
 static void no_table(paged_data *d) { d->cache.block_table = NULL; }
@@ -522,6 +523,7 @@ Test(paged, every_error_writes_nothing) {
         {out_meets_q, SDPA_ERR_SIZE, "out meets q"},
         {out_meets_pool, SDPA_ERR_SIZE, "out meets k_pool"},
         {lse_meets_out, SDPA_ERR_SIZE, "lse meets out"},
+        {lse_meets_table, SDPA_ERR_SIZE, "lse meets block_table"},
         {no_q_start, SDPA_ERR_NULL, "q_start NULL"},
         {no_kv_len, SDPA_ERR_NULL, "kv_len NULL"},
         {no_table, SDPA_ERR_NULL, "block_table NULL"},

@@ -108,52 +108,88 @@ static const float *float_rows(const attention_run *run, uint32_t type, const vo
     return tile;
 }
 
-/* A block of keys or values as the kernels read it: float rows fs floats apart, and the 16-bit
-   rows themselves hs elements apart, each NULL where no kernel asked for it. */
+/* Rows of a block of keys or values as a kernel reads them: runs, run i being keys [at[i],
+   at[i + 1]) of the block from row[i], stride elements apart (floats once widened). One run
+   when dense, gathered or widened; n = 0 where no kernel asked for this form. */
+typedef struct row_runs {
+    size_t n, stride;
+    size_t at[SDPA_ATTN_MAX_BLOCK_KV + 1];
+    const void *row[SDPA_ATTN_MAX_BLOCK_KV];
+} row_runs;
+
+/* A block as float rows (f) and as the 16-bit rows themselves (h). */
 typedef struct block_rows {
-    const float *f;
-    const uint16_t *h;
-    size_t fs, hs;
+    row_runs f, h;
 } block_rows;
+
+/* Pages shorter than this are gathered even for kernels that take runs: a call a run would
+   cost more than the copy. */
+#define RUN_MIN_KEYS 8
+
+static void one_run(row_runs *r, const void *row, size_t stride, size_t nk) {
+    r->n = 1;
+    r->stride = stride;
+    r->at[0] = 0;
+    r->at[1] = nk;
+    r->row[0] = row;
+}
+
+/* Keys [k0, k0 + nk) of a source's view (values: 0 keys, 1 values) that spans pages, into r as
+   in-place runs of the source's type. */
+static void page_runs(const key_source *src, int values, size_t k0, size_t nk, row_runs *r) {
+    r->n = 0;
+    r->stride = values ? src->v_stride : src->k_stride;
+    for (size_t j = 0; j < nk; r->n++) {
+        r->at[r->n] = j;
+        j += key_source_run(src, values, k0 + j, nk - j, &r->row[r->n]);
+    }
+    r->at[r->n] = nk;
+}
+
+/* The runs of `in` (the source's type) gathered into tile as one run of rows d apart: widened
+   to float when widen, else copied as they are. */
+static void gather_runs(const attention_run *run, uint32_t type, const row_runs *in, size_t d,
+                        int widen, void *tile, row_runs *out) {
+    const size_t size = widen ? sizeof(float) : sdpa_type_size(type);
+    for (size_t i = 0; i < in->n; i++) {
+        const size_t n = in->at[i + 1] - in->at[i];
+        char *to = (char *)tile + in->at[i] * d * size;
+        size_t unused;
+        if (widen && type != SDPA_F32)
+            float_rows(run, type, in->row[i], 0, n, in->stride, d, (float *)to, &unused);
+        else if (in->stride == d)
+            memcpy(to, in->row[i], n * d * size);
+        else
+            for (size_t r = 0; r < n; r++)
+                memcpy(to + r * d * size, (const char *)in->row[i] + r * in->stride * size,
+                       d * size);
+    }
+    one_run(out, tile, d, in->at[in->n]);
+}
 
 /* Keys (values: 0) or values (1) [k0, k0 + nk) of src into r: as float rows when as_float, as
    the 16-bit rows when as_16 (a 16-bit source). One run (dense, or within a page) is read in
-   place where the type allows; runs across pages are gathered into the wide tiles, float rows
-   into kv and 16-bit ones into kv16, so that every kernel sees one block of rows a stride
-   apart, whatever the pages, and gives the bits of the same keys dense. */
+   place where the type allows. A block across pages is read in place a page at a time where
+   every kernel takes runs (!whole) and pages hold RUN_MIN_KEYS; otherwise it is gathered into
+   the wide tiles, float rows into kv and 16-bit ones into kv16. Either way each key meets the
+   same kernel in the same order as dense, so only a P V split at a page may round otherwise. */
 static void source_rows(const attention_run *run, const key_source *src, int values, size_t k0,
-                        size_t nk, int as_float, int as_16, block_rows *r) {
-    const size_t d = values ? src->d_v : src->d_k, stride = values ? src->v_stride : src->k_stride;
-    const void *row;
-    r->f = NULL;
-    r->h = NULL;
-    r->fs = r->hs = 0;
-    if (key_source_run(src, values, k0, nk, &row) == nk) {
-        if (as_float)
-            r->f = float_rows(run, src->type, row, 0, nk, stride, d,
-                              run->wide ? run->wide->kv : NULL, &r->fs);
-        r->h = as_16 ? row : NULL;
-        r->hs = stride;
-        return;
+                        size_t nk, int as_float, int as_16, int whole, block_rows *r) {
+    const size_t d = values ? src->d_v : src->d_k;
+    row_runs in;
+    page_runs(src, values, k0, nk, &in);
+    r->f.n = r->h.n = 0;
+    const int gather = in.n > 1 && (whole || src->page_size < RUN_MIN_KEYS);
+    if (as_float && (src->type != SDPA_F32 || gather)) /* widened or gathered: one run */
+        gather_runs(run, src->type, &in, d, 1, run->wide->kv, &r->f);
+    else if (as_float)
+        r->f = in;
+    if (as_16) {
+        if (gather)
+            gather_runs(run, src->type, &in, d, 0, run->wide->kv16, &r->h);
+        else
+            r->h = in;
     }
-    const size_t size = sdpa_type_size(src->type);
-    for (size_t j = 0, n; j < nk; j += n) {
-        n = key_source_run(src, values, k0 + j, nk - j, &row);
-        size_t unused;
-        if (as_float && src->type != SDPA_F32)
-            float_rows(run, src->type, row, 0, n, stride, d, run->wide->kv + j * d, &unused);
-        void *to = as_16                               ? (void *)(run->wide->kv16 + j * d)
-                   : src->type == SDPA_F32 && as_float ? (void *)(run->wide->kv + j * d)
-                                                       : NULL;
-        if (to && stride == d)
-            memcpy(to, row, n * d * size);
-        else if (to)
-            for (size_t i = 0; i < n; i++)
-                memcpy((char *)to + i * d * size, (const char *)row + i * stride * size, d * size);
-    }
-    r->f = as_float ? run->wide->kv : NULL;
-    r->h = as_16 ? run->wide->kv16 : NULL;
-    r->fs = r->hs = d;
 }
 
 /* Rows [q0, q0 + nq) into b: their queries packed or as float rows, the keys each sees (vis: a
@@ -206,6 +242,22 @@ static int typed_v(const attention_run *run, const attention_problem *p) {
            run->a->pv_tile_typed[p->kv_type];
 }
 
+/* An unpacked block's scores, run by run (each score is its own dot, so runs give the bits of
+   one call): the typed entry on 16-bit rows (typed), scores_tile on float ones. */
+static void scores_runs(const attention_run *run, const attention_problem *p, row_block *b,
+                        const row_runs *k, int typed, size_t nk) {
+    const size_t ld_s = run->keys_max;
+    for (size_t i = 0; i < k->n && k->at[i] < nk; i++) {
+        const size_t j = k->at[i], n = (k->at[i + 1] < nk ? k->at[i + 1] : nk) - j;
+        if (typed)
+            run->a->scores_tile_typed[p->kv_type](b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i],
+                                                  k->stride, n, p->d_k, p->scale);
+        else
+            run->a->scores_tile(b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i], k->stride, n,
+                                p->d_k, p->scale);
+    }
+}
+
 /* The first half of a block of keys [k0, k0 + nk) for the rows of b: their scores, and the
  * running max. A block every row sees whole, with no mask, takes the fused path (scores_max now,
  * exp_pv in rows_values) unless a new row max would not be finite (+inf among the scores, or a
@@ -221,10 +273,11 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     float *s_tile = b->s;
     if (b->packed && run->exp_pv && !mask && b->all_see >= k0 + nk) {
         if (pairs)
-            pairs->scores_max(s_tile, b->m_new, b->qt.pairs, nq, kr->h, kr->hs, nk, p->d_k,
-                              p->scale);
+            pairs->scores_max(s_tile, b->m_new, b->qt.pairs, nq, kr->h.row[0], kr->h.stride, nk,
+                              p->d_k, p->scale);
         else
-            a->scores_max(s_tile, b->m_new, b->qt.f, nq, kr->f, kr->fs, nk, p->d_k, p->scale);
+            a->scores_max(s_tile, b->m_new, b->qt.f, nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
+                          p->scale);
         for (size_t r = 0; r < nq; r++) b->m_new[r] = b->m_new[r] > b->m[r] ? b->m_new[r] : b->m[r];
         if (all_finite(b->m_new, nq)) {
             b->step = STEP_FUSED;
@@ -233,14 +286,13 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     }
     b->step = STEP_ROWS;
     if (pairs)
-        pairs->scores_packed(s_tile, ld_s, b->qt.pairs, nq, kr->h, kr->hs, nk, p->d_k, p->scale);
+        pairs->scores_packed(s_tile, ld_s, b->qt.pairs, nq, kr->h.row[0], kr->h.stride, nk, p->d_k,
+                             p->scale);
     else if (b->packed)
-        a->scores_packed(s_tile, ld_s, b->qt.f, nq, kr->f, kr->fs, nk, p->d_k, p->scale);
-    else if (typed_k(run, p))
-        a->scores_tile_typed[p->kv_type](s_tile, ld_s, b->qb, b->qs, nq, kr->h, kr->hs, nk, p->d_k,
-                                         p->scale);
+        a->scores_packed(s_tile, ld_s, b->qt.f, nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
+                         p->scale);
     else
-        a->scores_tile(s_tile, ld_s, b->qb, b->qs, nq, kr->f, kr->fs, nk, p->d_k, p->scale);
+        scores_runs(run, p, b, typed_k(run, p) ? &kr->h : &kr->f, typed_k(run, p), nk);
 
     int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
     for (size_t r = 0; r < nq; r++) {
@@ -295,16 +347,24 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     }
 }
 
-/* pv_tile on the values from key j of the block: the 16-bit rows through the typed entry where
- * vr has them, else the float rows */
+/* pv_tile on the values [j, j + nk) of the block, run by run: the 16-bit rows through the
+ * typed entry where vr has them, else the float rows. w is the weights of key j. */
 static void values_pv(const attention_run *run, const attention_problem *p, float *acc,
                       size_t ld_acc, const float *w, size_t ld_w, size_t nq, size_t nk,
                       const block_rows *vr, size_t j) {
-    if (vr->h)
-        run->a->pv_tile_typed[p->kv_type](acc, ld_acc, w, ld_w, nq, nk, vr->h + j * vr->hs, vr->hs,
-                                          p->d_v);
-    else
-        run->a->pv_tile(acc, ld_acc, w, ld_w, nq, nk, vr->f + j * vr->fs, vr->fs, p->d_v);
+    const row_runs *v = vr->h.n ? &vr->h : &vr->f;
+    const size_t end = j + nk, size = vr->h.n ? 2 : 4;
+    for (size_t i = 0; i < v->n && v->at[i] < end; i++) {
+        if (v->at[i + 1] <= j) continue;
+        const size_t from = v->at[i] > j ? v->at[i] : j;
+        const size_t n = (v->at[i + 1] < end ? v->at[i + 1] : end) - from;
+        const void *rows = (const char *)v->row[i] + (from - v->at[i]) * v->stride * size;
+        if (vr->h.n)
+            run->a->pv_tile_typed[p->kv_type](acc, ld_acc, w + (from - j), ld_w, nq, n, rows,
+                                              v->stride, p->d_v);
+        else
+            run->a->pv_tile(acc, ld_acc, w + (from - j), ld_w, nq, n, rows, v->stride, p->d_v);
+    }
 }
 
 /* The second half: the weights of rows_scores times the block of values into acc: vb, float
@@ -317,8 +377,8 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
     float *s_tile = b->s;
     if (b->step == STEP_FUSED) {
         float alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
-        run->exp_pv(b->acc, b->ld_acc, s_tile, b->m, b->m_new, alpha, sums, nq, nk, vr->f, vr->fs,
-                    d_v);
+        run->exp_pv(b->acc, b->ld_acc, s_tile, b->m, b->m_new, alpha, sums, nq, nk, vr->f.row[0],
+                    vr->f.stride, d_v);
         for (size_t r = 0; r < nq; r++) {
             b->l[r] = b->l[r] * alpha[r] + sums[r];
             b->m[r] = b->m_new[r];
@@ -407,16 +467,17 @@ void attention_block(const attention_run *run, const attention_problem *p, const
     /* the bf16 dot reads K as it is for packed blocks, typed_k for unpacked ones; any other
        block needs float rows */
     const int tk = typed_k(run, p), tv = typed_v(run, p);
-    int raw = 0, floats = 0;
+    int raw = 0, floats = 0, packed = 0; /* packed kernels take one run of keys */
     for (size_t i = 0; i < n_blocks; i++) {
         const int as_is = blocks[i]->packed ? run->bf16_dot != NULL : tk;
         raw |= as_is;
         floats |= !as_is;
+        packed |= blocks[i]->packed;
     }
     for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
         block_rows kr, vr;
-        source_rows(run, src, 0, k0, nk, floats, raw, &kr);
+        source_rows(run, src, 0, k0, nk, floats, raw, packed, &kr);
         for (size_t i = 0; i < n_blocks; i++) {
             row_block *b = blocks[i];
             b->step = STEP_NONE;
@@ -427,7 +488,7 @@ void attention_block(const attention_run *run, const attention_problem *p, const
         /* V as float rows for the fused path (exp_pv), and where it is not typed_v */
         int fused = 0;
         for (size_t i = 0; i < n_blocks; i++) fused |= blocks[i]->step == STEP_FUSED;
-        source_rows(run, src, 1, k0, nk, fused || !tv, tv, &vr);
+        source_rows(run, src, 1, k0, nk, fused || !tv, tv, fused, &vr);
         for (size_t i = 0; i < n_blocks; i++)
             if (blocks[i]->step != STEP_NONE)
                 rows_values(run, p, blocks[i], &vr, mask, mask_row, k0,

@@ -1,12 +1,18 @@
-/* Attention entry points and the tiling driver shared by every backend.
+/* The executor: one head's block of query rows against the keys they see, for every backend.
  *
- * For each (batch, query head) and each block of block_q query rows, K and V are streamed in
- * blocks of block_kv keys (FlashAttention's order): the backend's scores_tile forms the scaled
- * scores of the block in a small stack tile, the online softmax updates each row's running max
+ * It takes four things and nothing of a descriptor: the rows (q, out), a key source
+ * (key_source.h: where each block of keys and values is, dense or paged), a visibility
+ * (visibility.h: which keys each row sees) and a score stage (score_stage.h: what happens to a
+ * score between the product and the softmax). The planner (plan.h) and the tasks (attention.c)
+ * decide which rows and keys it gets.
+ *
+ * K and V are streamed in blocks of block_kv keys (FlashAttention's order): the backend's
+ * scores_tile forms the scaled scores of the block in a small stack tile, the stage applies its
+ * steps, the online softmax updates each row's running max
  * m and sum l (rescaling the row's accumulator by exp(m_old - m_new) when the max grows), and
  * pv_tile adds the weights times the block of V into the accumulator. The accumulator is a
  * stack tile (or, for d_v > 256, the output rows themselves); each row is divided by l at the
- * end. Causal blocks above the diagonal are never visited.
+ * end. Blocks no row sees (above the causal diagonal) are never visited.
  *
  * Views of a 16-bit type are widened to float a block at a time (the backend's widen), so every
  * microkernel works in float: the block's queries once, each block of keys before its scores
@@ -258,75 +264,82 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
     }
 }
 
-/* The first half of a block of keys [k0, k0 + nk) for the rows of b: their scores, and the
- * running max. A block every row sees whole, with no mask, takes the fused path (scores_max now,
- * exp_pv in rows_values) unless a new row max would not be finite (+inf among the scores, or a
- * row with nothing but -inf so far); every other block has its weights formed here. K is kb,
- * float rows ks apart, or kb16, the 16-bit rows themselves, for a packed block with the bf16 dot
- * and an unpacked one with typed_k. */
-static void rows_scores(const attention_run *run, const attention_problem *p, row_block *b,
-                        const block_rows *kr, const float *mask, size_t mask_row, size_t k0,
-                        size_t nk) {
-    const sdpa_attention_kernels *a = run->a;
-    const sdpa_bf16_dot_kernels *pairs = b->packed ? run->bf16_dot : NULL;
-    const size_t nq = b->nq, ld_s = run->keys_max;
-    float *s_tile = b->s;
-    if (b->packed && run->exp_pv && !mask && b->all_see >= k0 + nk) {
-        if (pairs)
-            pairs->scores_max(s_tile, b->m_new, b->qt.pairs, nq, kr->h.row[0], kr->h.stride, nk,
-                              p->d_k, p->scale);
-        else
-            a->scores_max(s_tile, b->m_new, b->qt.f, nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
-                          p->scale);
-        for (size_t r = 0; r < nq; r++) b->m_new[r] = b->m_new[r] > b->m[r] ? b->m_new[r] : b->m[r];
-        if (all_finite(b->m_new, nq)) {
-            b->step = STEP_FUSED;
-            return;
-        }
-    }
-    b->step = STEP_ROWS;
-    if (pairs)
-        pairs->scores_packed(s_tile, ld_s, b->qt.pairs, nq, kr->h.row[0], kr->h.stride, nk, p->d_k,
-                             p->scale);
+/* The fused path's first half, where it applies: a packed block every row sees whole, with a
+   stage that is only the scale, takes scores_max now and exp_pv in rows_values, unless a new
+   row max would not be finite (+inf among the scores, or a row with nothing but -inf so far).
+   Returns whether it took it. */
+static int scores_fused(const attention_run *run, const attention_problem *p, row_block *b,
+                        const block_rows *kr, const score_stage *stage, size_t k0, size_t nk) {
+    if (!b->packed || !run->exp_pv || !score_stage_is_scale(stage) || b->all_see < k0 + nk)
+        return 0;
+    if (b->packed && run->bf16_dot)
+        run->bf16_dot->scores_max(b->s, b->m_new, b->qt.pairs, b->nq, kr->h.row[0], kr->h.stride,
+                                  nk, p->d_k, p->scale);
+    else
+        run->a->scores_max(b->s, b->m_new, b->qt.f, b->nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
+                           p->scale);
+    for (size_t r = 0; r < b->nq; r++) b->m_new[r] = b->m_new[r] > b->m[r] ? b->m_new[r] : b->m[r];
+    return all_finite(b->m_new, b->nq);
+}
+
+/* The product: the block's scaled scores into b's tile. */
+static void scores_product(const attention_run *run, const attention_problem *p, row_block *b,
+                           const block_rows *kr, size_t nk) {
+    const size_t ld_s = run->keys_max;
+    if (b->packed && run->bf16_dot)
+        run->bf16_dot->scores_packed(b->s, ld_s, b->qt.pairs, b->nq, kr->h.row[0], kr->h.stride, nk,
+                                     p->d_k, p->scale);
     else if (b->packed)
-        a->scores_packed(s_tile, ld_s, b->qt.f, nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
-                         p->scale);
+        run->a->scores_packed(b->s, ld_s, b->qt.f, b->nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
+                              p->scale);
     else
         scores_runs(run, p, b, typed_k(run, p) ? &kr->h : &kr->f, typed_k(run, p), nk);
+}
 
+/* Row r's scores of keys [k0, k0 + n) through the stage, and its online softmax state: the
+   block's max, a poisoned row (NaN), the accumulator rescaled when the max grows. Returns 0 if
+   the stage removed a key. */
+static int row_online(const attention_run *run, const attention_problem *p, row_block *b,
+                      const score_stage *stage, size_t r, size_t k0, size_t n) {
+    float *s = b->s + r * run->keys_max;
+    const int all = score_stage_row(stage, b->q0 + r, k0, s, n);
+    const float bm = run->k->max_scaled(s, n, 1.0f);
+    if (isnan(bm) || (bm == -INFINITY && row_has_nan(s, n))) {
+        b->poisoned[r] = 1;
+        return all;
+    }
+    if (bm == -INFINITY) return all; /* nothing seen in this block */
+    const float m_new = bm > b->m[r] ? bm : b->m[r];
+    if (m_new > b->m[r] && b->m[r] != -INFINITY) {
+        const float alpha = expf(b->m[r] - m_new);
+        b->l[r] *= alpha;
+        run->k->scale(b->acc + r * b->ld_acc, b->acc + r * b->ld_acc, p->d_v, alpha);
+    }
+    b->m[r] = m_new;
+    b->live[r] = 1;
+    return all;
+}
+
+/* The first half of a block of keys [k0, k0 + nk) for the rows of b: their scores, through the
+ * stage, and the running max; the fused path (scores_fused) leaves the rest to rows_values,
+ * every other block has its weights formed here. */
+static void rows_scores(const attention_run *run, const attention_problem *p, row_block *b,
+                        const block_rows *kr, const score_stage *stage, size_t k0, size_t nk) {
+    const size_t nq = b->nq, ld_s = run->keys_max;
+    if (scores_fused(run, p, b, kr, stage, k0, nk)) {
+        b->step = STEP_FUSED;
+        return;
+    }
+    b->step = STEP_ROWS;
+    scores_product(run, p, b, kr, nk);
     int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
     for (size_t r = 0; r < nq; r++) {
-        float *s = s_tile + r * ld_s;
         size_t n = b->visible[r] > k0 ? b->visible[r] - k0 : 0;
         if (n > nk) n = nk;
         b->live[r] = 0;
         if (n < nk) simple = 0;
         if (b->poisoned[r] || n == 0) continue;
-        if (mask) {
-            const float *mr = mask + (b->q0 + r) * mask_row + k0;
-            for (size_t j = 0; j < n; j++) {
-                if (mr[j] == -INFINITY) {
-                    s[j] = -INFINITY;
-                    simple = 0;
-                } else {
-                    s[j] += mr[j];
-                }
-            }
-        }
-        float bm = run->k->max_scaled(s, n, 1.0f);
-        if (isnan(bm) || (bm == -INFINITY && row_has_nan(s, n))) {
-            b->poisoned[r] = 1;
-            continue;
-        }
-        if (bm == -INFINITY) continue; /* nothing seen in this block */
-        float m_new = bm > b->m[r] ? bm : b->m[r];
-        if (m_new > b->m[r] && b->m[r] != -INFINITY) {
-            float alpha = expf(b->m[r] - m_new);
-            b->l[r] *= alpha;
-            run->k->scale(b->acc + r * b->ld_acc, b->acc + r * b->ld_acc, p->d_v, alpha);
-        }
-        b->m[r] = m_new;
-        b->live[r] = 1;
+        if (!row_online(run, p, b, stage, r, k0, n)) simple = 0;
     }
     b->simple = simple;
 
@@ -334,14 +347,14 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     if (simple && run->exp_tile) {
         float shift[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
         for (size_t r = 0; r < nq; r++) shift[r] = b->live[r] ? b->m[r] : 0.0f;
-        run->exp_tile(s_tile, ld_s, nq, nk, shift, sums);
+        run->exp_tile(b->s, ld_s, nq, nk, shift, sums);
         for (size_t r = 0; r < nq; r++)
             if (b->live[r]) b->l[r] += sums[r];
     } else {
         for (size_t r = 0; r < nq; r++) {
             if (!b->live[r]) continue;
             size_t n = b->visible[r] - k0 < nk ? b->visible[r] - k0 : nk;
-            float *s = s_tile + r * ld_s;
+            float *s = b->s + r * ld_s;
             b->l[r] += run->exp_sum(s, s, n, 1.0f, b->m[r]);
         }
     }
@@ -367,12 +380,10 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
     }
 }
 
-/* The second half: the weights of rows_scores times the block of values into acc: vb, float
- * rows vs apart (NULL unless a block took the fused path or V is not typed_v), or vb16, the
- * 16-bit rows themselves (with typed_v). */
+/* The second half: the weights of rows_scores times the block of values vr into acc (its float
+ * rows for the fused path, else the 16-bit rows with typed_v, else the float rows). */
 static void rows_values(const attention_run *run, const attention_problem *p, row_block *b,
-                        const block_rows *vr, const float *mask, size_t mask_row, size_t k0,
-                        size_t nk) {
+                        const block_rows *vr, const score_stage *stage, size_t k0, size_t nk) {
     const size_t nq = b->nq, ld_s = run->keys_max, d_v = p->d_v;
     float *s_tile = b->s;
     if (b->step == STEP_FUSED) {
@@ -397,15 +408,15 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
         if (!b->live[r]) continue;
         size_t n = b->visible[r] - k0 < nk ? b->visible[r] - k0 : nk;
         const float *s = s_tile + r * ld_s;
-        const float *mr = mask ? mask + (b->q0 + r) * mask_row + k0 : NULL;
+        const size_t i = b->q0 + r;
         size_t j = 0;
         while (j < n) {
-            if (mr && mr[j] == -INFINITY) {
+            if (score_stage_removes(stage, i, k0 + j)) {
                 j++;
                 continue;
             }
             size_t start = j;
-            while (j < n && !(mr && mr[j] == -INFINITY)) j++;
+            while (j < n && !score_stage_removes(stage, i, k0 + j)) j++;
             values_pv(run, p, b->acc + r * b->ld_acc, b->ld_acc, s + start, ld_s, 1, j - start, vr,
                       start);
         }
@@ -450,8 +461,8 @@ static void rows_end(const attention_run *run, const attention_problem *p, const
  * hold the others' state): each block of keys, and of values, is read (widened) once for all of
  * them. */
 void attention_block(const attention_run *run, const attention_problem *p, const visibility *vis,
-                     const void *q, const key_source *src, const float *mask, size_t mask_row,
-                     void *out, float *lse, size_t lse_row, float *part_l, size_t q0, size_t nq) {
+                     const void *q, const key_source *src, const score_stage *stage, void *out,
+                     float *lse, size_t lse_row, float *part_l, size_t q0, size_t nq) {
     const size_t block_kv = run->keys_max;
     row_block first;
     float acc_tile[ACC_FLOATS];
@@ -482,8 +493,7 @@ void attention_block(const attention_run *run, const attention_problem *p, const
             row_block *b = blocks[i];
             b->step = STEP_NONE;
             if (k0 < b->kv_end)
-                rows_scores(run, p, b, &kr, mask, mask_row, k0,
-                            b->kv_end - k0 < nk ? b->kv_end - k0 : nk);
+                rows_scores(run, p, b, &kr, stage, k0, b->kv_end - k0 < nk ? b->kv_end - k0 : nk);
         }
         /* V as float rows for the fused path (exp_pv), and where it is not typed_v */
         int fused = 0;
@@ -491,7 +501,7 @@ void attention_block(const attention_run *run, const attention_problem *p, const
         source_rows(run, src, 1, k0, nk, fused || !tv, tv, fused, &vr);
         for (size_t i = 0; i < n_blocks; i++)
             if (blocks[i]->step != STEP_NONE)
-                rows_values(run, p, blocks[i], &vr, mask, mask_row, k0,
+                rows_values(run, p, blocks[i], &vr, stage, k0,
                             blocks[i]->kv_end - k0 < nk ? blocks[i]->kv_end - k0 : nk);
     }
     for (size_t i = 0; i < n_blocks; i++) rows_end(run, p, blocks[i], out, lse, lse_row, part_l);

@@ -152,6 +152,22 @@ static void page_runs(const key_source *src, int values, size_t k0, size_t nk, r
     r->at[r->n] = nk;
 }
 
+/* The first rows of run i + 1 of r (rows of d elements of `size` bytes), while run i is read:
+   a kernel prefetches the rows ahead of the one it reads, which past a page are not the next
+   page's. */
+static void prefetch_next_run(const row_runs *r, size_t i, size_t d, size_t size) {
+    if (i + 1 >= r->n) return;
+    const size_t n = r->at[i + 2] - r->at[i + 1], rows = n < 16 ? n : 16;
+    const char *row = r->row[i + 1];
+    for (size_t j = 0; j < rows; j++)
+        for (size_t b = 0; b < d * size; b += 64)
+            __builtin_prefetch(row + j * r->stride * size + b);
+}
+
+/* Runs ahead of the one copied whose rows are prefetched: short pages give the hardware's
+   prefetchers nothing to follow. */
+#define GATHER_AHEAD 8
+
 /* The runs of `in` (the source's type) gathered into tile as one run of rows d apart: widened
    to float when widen, else copied as they are. */
 static void gather_runs(const attention_run *run, uint32_t type, const row_runs *in, size_t d,
@@ -159,6 +175,8 @@ static void gather_runs(const attention_run *run, uint32_t type, const row_runs 
     const size_t size = widen ? sizeof(float) : sdpa_type_size(type);
     for (size_t i = 0; i < in->n; i++) {
         const size_t n = in->at[i + 1] - in->at[i];
+        if (i + GATHER_AHEAD < in->n)
+            prefetch_next_run(in, i + GATHER_AHEAD - 1, d, sdpa_type_size(type));
         char *to = (char *)tile + in->at[i] * d * size;
         size_t unused;
         if (widen && type != SDPA_F32)
@@ -255,6 +273,7 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
     const size_t ld_s = run->keys_max;
     for (size_t i = 0; i < k->n && k->at[i] < nk; i++) {
         const size_t j = k->at[i], n = (k->at[i + 1] < nk ? k->at[i + 1] : nk) - j;
+        prefetch_next_run(k, i, p->d_k, typed ? 2 : 4);
         if (typed)
             run->a->scores_tile_typed[p->kv_type](b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i],
                                                   k->stride, n, p->d_k, p->scale);
@@ -372,6 +391,7 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
         const size_t from = v->at[i] > j ? v->at[i] : j;
         const size_t n = (v->at[i + 1] < end ? v->at[i + 1] : end) - from;
         const void *rows = (const char *)v->row[i] + (from - v->at[i]) * v->stride * size;
+        prefetch_next_run(v, i, p->d_v, size);
         if (vr->h.n)
             run->a->pv_tile_typed[p->kv_type](acc, ld_acc, w + (from - j), ld_w, nq, n, rows,
                                               v->stride, p->d_v);

@@ -80,8 +80,9 @@ static void unit_run(const attention_run *run, const void *ctx, size_t u) {
     unit_of(pl, u, &x);
     const visibility vis = visibility_of(&x.sub);
     const key_source src = key_source_of(&x.sub, x.k, x.v, 0);
-    attention_block(run, &x.sub, &vis, x.q, &src, x.mask, x.mask_row, x.out, x.lse, x.lse_row, NULL,
-                    x.q0, x.nq);
+    const score_stage stage = {x.mask, x.mask_row};
+    attention_block(run, &x.sub, &vis, x.q, &src, &stage, x.out, x.lse, x.lse_row, NULL, x.q0,
+                    x.nq);
 }
 
 static void call_run(block_fn fn, const forward_call *pl, size_t index) {
@@ -145,8 +146,9 @@ static void chunk_run(const attention_run *run, const forward_call *pl, const un
     sub.len_kv = end - begin;
     sub.out_stride[2] = out_row;
     const key_source src = key_source_of(&x->sub, x->k, x->v, begin);
-    attention_block(run, &sub, &vis, x->q, &src, x->mask ? x->mask + begin : NULL, x->mask_row, out,
-                    m, 1, l, 0, x->nq);
+    const score_stage all_keys = {x->mask, x->mask_row};
+    const score_stage stage = score_stage_from(&all_keys, begin);
+    attention_block(run, &sub, &vis, x->q, &src, &stage, out, m, 1, l, 0, x->nq);
 }
 
 /* Chunk b's state (rows b, b_row floats apart, maxima mb, sums lb) into a's (rows a, maxima ma,

@@ -1,12 +1,18 @@
-/* Attention entry points and the tiling driver shared by every backend.
+/* The executor: one head's block of query rows against the keys they see, for every backend.
  *
- * For each (batch, query head) and each block of block_q query rows, K and V are streamed in
- * blocks of block_kv keys (FlashAttention's order): the backend's scores_tile forms the scaled
- * scores of the block in a small stack tile, the online softmax updates each row's running max
+ * It takes four things and nothing of a descriptor: the rows (q, out), a key source
+ * (key_source.h: where each block of keys and values is, dense or paged), a visibility
+ * (visibility.h: which keys each row sees) and a score stage (score_stage.h: what happens to a
+ * score between the product and the softmax). The planner (plan.h) and the tasks (attention.c)
+ * decide which rows and keys it gets.
+ *
+ * K and V are streamed in blocks of block_kv keys (FlashAttention's order): the backend's
+ * scores_tile forms the scaled scores of the block in a small stack tile, the stage applies its
+ * steps, the online softmax updates each row's running max
  * m and sum l (rescaling the row's accumulator by exp(m_old - m_new) when the max grows), and
  * pv_tile adds the weights times the block of V into the accumulator. The accumulator is a
  * stack tile (or, for d_v > 256, the output rows themselves); each row is divided by l at the
- * end. Causal blocks above the diagonal are never visited.
+ * end. Blocks no row sees (above the causal diagonal) are never visited.
  *
  * Views of a 16-bit type are widened to float a block at a time (the backend's widen), so every
  * microkernel works in float: the block's queries once, each block of keys before its scores
@@ -108,52 +114,106 @@ static const float *float_rows(const attention_run *run, uint32_t type, const vo
     return tile;
 }
 
-/* A block of keys or values as the kernels read it: float rows fs floats apart, and the 16-bit
-   rows themselves hs elements apart, each NULL where no kernel asked for it. */
+/* Rows of a block of keys or values as a kernel reads them: runs, run i being keys [at[i],
+   at[i + 1]) of the block from row[i], stride elements apart (floats once widened). One run
+   when dense, gathered or widened; n = 0 where no kernel asked for this form. */
+typedef struct row_runs {
+    size_t n, stride;
+    size_t at[SDPA_ATTN_MAX_BLOCK_KV + 1];
+    const void *row[SDPA_ATTN_MAX_BLOCK_KV];
+} row_runs;
+
+/* A block as float rows (f) and as the 16-bit rows themselves (h). */
 typedef struct block_rows {
-    const float *f;
-    const uint16_t *h;
-    size_t fs, hs;
+    row_runs f, h;
 } block_rows;
+
+/* Pages shorter than this are gathered even for kernels that take runs: a call a run would
+   cost more than the copy. */
+#define RUN_MIN_KEYS 8
+
+static void one_run(row_runs *r, const void *row, size_t stride, size_t nk) {
+    r->n = 1;
+    r->stride = stride;
+    r->at[0] = 0;
+    r->at[1] = nk;
+    r->row[0] = row;
+}
+
+/* Keys [k0, k0 + nk) of a source's view (values: 0 keys, 1 values) that spans pages, into r as
+   in-place runs of the source's type. */
+static void page_runs(const key_source *src, int values, size_t k0, size_t nk, row_runs *r) {
+    r->n = 0;
+    r->stride = values ? src->v_stride : src->k_stride;
+    for (size_t j = 0; j < nk; r->n++) {
+        r->at[r->n] = j;
+        j += key_source_run(src, values, k0 + j, nk - j, &r->row[r->n]);
+    }
+    r->at[r->n] = nk;
+}
+
+/* The first rows of run i + 1 of r (rows of d elements of `size` bytes), while run i is read:
+   a kernel prefetches the rows ahead of the one it reads, which past a page are not the next
+   page's. */
+static void prefetch_next_run(const row_runs *r, size_t i, size_t d, size_t size) {
+    if (i + 1 >= r->n) return;
+    const size_t n = r->at[i + 2] - r->at[i + 1], rows = n < 16 ? n : 16;
+    const char *row = r->row[i + 1];
+    for (size_t j = 0; j < rows; j++)
+        for (size_t b = 0; b < d * size; b += 64)
+            __builtin_prefetch(row + j * r->stride * size + b);
+}
+
+/* Runs ahead of the one copied whose rows are prefetched: short pages give the hardware's
+   prefetchers nothing to follow. */
+#define GATHER_AHEAD 8
+
+/* The runs of `in` (the source's type) gathered into tile as one run of rows d apart: widened
+   to float when widen, else copied as they are. */
+static void gather_runs(const attention_run *run, uint32_t type, const row_runs *in, size_t d,
+                        int widen, void *tile, row_runs *out) {
+    const size_t size = widen ? sizeof(float) : sdpa_type_size(type);
+    for (size_t i = 0; i < in->n; i++) {
+        const size_t n = in->at[i + 1] - in->at[i];
+        if (i + GATHER_AHEAD < in->n)
+            prefetch_next_run(in, i + GATHER_AHEAD - 1, d, sdpa_type_size(type));
+        char *to = (char *)tile + in->at[i] * d * size;
+        size_t unused;
+        if (widen && type != SDPA_F32)
+            float_rows(run, type, in->row[i], 0, n, in->stride, d, (float *)to, &unused);
+        else if (in->stride == d)
+            memcpy(to, in->row[i], n * d * size);
+        else
+            for (size_t r = 0; r < n; r++)
+                memcpy(to + r * d * size, (const char *)in->row[i] + r * in->stride * size,
+                       d * size);
+    }
+    one_run(out, tile, d, in->at[in->n]);
+}
 
 /* Keys (values: 0) or values (1) [k0, k0 + nk) of src into r: as float rows when as_float, as
    the 16-bit rows when as_16 (a 16-bit source). One run (dense, or within a page) is read in
-   place where the type allows; runs across pages are gathered into the wide tiles, float rows
-   into kv and 16-bit ones into kv16, so that every kernel sees one block of rows a stride
-   apart, whatever the pages, and gives the bits of the same keys dense. */
+   place where the type allows. A block across pages is read in place a page at a time where
+   every kernel takes runs (!whole) and pages hold RUN_MIN_KEYS; otherwise it is gathered into
+   the wide tiles, float rows into kv and 16-bit ones into kv16. Either way each key meets the
+   same kernel in the same order as dense, so only a P V split at a page may round otherwise. */
 static void source_rows(const attention_run *run, const key_source *src, int values, size_t k0,
-                        size_t nk, int as_float, int as_16, block_rows *r) {
-    const size_t d = values ? src->d_v : src->d_k, stride = values ? src->v_stride : src->k_stride;
-    const void *row;
-    r->f = NULL;
-    r->h = NULL;
-    r->fs = r->hs = 0;
-    if (key_source_run(src, values, k0, nk, &row) == nk) {
-        if (as_float)
-            r->f = float_rows(run, src->type, row, 0, nk, stride, d,
-                              run->wide ? run->wide->kv : NULL, &r->fs);
-        r->h = as_16 ? row : NULL;
-        r->hs = stride;
-        return;
+                        size_t nk, int as_float, int as_16, int whole, block_rows *r) {
+    const size_t d = values ? src->d_v : src->d_k;
+    row_runs in;
+    page_runs(src, values, k0, nk, &in);
+    r->f.n = r->h.n = 0;
+    const int gather = in.n > 1 && (whole || src->page_size < RUN_MIN_KEYS);
+    if (as_float && (src->type != SDPA_F32 || gather)) /* widened or gathered: one run */
+        gather_runs(run, src->type, &in, d, 1, run->wide->kv, &r->f);
+    else if (as_float)
+        r->f = in;
+    if (as_16) {
+        if (gather)
+            gather_runs(run, src->type, &in, d, 0, run->wide->kv16, &r->h);
+        else
+            r->h = in;
     }
-    const size_t size = sdpa_type_size(src->type);
-    for (size_t j = 0, n; j < nk; j += n) {
-        n = key_source_run(src, values, k0 + j, nk - j, &row);
-        size_t unused;
-        if (as_float && src->type != SDPA_F32)
-            float_rows(run, src->type, row, 0, n, stride, d, run->wide->kv + j * d, &unused);
-        void *to = as_16                               ? (void *)(run->wide->kv16 + j * d)
-                   : src->type == SDPA_F32 && as_float ? (void *)(run->wide->kv + j * d)
-                                                       : NULL;
-        if (to && stride == d)
-            memcpy(to, row, n * d * size);
-        else if (to)
-            for (size_t i = 0; i < n; i++)
-                memcpy((char *)to + i * d * size, (const char *)row + i * stride * size, d * size);
-    }
-    r->f = as_float ? run->wide->kv : NULL;
-    r->h = as_16 ? run->wide->kv16 : NULL;
-    r->fs = r->hs = d;
 }
 
 /* Rows [q0, q0 + nq) into b: their queries packed or as float rows, the keys each sees (vis: a
@@ -206,75 +266,99 @@ static int typed_v(const attention_run *run, const attention_problem *p) {
            run->a->pv_tile_typed[p->kv_type];
 }
 
-/* The first half of a block of keys [k0, k0 + nk) for the rows of b: their scores, and the
- * running max. A block every row sees whole, with no mask, takes the fused path (scores_max now,
- * exp_pv in rows_values) unless a new row max would not be finite (+inf among the scores, or a
- * row with nothing but -inf so far); every other block has its weights formed here. K is kb,
- * float rows ks apart, or kb16, the 16-bit rows themselves, for a packed block with the bf16 dot
- * and an unpacked one with typed_k. */
-static void rows_scores(const attention_run *run, const attention_problem *p, row_block *b,
-                        const block_rows *kr, const float *mask, size_t mask_row, size_t k0,
-                        size_t nk) {
-    const sdpa_attention_kernels *a = run->a;
-    const sdpa_bf16_dot_kernels *pairs = b->packed ? run->bf16_dot : NULL;
-    const size_t nq = b->nq, ld_s = run->keys_max;
-    float *s_tile = b->s;
-    if (b->packed && run->exp_pv && !mask && b->all_see >= k0 + nk) {
-        if (pairs)
-            pairs->scores_max(s_tile, b->m_new, b->qt.pairs, nq, kr->h, kr->hs, nk, p->d_k,
-                              p->scale);
+/* An unpacked block's scores, run by run (each score is its own dot, so runs give the bits of
+   one call): the typed entry on 16-bit rows (typed), scores_tile on float ones. */
+static void scores_runs(const attention_run *run, const attention_problem *p, row_block *b,
+                        const row_runs *k, int typed, size_t nk) {
+    const size_t ld_s = run->keys_max;
+    for (size_t i = 0; i < k->n && k->at[i] < nk; i++) {
+        const size_t j = k->at[i], n = (k->at[i + 1] < nk ? k->at[i + 1] : nk) - j;
+        prefetch_next_run(k, i, p->d_k, typed ? 2 : 4);
+        if (typed)
+            run->a->scores_tile_typed[p->kv_type](b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i],
+                                                  k->stride, n, p->d_k, p->scale);
         else
-            a->scores_max(s_tile, b->m_new, b->qt.f, nq, kr->f, kr->fs, nk, p->d_k, p->scale);
-        for (size_t r = 0; r < nq; r++) b->m_new[r] = b->m_new[r] > b->m[r] ? b->m_new[r] : b->m[r];
-        if (all_finite(b->m_new, nq)) {
-            b->step = STEP_FUSED;
-            return;
-        }
+            run->a->scores_tile(b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i], k->stride, n,
+                                p->d_k, p->scale);
+    }
+}
+
+/* The fused path's first half, where it applies: a packed block every row sees whole, with a
+   stage that is only the scale, takes scores_max now and exp_pv in rows_values, unless a new
+   row max would not be finite (+inf among the scores, or a row with nothing but -inf so far).
+   Returns whether it took it. */
+static int scores_fused(const attention_run *run, const attention_problem *p, row_block *b,
+                        const block_rows *kr, const score_stage *stage, size_t k0, size_t nk) {
+    if (!b->packed || !run->exp_pv || !score_stage_is_scale(stage) || b->all_see < k0 + nk)
+        return 0;
+    if (b->packed && run->bf16_dot)
+        run->bf16_dot->scores_max(b->s, b->m_new, b->qt.pairs, b->nq, kr->h.row[0], kr->h.stride,
+                                  nk, p->d_k, p->scale);
+    else
+        run->a->scores_max(b->s, b->m_new, b->qt.f, b->nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
+                           p->scale);
+    for (size_t r = 0; r < b->nq; r++) b->m_new[r] = b->m_new[r] > b->m[r] ? b->m_new[r] : b->m[r];
+    return all_finite(b->m_new, b->nq);
+}
+
+/* The product: the block's scaled scores into b's tile. */
+static void scores_product(const attention_run *run, const attention_problem *p, row_block *b,
+                           const block_rows *kr, size_t nk) {
+    const size_t ld_s = run->keys_max;
+    if (b->packed && run->bf16_dot)
+        run->bf16_dot->scores_packed(b->s, ld_s, b->qt.pairs, b->nq, kr->h.row[0], kr->h.stride, nk,
+                                     p->d_k, p->scale);
+    else if (b->packed)
+        run->a->scores_packed(b->s, ld_s, b->qt.f, b->nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
+                              p->scale);
+    else
+        scores_runs(run, p, b, typed_k(run, p) ? &kr->h : &kr->f, typed_k(run, p), nk);
+}
+
+/* Row r's scores of keys [k0, k0 + n) through the stage, and its online softmax state: the
+   block's max, a poisoned row (NaN), the accumulator rescaled when the max grows. Returns 0 if
+   the stage removed a key. */
+static int row_online(const attention_run *run, const attention_problem *p, row_block *b,
+                      const score_stage *stage, size_t r, size_t k0, size_t n) {
+    float *s = b->s + r * run->keys_max;
+    const int all = score_stage_row(stage, b->q0 + r, k0, s, n);
+    const float bm = run->k->max_scaled(s, n, 1.0f);
+    if (isnan(bm) || (bm == -INFINITY && row_has_nan(s, n))) {
+        b->poisoned[r] = 1;
+        return all;
+    }
+    if (bm == -INFINITY) return all; /* nothing seen in this block */
+    const float m_new = bm > b->m[r] ? bm : b->m[r];
+    if (m_new > b->m[r] && b->m[r] != -INFINITY) {
+        const float alpha = expf(b->m[r] - m_new);
+        b->l[r] *= alpha;
+        run->k->scale(b->acc + r * b->ld_acc, b->acc + r * b->ld_acc, p->d_v, alpha);
+    }
+    b->m[r] = m_new;
+    b->live[r] = 1;
+    return all;
+}
+
+/* The first half of a block of keys [k0, k0 + nk) for the rows of b: their scores, through the
+ * stage, and the running max; the fused path (scores_fused) leaves the rest to rows_values,
+ * every other block has its weights formed here. */
+static void rows_scores(const attention_run *run, const attention_problem *p, row_block *b,
+                        const block_rows *kr, const score_stage *stage, size_t k0, size_t nk) {
+    const size_t nq = b->nq, ld_s = run->keys_max;
+    if (scores_fused(run, p, b, kr, stage, k0, nk)) {
+        b->step = STEP_FUSED;
+        return;
     }
     b->step = STEP_ROWS;
-    if (pairs)
-        pairs->scores_packed(s_tile, ld_s, b->qt.pairs, nq, kr->h, kr->hs, nk, p->d_k, p->scale);
-    else if (b->packed)
-        a->scores_packed(s_tile, ld_s, b->qt.f, nq, kr->f, kr->fs, nk, p->d_k, p->scale);
-    else if (typed_k(run, p))
-        a->scores_tile_typed[p->kv_type](s_tile, ld_s, b->qb, b->qs, nq, kr->h, kr->hs, nk, p->d_k,
-                                         p->scale);
-    else
-        a->scores_tile(s_tile, ld_s, b->qb, b->qs, nq, kr->f, kr->fs, nk, p->d_k, p->scale);
-
+    scores_product(run, p, b, kr, nk);
     int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
     for (size_t r = 0; r < nq; r++) {
-        float *s = s_tile + r * ld_s;
         size_t n = b->visible[r] > k0 ? b->visible[r] - k0 : 0;
         if (n > nk) n = nk;
         b->live[r] = 0;
         if (n < nk) simple = 0;
         if (b->poisoned[r] || n == 0) continue;
-        if (mask) {
-            const float *mr = mask + (b->q0 + r) * mask_row + k0;
-            for (size_t j = 0; j < n; j++) {
-                if (mr[j] == -INFINITY) {
-                    s[j] = -INFINITY;
-                    simple = 0;
-                } else {
-                    s[j] += mr[j];
-                }
-            }
-        }
-        float bm = run->k->max_scaled(s, n, 1.0f);
-        if (isnan(bm) || (bm == -INFINITY && row_has_nan(s, n))) {
-            b->poisoned[r] = 1;
-            continue;
-        }
-        if (bm == -INFINITY) continue; /* nothing seen in this block */
-        float m_new = bm > b->m[r] ? bm : b->m[r];
-        if (m_new > b->m[r] && b->m[r] != -INFINITY) {
-            float alpha = expf(b->m[r] - m_new);
-            b->l[r] *= alpha;
-            run->k->scale(b->acc + r * b->ld_acc, b->acc + r * b->ld_acc, p->d_v, alpha);
-        }
-        b->m[r] = m_new;
-        b->live[r] = 1;
+        if (!row_online(run, p, b, stage, r, k0, n)) simple = 0;
     }
     b->simple = simple;
 
@@ -282,43 +366,50 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     if (simple && run->exp_tile) {
         float shift[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
         for (size_t r = 0; r < nq; r++) shift[r] = b->live[r] ? b->m[r] : 0.0f;
-        run->exp_tile(s_tile, ld_s, nq, nk, shift, sums);
+        run->exp_tile(b->s, ld_s, nq, nk, shift, sums);
         for (size_t r = 0; r < nq; r++)
             if (b->live[r]) b->l[r] += sums[r];
     } else {
         for (size_t r = 0; r < nq; r++) {
             if (!b->live[r]) continue;
             size_t n = b->visible[r] - k0 < nk ? b->visible[r] - k0 : nk;
-            float *s = s_tile + r * ld_s;
+            float *s = b->s + r * ld_s;
             b->l[r] += run->exp_sum(s, s, n, 1.0f, b->m[r]);
         }
     }
 }
 
-/* pv_tile on the values from key j of the block: the 16-bit rows through the typed entry where
- * vr has them, else the float rows */
+/* pv_tile on the values [j, j + nk) of the block, run by run: the 16-bit rows through the
+ * typed entry where vr has them, else the float rows. w is the weights of key j. */
 static void values_pv(const attention_run *run, const attention_problem *p, float *acc,
                       size_t ld_acc, const float *w, size_t ld_w, size_t nq, size_t nk,
                       const block_rows *vr, size_t j) {
-    if (vr->h)
-        run->a->pv_tile_typed[p->kv_type](acc, ld_acc, w, ld_w, nq, nk, vr->h + j * vr->hs, vr->hs,
-                                          p->d_v);
-    else
-        run->a->pv_tile(acc, ld_acc, w, ld_w, nq, nk, vr->f + j * vr->fs, vr->fs, p->d_v);
+    const row_runs *v = vr->h.n ? &vr->h : &vr->f;
+    const size_t end = j + nk, size = vr->h.n ? 2 : 4;
+    for (size_t i = 0; i < v->n && v->at[i] < end; i++) {
+        if (v->at[i + 1] <= j) continue;
+        const size_t from = v->at[i] > j ? v->at[i] : j;
+        const size_t n = (v->at[i + 1] < end ? v->at[i + 1] : end) - from;
+        const void *rows = (const char *)v->row[i] + (from - v->at[i]) * v->stride * size;
+        prefetch_next_run(v, i, p->d_v, size);
+        if (vr->h.n)
+            run->a->pv_tile_typed[p->kv_type](acc, ld_acc, w + (from - j), ld_w, nq, n, rows,
+                                              v->stride, p->d_v);
+        else
+            run->a->pv_tile(acc, ld_acc, w + (from - j), ld_w, nq, n, rows, v->stride, p->d_v);
+    }
 }
 
-/* The second half: the weights of rows_scores times the block of values into acc: vb, float
- * rows vs apart (NULL unless a block took the fused path or V is not typed_v), or vb16, the
- * 16-bit rows themselves (with typed_v). */
+/* The second half: the weights of rows_scores times the block of values vr into acc (its float
+ * rows for the fused path, else the 16-bit rows with typed_v, else the float rows). */
 static void rows_values(const attention_run *run, const attention_problem *p, row_block *b,
-                        const block_rows *vr, const float *mask, size_t mask_row, size_t k0,
-                        size_t nk) {
+                        const block_rows *vr, const score_stage *stage, size_t k0, size_t nk) {
     const size_t nq = b->nq, ld_s = run->keys_max, d_v = p->d_v;
     float *s_tile = b->s;
     if (b->step == STEP_FUSED) {
         float alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
-        run->exp_pv(b->acc, b->ld_acc, s_tile, b->m, b->m_new, alpha, sums, nq, nk, vr->f, vr->fs,
-                    d_v);
+        run->exp_pv(b->acc, b->ld_acc, s_tile, b->m, b->m_new, alpha, sums, nq, nk, vr->f.row[0],
+                    vr->f.stride, d_v);
         for (size_t r = 0; r < nq; r++) {
             b->l[r] = b->l[r] * alpha[r] + sums[r];
             b->m[r] = b->m_new[r];
@@ -337,15 +428,15 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
         if (!b->live[r]) continue;
         size_t n = b->visible[r] - k0 < nk ? b->visible[r] - k0 : nk;
         const float *s = s_tile + r * ld_s;
-        const float *mr = mask ? mask + (b->q0 + r) * mask_row + k0 : NULL;
+        const size_t i = b->q0 + r;
         size_t j = 0;
         while (j < n) {
-            if (mr && mr[j] == -INFINITY) {
+            if (score_stage_removes(stage, i, k0 + j)) {
                 j++;
                 continue;
             }
             size_t start = j;
-            while (j < n && !(mr && mr[j] == -INFINITY)) j++;
+            while (j < n && !score_stage_removes(stage, i, k0 + j)) j++;
             values_pv(run, p, b->acc + r * b->ld_acc, b->ld_acc, s + start, ld_s, 1, j - start, vr,
                       start);
         }
@@ -390,8 +481,8 @@ static void rows_end(const attention_run *run, const attention_problem *p, const
  * hold the others' state): each block of keys, and of values, is read (widened) once for all of
  * them. */
 void attention_block(const attention_run *run, const attention_problem *p, const visibility *vis,
-                     const void *q, const key_source *src, const float *mask, size_t mask_row,
-                     void *out, float *lse, size_t lse_row, float *part_l, size_t q0, size_t nq) {
+                     const void *q, const key_source *src, const score_stage *stage, void *out,
+                     float *lse, size_t lse_row, float *part_l, size_t q0, size_t nq) {
     const size_t block_kv = run->keys_max;
     row_block first;
     float acc_tile[ACC_FLOATS];
@@ -407,30 +498,30 @@ void attention_block(const attention_run *run, const attention_problem *p, const
     /* the bf16 dot reads K as it is for packed blocks, typed_k for unpacked ones; any other
        block needs float rows */
     const int tk = typed_k(run, p), tv = typed_v(run, p);
-    int raw = 0, floats = 0;
+    int raw = 0, floats = 0, packed = 0; /* packed kernels take one run of keys */
     for (size_t i = 0; i < n_blocks; i++) {
         const int as_is = blocks[i]->packed ? run->bf16_dot != NULL : tk;
         raw |= as_is;
         floats |= !as_is;
+        packed |= blocks[i]->packed;
     }
     for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
         block_rows kr, vr;
-        source_rows(run, src, 0, k0, nk, floats, raw, &kr);
+        source_rows(run, src, 0, k0, nk, floats, raw, packed, &kr);
         for (size_t i = 0; i < n_blocks; i++) {
             row_block *b = blocks[i];
             b->step = STEP_NONE;
             if (k0 < b->kv_end)
-                rows_scores(run, p, b, &kr, mask, mask_row, k0,
-                            b->kv_end - k0 < nk ? b->kv_end - k0 : nk);
+                rows_scores(run, p, b, &kr, stage, k0, b->kv_end - k0 < nk ? b->kv_end - k0 : nk);
         }
         /* V as float rows for the fused path (exp_pv), and where it is not typed_v */
         int fused = 0;
         for (size_t i = 0; i < n_blocks; i++) fused |= blocks[i]->step == STEP_FUSED;
-        source_rows(run, src, 1, k0, nk, fused || !tv, tv, &vr);
+        source_rows(run, src, 1, k0, nk, fused || !tv, tv, fused, &vr);
         for (size_t i = 0; i < n_blocks; i++)
             if (blocks[i]->step != STEP_NONE)
-                rows_values(run, p, blocks[i], &vr, mask, mask_row, k0,
+                rows_values(run, p, blocks[i], &vr, stage, k0,
                             blocks[i]->kv_end - k0 < nk ? blocks[i]->kv_end - k0 : nk);
     }
     for (size_t i = 0; i < n_blocks; i++) rows_end(run, p, blocks[i], out, lse, lse_row, part_l);

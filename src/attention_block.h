@@ -9,6 +9,7 @@
 #include "attention_problem.h"
 #include "kernels.h"
 #include "key_source.h"
+#include "score_stage.h"
 #include "visibility.h"
 
 struct wide_tiles;
@@ -38,8 +39,8 @@ int attention_run_init(attention_run *run, const attention_problem *p);
    state a merge takes: the rows as they are, each row's max to lse and its sum to part_l (NaN if
    poisoned). */
 void attention_block(const attention_run *run, const attention_problem *p, const visibility *vis,
-                     const void *q, const key_source *src, const float *mask, size_t mask_row,
-                     void *out, float *lse, size_t lse_row, float *part_l, size_t q0, size_t nq);
+                     const void *q, const key_source *src, const score_stage *stage, void *out,
+                     float *lse, size_t lse_row, float *part_l, size_t q0, size_t nq);
 
 typedef void (*block_fn)(const attention_run *run, const void *ctx, size_t index);
 

@@ -10,8 +10,9 @@
  *      [token][head][d], q_start and kv_len per seat, causal within each sequence;
  *   3. every output is checked against sdpa_mha on a dense copy of the sequence's cache.
  *
- * Build: cc serving.c $(pkg-config --cflags --libs sdpa)  (or through meson: examples/serving).
+ * Build: cc serving.c $(pkg-config --cflags --libs sdpa) -lm  (or through meson: examples/serving).
  * Prints one line per step and "ok"; exits 1 if an output differs. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,8 +58,11 @@ static void leave(seat *st, int s) {
     st->blocks = 0;
 }
 
-/* The dense call on sequence s's cache (gathered from its blocks): out_dense[rows][HEADS_Q][D]. */
-static int dense_equals(const seat *st, int s, const float *q, const float *out, int32_t rows) {
+/* The dense call on sequence s's cache (gathered from its blocks) agrees with out, rows x
+   HEADS_Q x D: each is within sdpa.h's bound, 1e-5 max|v| with |v| < 1 here, of the exact
+   result, and blocks of 16 keys may split a block of values where the dense call does not, so
+   the two may round apart (with blocks of a multiple of 64 keys they are the same bits). */
+static int dense_agrees(const seat *st, int s, const float *q, const float *out, int32_t rows) {
     const int32_t n = st->cached;
     uint16_t *k = malloc((size_t)n * HEADS_KV * D * 2), *v = malloc((size_t)n * HEADS_KV * D * 2);
     float *dense = malloc((size_t)rows * HEADS_Q * D * sizeof *dense);
@@ -72,8 +76,9 @@ static int dense_equals(const seat *st, int s, const float *q, const float *out,
     sdpa_mha_desc_bshd(&desc, 1, HEADS_Q, HEADS_KV, (size_t)rows, (size_t)n, D, D,
                        SDPA_DEFAULT_SCALE, SDPA_CAUSAL);
     desc.kv_type = SDPA_F16;
-    const int ok = sdpa_mha(&desc, dense, q, k, v) == SDPA_OK &&
-                   memcmp(dense, out, (size_t)rows * HEADS_Q * D * sizeof *dense) == 0;
+    int ok = sdpa_mha(&desc, dense, q, k, v) == SDPA_OK;
+    for (size_t i = 0; ok && i < (size_t)rows * HEADS_Q * D; i++)
+        ok = fabsf(dense[i] - out[i]) <= 2e-5f;
     free(k);
     free(v);
     free(dense);
@@ -81,7 +86,7 @@ static int dense_equals(const seat *st, int s, const float *q, const float *out,
 }
 
 /* One step: every seated request's new tokens (a prompt, or one decoded token) stored, then
-   attended to in one paged call. Returns 0 if an output differs from the dense call. */
+   attended to in one paged call. Returns 0 if an output disagrees with the dense call. */
 static int step(seat seats[SEATS], uint32_t *rng, int32_t *tokens_out) {
     int32_t q_start[SEATS + 1] = {0}, kv_len[SEATS];
     for (int s = 0; s < SEATS; s++) {
@@ -135,8 +140,8 @@ static int step(seat seats[SEATS], uint32_t *rng, int32_t *tokens_out) {
         const int32_t n = q_start[s + 1] - q_start[s];
         if (!n) continue;
         seats[s].cached += n;
-        ok = dense_equals(&seats[s], s, q + q_start[s] * row, out + q_start[s] * row, n);
-        if (!ok) fprintf(stderr, "serving: seat %d differs from the dense call\n", s);
+        ok = dense_agrees(&seats[s], s, q + q_start[s] * row, out + q_start[s] * row, n);
+        if (!ok) fprintf(stderr, "serving: seat %d disagrees with the dense call\n", s);
     }
     *tokens_out = total;
     free(q);
@@ -181,9 +186,9 @@ int main(void) {
             return 1;
         }
         if (!step(seats, &rng, &tokens)) return 1;
-        printf("step %2d: %d prefills, %d decodes, %3d tokens; %2d blocks free: outputs match the "
-               "dense call\n",
-               n, prefills, decodes, (int)tokens, n_free);
+        printf(
+            "step %2d: %d prefills, %d decodes, %3d tokens, %2d blocks free: as the dense call\n",
+            n, prefills, decodes, (int)tokens, n_free);
         /* each step gives every seated request one new token (a prefill its first) */
         for (int s = 0; s < SEATS; s++)
             if (seats[s].request >= 0 && ++seats[s].decoded == GENERATE[seats[s].request]) {

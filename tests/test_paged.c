@@ -1,8 +1,9 @@
 /* sdpa_attention_paged and sdpa_kv_cache_store on every backend: random batches of sequences
- * (0 and 1 query rows, no keys, partly used last blocks, block sizes 1, 5, 16 and 32, random
- * block tables) over pools whose unused blocks and slots hold NaN, against sdpa_mha on gathered
- * dense copies (the same bits) and against the double-precision reference; the same bits at 1
- * to 5 threads; every error, with nothing written. */
+ * (0 and 1 query rows, no keys, partly used last blocks, block sizes 1, 5, 16, 32 and 64, random
+ * block tables) over pools whose unused blocks and slots hold NaN, against the double-precision
+ * reference and sdpa_mha on gathered dense copies (the same bits where blocks hold a multiple of
+ * 64 keys); the same bits whatever the table (the same values at other blocks) and at 1 to 5
+ * threads; every error, with nothing written. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +86,23 @@ static void fill_pool(rng *r, const paged_case *c, const paged_data *d, void *po
     free(f);
 }
 
+/* 0 .. n-1 in a random order */
+static int32_t *random_permutation(rng *r, size_t n) {
+    int32_t *perm = malloc(n * sizeof *perm);
+    for (size_t i = 0; i < n; i++) perm[i] = (int32_t)i;
+    for (size_t i = n - 1; i > 0; i--) {
+        const size_t j = pick(r, 0, i);
+        const int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    return perm;
+}
+
+static size_t blocks_of(const paged_case *c, size_t s) {
+    return ((size_t)c->keys[s] + c->block_size - 1) / c->block_size;
+}
+
 /* the blocks of every sequence, a random permutation of the pool's, with spare blocks unused */
 static size_t fill_table(rng *r, const paged_case *c, paged_data *d) {
     size_t used = 0, most = 0;
@@ -94,14 +112,7 @@ static size_t fill_table(rng *r, const paged_case *c, paged_data *d) {
         if (n > most) most = n;
     }
     const size_t num_blocks = used + pick(r, 1, 4);
-    int32_t *perm = malloc(num_blocks * sizeof *perm);
-    for (size_t i = 0; i < num_blocks; i++) perm[i] = (int32_t)i;
-    for (size_t i = num_blocks - 1; i > 0; i--) {
-        const size_t j = pick(r, 0, i);
-        const int32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    int32_t *perm = random_permutation(r, num_blocks);
     const size_t stride = most + pick(r, 0, 2) + 1;
     d->table = malloc(c->num_seqs * stride * sizeof *d->table);
     size_t next = 0;
@@ -188,6 +199,29 @@ static void release(paged_data *d) {
     free(d->lse);
 }
 
+/* The same keys and values at other blocks of the pool, through a new table: each used block
+   moved whole to a random place, NaN everywhere else. */
+static void shuffle_blocks(rng *r, const paged_case *c, paged_data *d) {
+    const size_t size = type_size(c->kv_type), *ks = d->cache.k_stride, *vs = d->cache.v_stride;
+    int32_t *perm = random_permutation(r, d->cache.num_blocks);
+    char *k = malloc(d->k_elems * size), *v = malloc(d->v_elems * size);
+    fill_nan(k, d->k_elems, c->kv_type);
+    fill_nan(v, d->v_elems, c->kv_type);
+    for (size_t s = 0; s < c->num_seqs; s++)
+        for (size_t n = 0; n < blocks_of(c, s); n++) {
+            int32_t *entry = &d->table[s * d->cache.block_table_stride + n];
+            const size_t from = (size_t)*entry, to = (size_t)perm[from];
+            memcpy(k + to * ks[0] * size, (char *)d->k_pool + from * ks[0] * size, ks[0] * size);
+            memcpy(v + to * vs[0] * size, (char *)d->v_pool + from * vs[0] * size, vs[0] * size);
+            *entry = (int32_t)to;
+        }
+    free(perm);
+    free(d->k_pool);
+    free(d->v_pool);
+    d->k_pool = k;
+    d->v_pool = v;
+}
+
 static sdpa_status run(paged_data *d) {
     return sdpa_attention_paged(&d->batch, &d->cache, d->out, d->q, d->k_pool, d->v_pool);
 }
@@ -204,7 +238,8 @@ static size_t key_at(const paged_data *d, const size_t stride[3], size_t s, size
     return (size_t)b * stride[0] + h * stride[1] + (j % c->block_size) * stride[2];
 }
 
-/* Sequence s through sdpa_mha on dense copies of its rows, keys and values: the same bits. */
+/* Sequence s through sdpa_mha on dense copies of its rows, keys and values: the same bits,
+   where blocks hold a multiple of 64 keys (a block of values is then never split at a page). */
 static void check_dense(const paged_case *c, const paged_data *d, size_t s) {
     const size_t r0 = (size_t)d->q_start[s], nq = (size_t)c->rows[s], nk = (size_t)c->keys[s];
     const size_t hq = c->heads_q, hk = c->heads_kv;
@@ -334,20 +369,31 @@ static void check_case(rng *r, const paged_case *c) {
     paged_data d;
     build(r, c, &d);
     cr_assert_eq(run(&d), SDPA_OK, "%s", sdpa_last_error_detail());
+    char *first = malloc(d.out_bytes + 1);
+    float *first_lse = malloc((d.lse_floats + 1) * sizeof *first_lse);
+    memcpy(first, d.out, d.out_bytes);
+    if (c->lse) memcpy(first_lse, d.lse, d.lse_floats * sizeof *first_lse);
+    shuffle_blocks(r, c, &d);
+    cr_assert_eq(run(&d), SDPA_OK, "%s", sdpa_last_error_detail());
+    cr_assert(memcmp(first, d.out, d.out_bytes) == 0 &&
+                  (!c->lse || memcmp(first_lse, d.lse, d.lse_floats * sizeof *first_lse) == 0),
+              "block %zu: other bits with the same values at other blocks", c->block_size);
+    free(first);
+    free(first_lse);
     for (size_t s = 0; s < c->num_seqs; s++) {
         if (!c->rows[s]) continue;
-        check_dense(c, &d, s);
+        if (c->block_size % 64 == 0) check_dense(c, &d, s);
         check_reference(c, &d, s);
     }
     release(&d);
 }
 
-static const size_t BLOCK_SIZES[] = {1, 5, 16, 32};
+static const size_t BLOCK_SIZES[] = {1, 5, 16, 32, 64};
 
 BACKEND_TEST(paged, random_batches_match_dense_and_reference) {
     rng r = rng_seed(3601);
     const int per = test_quick() ? 1 : 2;
-    for (size_t b = 0; b < 4; b++)
+    for (size_t b = 0; b < sizeof BLOCK_SIZES / sizeof BLOCK_SIZES[0]; b++)
         for (int t = 0; t < 3; t++)
             for (int i = 0; i < per; i++) {
                 const paged_case c = random_case(&r, BLOCK_SIZES[b], (sdpa_dtype)t);
@@ -363,7 +409,7 @@ BACKEND_TEST(paged, long_decodes) {
     c.heads_kv = 2;
     c.heads_q = 8;
     c.d_k = c.d_v = 64;
-    c.block_size = 16;
+    c.block_size = 64;
     c.kv_type = SDPA_F16;
     c.causal = 1;
     c.lse = 1;

@@ -7,10 +7,10 @@
  * float's alignment, as C requires. Every result is a function of the values, the shape, the
  * backend and the settings, never of an address or of the thread count: the order of every sum
  * is fixed by the shape. The topics, in order:
- * types, status, kernels (and the backends that run them), attention, backward, threads, the
- * plugin table. docs/numerics.md holds the numerical detail (special values, accuracy bounds,
- * the exp, the floating-point environment, tasks and memory); docs/guarantees.md the behaviour
- * on bad input.
+ * types, status, kernels (and the backends that run them), attention, backward, paged K/V
+ * caches, threads, the plugin table. docs/numerics.md holds the numerical detail (special
+ * values, accuracy bounds, the exp, the floating-point environment, tasks and memory);
+ * docs/guarantees.md the behaviour on bad input.
  *
  * No call changes the rounding mode or the FTZ and DAZ bits; calls expect the default masked
  * exceptions (docs/numerics.md, "The floating-point environment").
@@ -287,6 +287,83 @@ SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa
                                            const float *q, const float *k, const float *v,
                                            const float *out);
 
+/* ======== Paged K/V caches ========
+ * The call a serving engine makes: one call over a batch of sequences of different lengths,
+ * each with its new query tokens packed one after the other ([token][head][d]) and its keys and
+ * values in fixed-size blocks of a shared pool, found through its row of a block table (as
+ * vLLM's block_table, or with blocks of 1 token SGLang's req_to_token). Since ABI 1.4. */
+
+/* Score modifiers, defined with the calls that take them; a paged call takes none yet. */
+typedef struct sdpa_score_mods sdpa_score_mods;
+
+/* The pool: key j of sequence s and kv head h is at k_pool[b * k_stride[0] + h * k_stride[1] +
+ * (j % block_size) * k_stride[2] + c], b = block_table[s * block_table_stride + j / block_size]
+ * (v likewise, with v_stride and d_v). */
+typedef struct sdpa_kv_cache {
+    uint32_t struct_size; /* sizeof(sdpa_kv_cache) as the caller compiled it */
+    uint32_t kv_type;     /* sdpa_dtype of the stored k and v: f32, f16 or bf16 */
+    size_t num_blocks; /* blocks in the pool: a table entry outside [0, num_blocks) is an error */
+    size_t block_size; /* tokens per block (1 gives a token table, as SGLang's) */
+    size_t heads_kv, d_k, d_v;
+    /* [block][head][token] in elements; a token's d values contiguous */
+    size_t k_stride[3], v_stride[3];
+    const int32_t *block_table; /* [num_seqs][block_table_stride]: sequence s's n-th block */
+    size_t block_table_stride;
+    float k_scale, v_scale; /* 8-bit types only (value = scale * stored; 0 means 1); 0 or 1 now */
+} sdpa_kv_cache;
+
+/* A step's sequences and their query rows. */
+typedef struct sdpa_batch {
+    uint32_t struct_size; /* sizeof(sdpa_batch) as the caller compiled it */
+    uint32_t flags;       /* SDPA_CAUSAL: bottom-right within each sequence */
+    size_t num_seqs, heads_q;
+    const int32_t *q_start; /* [num_seqs + 1], non-decreasing from 0: sequence s owns query rows
+                               q_start[s] .. q_start[s+1]-1 of q and out (its newest tokens) */
+    /* [num_seqs]: keys of sequence s in the cache, its new tokens included */
+    const int32_t *kv_len;
+    float scale; /* SDPA_DEFAULT_SCALE for 1/sqrt(d_k) */
+    uint32_t q_type, out_type;
+    size_t q_stride[2], out_stride[2]; /* [token][head] in elements */
+    float *lse;                        /* optional [token][head] */
+    size_t lse_stride[2];
+    const sdpa_score_mods *mods; /* NULL (a non-NULL value is SDPA_ERR_ARG until modifiers land) */
+} sdpa_batch;
+
+/* out = sdpa_mha of each sequence: its rows of q against its kv_len[s] keys (GQA as sdpa_mha,
+ * causal bottom-right within the sequence), every type, special value and bound of sdpa_mha.
+ * A sequence with no rows costs nothing and reads nothing; one with rows and no keys gets zeros
+ * (lse -inf). The bits are sdpa_mha's where block_size is a multiple of 64 (d_k, d_v <= 128),
+ * else a function of the values and block_size, never of the table or the thread count. An
+ * lse whose token stride is not 1 is staged in a sequence's rows x heads_q floats the call
+ * allocates (SDPA_ERR_SIZE if it cannot).
+ * Errors, before any work (nothing written):
+ *   SDPA_ERR_NULL  batch or cache, or with rows q_start, kv_len, q, out, and with keys read the
+ *                  pools or block_table;
+ *   SDPA_ERR_ARG   a struct_size too small, unknown flags or type, non-finite scale, mods not
+ *                  NULL, k_scale or v_scale not 0 or 1; q_start not from 0 or decreasing; a
+ *                  negative kv_len; causal with more rows than keys in a sequence; a table entry
+ *                  outside [0, num_blocks) for a key the call reads;
+ *   SDPA_ERR_SIZE  the sizes and strides rules of sdpa_mha for q, out, lse and the pools
+ *                  (block_size 0 with keys, a token stride below its row, out or lse rows that
+ *                  share an element, an extent past PTRDIFF_MAX bytes, out or lse meeting q,
+ *                  the pools or each other). */
+SDPA_API sdpa_status sdpa_attention_paged(const sdpa_batch *batch, const sdpa_kv_cache *cache,
+                                          void *out, const void *q, const void *k_pool,
+                                          const void *v_pool);
+
+/* Writes n tokens' k and v (src_type, [token][head][d] with the strides given) into the cache:
+ * token t goes to block slots[t] / block_size, position slots[t] % block_size, converted to
+ * kv_type as sdpa_convert does (the same type: copied bit for bit). A slot named twice keeps the
+ * later token. Errors, before anything is written: SDPA_ERR_NULL (with n > 0); SDPA_ERR_ARG for
+ * a cache the paged call rejects, an unknown src_type, or a slot outside [0, num_blocks *
+ * block_size); SDPA_ERR_SIZE for a stride below its row, an extent past PTRDIFF_MAX bytes, or a
+ * source meeting a pool. */
+SDPA_API sdpa_status sdpa_kv_cache_store(const sdpa_kv_cache *cache, void *k_pool, void *v_pool,
+                                         const int64_t *slots, size_t n, const void *k,
+                                         const void *v, uint32_t src_type,
+                                         const size_t k_src_stride[2],
+                                         const size_t v_src_stride[2]);
+
 /* ======== Threads ========
  * An attention call, forward or backward, splits its work into tasks by the shape alone and
  * runs them on the built-in pool or a host's parallel_for: results are bitwise identical for
@@ -368,6 +445,13 @@ typedef struct sdpa_api {
     const char *(*last_error_detail)(void);
     size_t (*info_count)(sdpa_info_kind kind);
     sdpa_status (*info)(sdpa_info_kind kind, size_t index, sdpa_info_entry *entry);
+    /* ABI 1.4 */
+    sdpa_status (*attention_paged)(const sdpa_batch *batch, const sdpa_kv_cache *cache, void *out,
+                                   const void *q, const void *k_pool, const void *v_pool);
+    sdpa_status (*kv_cache_store)(const sdpa_kv_cache *cache, void *k_pool, void *v_pool,
+                                  const int64_t *slots, size_t n, const void *k, const void *v,
+                                  uint32_t src_type, const size_t k_src_stride[2],
+                                  const size_t v_src_stride[2]);
     /* New functions go here, at the end, and nowhere else. */
 } sdpa_api;
 

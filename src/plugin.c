@@ -43,6 +43,9 @@ static const sdpa_api API_V1 = {
     .last_error_detail = sdpa_last_error_detail,
     .info_count = sdpa_info_count,
     .info = sdpa_info,
+    /* ABI 1.4 */
+    .attention_paged = sdpa_attention_paged,
+    .kv_cache_store = sdpa_kv_cache_store,
 };
 
 /* Major version 1 is the only one this library serves; every 1.x table is a prefix-compatible

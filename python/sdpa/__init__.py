@@ -14,10 +14,11 @@ import contextlib
 import numpy as np
 
 from . import _core, _ext, _lib
+from .paged import attention_paged
 
 __all__ = [
     "attention", "softmax", "backends", "backend", "set_backend", "use_backend", "version",
-    "set_num_threads", "num_threads", "library_path",
+    "set_num_threads", "num_threads", "library_path", "attention_paged",
 ]
 
 _api = _core.api

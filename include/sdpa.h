@@ -50,6 +50,26 @@ typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype
 #define SDPA_DEFAULT_SCALE 0.0f      /* scale argument meaning 1/sqrt(d_k) */
 #define SDPA_CAUSAL        (1u << 0) /* query row i sees keys j <= i + (len_kv - len_q) */
 
+/* Score modifiers, each off when 0, NULL or -1 as its field says (since ABI 1.4). For query
+ * row i, at key position p_i = i + len_kv - len_q, and key j, in this order: s = scale q.k;
+ * the softcap; + ALiBi; + the mask; pairs outside causality, the window or the segment get
+ * weight exactly 0 (their k and v are never read); the softmax over the row's pairs, with
+ * e^sink in its denominator and no value. lse, when asked, is the log of that denominator, the
+ * sink included: of two calls merged through lse, give the sink to one. */
+typedef struct sdpa_score_mods {
+    uint32_t struct_size;      /* sizeof(sdpa_score_mods) as the caller compiled it */
+    uint32_t reserved;         /* 0 */
+    int64_t window_left;       /* -1: unbounded; else row i sees no key j < p_i - window_left */
+    int64_t window_right;      /* -1: unbounded; else nor j > p_i + window_right */
+    float softcap;             /* 0: none; else s = softcap * tanh(s / softcap), after the scale */
+    float reserved2;           /* 0 */
+    const float *alibi_slopes; /* [heads_q] or NULL: s += slope[h] * (j - p_i), after softcap */
+    const float *sinks;        /* [heads_q] or NULL: e^sinks[h] joins each row's denominator */
+    const int32_t *q_segment;  /* [batch][len_q] and [batch][len_kv], both or neither: row i */
+    const int32_t *k_segment;  /*   sees key j only if q_segment[b][i] == k_segment[b][j] */
+    size_t q_segment_stride, k_segment_stride; /* elements between batch entries; 0 broadcasts */
+} sdpa_score_mods;
+
 /* One attention call's shapes and views. Element [b][h][r][c] of a view X is
  * X[b * x_stride[0] + h * x_stride[1] + r * x_stride[2] + c]: strides count elements of the
  * view's own type, rows are contiguous, and a batch or head stride of 0 broadcasts. Query head h
@@ -71,6 +91,10 @@ typedef struct sdpa_mha_desc {
        sum_j exp(s_rj) over the keys row r sees; -inf for a row that sees none. For merging. */
     float *lse;
     size_t lse_stride[2];
+    /* v3, read only when struct_size covers it whole: the score modifiers (NULL: none), and the
+       scales of an 8-bit kv_type (read for no other type) */
+    const sdpa_score_mods *mods;
+    float k_scale, v_scale;
 } sdpa_mha_desc;
 
 /* The gradients of a call and its upstream gradient, strides as in sdpa_mha_desc. */

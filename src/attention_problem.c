@@ -262,6 +262,9 @@ sdpa_status sdpa_backward_problem(backward_problem *bp, const sdpa_mha_desc *des
     attention_problem *p = &bp->fwd;
     sdpa_status st = sdpa_problem_from_desc(p, desc, (void *)(uintptr_t)out, q, k, v, 0);
     if (st != SDPA_OK) return st;
+    if (sdpa_problem_has_mods(p))
+        return sdpa_fail(SDPA_ERR_ARG, "desc->mods is not NULL: the backward takes no score "
+                                       "modifiers");
     if (!grads) return sdpa_fail(SDPA_ERR_NULL, "grads is NULL");
     if (grads->struct_size < GRADS_V1_SIZE)
         return sdpa_fail(SDPA_ERR_ARG,
@@ -332,20 +335,22 @@ void sdpa_problem_single(attention_problem *p, void *out, const float *q, const 
 }
 
 /* The descriptor's struct_size: at least the v1 struct, and not ending inside one of the groups
- * v2 added (the types, q_type to reserved; the lse, lse and lse_stride), each read whole. */
+ * v2 added (the types, q_type to reserved; the lse, lse and lse_stride) or v3's (mods to
+ * v_scale), each read whole. */
 static sdpa_status desc_size_check(uint32_t size) {
     const size_t v1 = offsetof(sdpa_mha_desc, q_type), types = offsetof(sdpa_mha_desc, lse);
     const size_t v2 = offsetof(sdpa_mha_desc, lse_stride) + 2 * sizeof(size_t);
+    const size_t v3 = offsetof(sdpa_mha_desc, v_scale) + sizeof(float);
     if (size < v1)
         return sdpa_fail(SDPA_ERR_ARG,
                          "desc->struct_size (%u) is smaller than the v1 "
                          "sdpa_mha_desc (%zu)",
                          (unsigned)size, v1);
-    if ((size > v1 && size < types) || (size > types && size < v2))
+    if ((size > v1 && size < types) || (size > types && size < v2) || (size > v2 && size < v3))
         return sdpa_fail(SDPA_ERR_ARG,
                          "desc->struct_size (%u) ends inside a group of fields "
-                         "(v1 %zu, with types %zu, with lse %zu bytes)",
-                         (unsigned)size, v1, types, v2);
+                         "(v1 %zu, with types %zu, with lse %zu, with mods %zu bytes)",
+                         (unsigned)size, v1, types, v2, v3);
     return SDPA_OK;
 }
 
@@ -407,6 +412,7 @@ sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *de
         p->lse_stride[0] = desc->lse_stride[0];
         p->lse_stride[1] = desc->lse_stride[1];
     }
+    if (DESC_HAS(desc, v_scale) && desc->mods) return sdpa_problem_set_mods(p, desc->mods);
     return SDPA_OK;
 }
 

@@ -50,6 +50,26 @@ typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype
 #define SDPA_DEFAULT_SCALE 0.0f      /* scale argument meaning 1/sqrt(d_k) */
 #define SDPA_CAUSAL        (1u << 0) /* query row i sees keys j <= i + (len_kv - len_q) */
 
+/* Score modifiers, each off when 0, NULL or -1 as its field says (since ABI 1.4). For query
+ * row i, at key position p_i = i + len_kv - len_q, and key j, in this order: s = scale q.k;
+ * the softcap; + ALiBi; + the mask; pairs outside causality, the window or the segment get
+ * weight exactly 0 (their k and v are never read); the softmax over the row's pairs, with
+ * e^sink in its denominator and no value. lse, when asked, is the log of that denominator, the
+ * sink included: of two calls merged through lse, give the sink to one. */
+typedef struct sdpa_score_mods {
+    uint32_t struct_size;      /* sizeof(sdpa_score_mods) as the caller compiled it */
+    uint32_t reserved;         /* 0 */
+    int64_t window_left;       /* -1: unbounded; else row i sees no key j < p_i - window_left */
+    int64_t window_right;      /* -1: unbounded; else nor j > p_i + window_right */
+    float softcap;             /* 0: none; else s = softcap * tanh(s / softcap), after the scale */
+    float reserved2;           /* 0 */
+    const float *alibi_slopes; /* [heads_q] or NULL: s += slope[h] * (j - p_i), after softcap */
+    const float *sinks;        /* [heads_q] or NULL: e^sinks[h] joins each row's denominator */
+    const int32_t *q_segment;  /* [batch][len_q] and [batch][len_kv], both or neither: row i */
+    const int32_t *k_segment;  /*   sees key j only if q_segment[b][i] == k_segment[b][j] */
+    size_t q_segment_stride, k_segment_stride; /* elements between batch entries; 0 broadcasts */
+} sdpa_score_mods;
+
 /* One attention call's shapes and views. Element [b][h][r][c] of a view X is
  * X[b * x_stride[0] + h * x_stride[1] + r * x_stride[2] + c]: strides count elements of the
  * view's own type, rows are contiguous, and a batch or head stride of 0 broadcasts. Query head h
@@ -71,6 +91,11 @@ typedef struct sdpa_mha_desc {
        sum_j exp(s_rj) over the keys row r sees; -inf for a row that sees none. For merging. */
     float *lse;
     size_t lse_stride[2];
+    /* v3, read only when struct_size covers it whole (sdpa_mha_desc_set_mods extends it): the
+       score modifiers (NULL: none), and the scales of an 8-bit kv_type (read for no other
+       type) */
+    const sdpa_score_mods *mods;
+    float k_scale, v_scale;
 } sdpa_mha_desc;
 
 /* The gradients of a call and its upstream gradient, strides as in sdpa_mha_desc. */
@@ -259,6 +284,12 @@ SDPA_API sdpa_status sdpa_mha_desc_set_mask(sdpa_mha_desc *desc, const float *ma
                                             size_t stride_batch, size_t stride_head,
                                             size_t stride_row);
 
+/* Sets desc->mods (NULL: none) and makes desc a v3 descriptor (struct_size, with k_scale and
+ * v_scale 0 if it was not one). sdpa_mha_desc_dense and _bshd fill a v2 descriptor, the size
+ * every caller's struct has, so a descriptor they filled takes modifiers only through this.
+ * SDPA_ERR_NULL for desc; the call checks mods. Since ABI 1.4. */
+SDPA_API sdpa_status sdpa_mha_desc_set_mods(sdpa_mha_desc *desc, const sdpa_score_mods *mods);
+
 /* Merges two partial attentions of the same rows over disjoint keys, (out, lse) and (out_b,
  * lse_b), rows x d_v floats with row strides, into (out, lse) over the union. A part whose lse is
  * -inf adds nothing; any merge order gives the attention bound (docs/numerics.md, "Merging").
@@ -293,9 +324,6 @@ SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa
  * values in fixed-size blocks of a shared pool, found through its row of a block table (as
  * vLLM's block_table, or with blocks of 1 token SGLang's req_to_token). Since ABI 1.4. */
 
-/* Score modifiers, defined with the calls that take them; a paged call takes none yet. */
-typedef struct sdpa_score_mods sdpa_score_mods;
-
 /* The pool: key j of sequence s and kv head h is at k_pool[b * k_stride[0] + h * k_stride[1] +
  * (j % block_size) * k_stride[2] + c], b = block_table[s * block_table_stride + j / block_size]
  * (v likewise, with v_stride and d_v). */
@@ -326,7 +354,7 @@ typedef struct sdpa_batch {
     size_t q_stride[2], out_stride[2]; /* [token][head] in elements */
     float *lse;                        /* optional [token][head] */
     size_t lse_stride[2];
-    const sdpa_score_mods *mods; /* NULL (a non-NULL value is SDPA_ERR_ARG until modifiers land) */
+    const sdpa_score_mods *mods; /* or NULL; segments do not apply (SDPA_ERR_ARG) */
 } sdpa_batch;
 
 /* out = sdpa_mha of each sequence: its rows of q against its kv_len[s] keys (GQA as sdpa_mha,
@@ -339,8 +367,9 @@ typedef struct sdpa_batch {
  * Errors, before any work (nothing written):
  *   SDPA_ERR_NULL  batch or cache, or with rows q_start, kv_len, q, out, and with keys read the
  *                  pools or block_table;
- *   SDPA_ERR_ARG   a struct_size too small, unknown flags or type, non-finite scale, mods not
- *                  NULL, k_scale or v_scale not 0 or 1; q_start not from 0 or decreasing; a
+ *   SDPA_ERR_ARG   a struct_size too small, unknown flags or type, non-finite scale, mods that
+ *                  sdpa_mha rejects or with segments, k_scale or v_scale not 0 or 1; q_start
+ *                  not from 0 or decreasing; a
  *                  negative kv_len; causal with more rows than keys in a sequence; a table entry
  *                  outside [0, num_blocks) for a key the call reads;
  *   SDPA_ERR_SIZE  the sizes and strides rules of sdpa_mha for q, out, lse and the pools
@@ -452,6 +481,7 @@ typedef struct sdpa_api {
                                   const int64_t *slots, size_t n, const void *k, const void *v,
                                   uint32_t src_type, const size_t k_src_stride[2],
                                   const size_t v_src_stride[2]);
+    sdpa_status (*mha_desc_set_mods)(sdpa_mha_desc *desc, const sdpa_score_mods *mods);
     /* New functions go here, at the end, and nowhere else. */
 } sdpa_api;
 

@@ -44,7 +44,31 @@ typedef struct unit {
     void *out;
     float *lse;
     size_t lse_row, q0, nq;
+    visibility vis;    /* which keys each row sees */
+    score_stage stage; /* what happens to its scores */
 } unit;
+
+/* Unit x's visibility and score stage: those of its batch entry b and query head h, where
+   grouped rows are heads h, h + 1, ... all at the one query row's position. */
+static void unit_rules(const forward_call *pl, size_t b, size_t h, unit *x) {
+    const attention_problem *p = pl->p;
+    const int grouped = pl->f.grouped;
+    x->vis = visibility_of(p);
+    if (grouped) x->vis = visibility_one_position(&x->vis);
+    const score_stage st = {
+        .mask = x->mask,
+        .mask_row = x->mask_row,
+        .softcap = p->softcap,
+        .alibi = p->alibi ? p->alibi + h : NULL,
+        .sinks = p->sinks ? p->sinks + h : NULL,
+        .head_row = grouped ? 1 : 0,
+        .shift = x->vis.shift,
+        .row_step = x->vis.row_step,
+        .q_segment = p->q_segment ? p->q_segment + b * p->q_segment_stride : NULL,
+        .k_segment = p->k_segment ? p->k_segment + b * p->k_segment_stride : NULL,
+    };
+    x->stage = st;
+}
 
 static void unit_of(const forward_call *pl, size_t u, unit *x) {
     const attention_problem *p = pl->p;
@@ -72,16 +96,15 @@ static void unit_of(const forward_call *pl, size_t u, unit *x) {
     x->mask = p->mask ? p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] : NULL;
     x->out = (void *)element(p->out, b * p->out_stride[0] + h * p->out_stride[1], p->out_type);
     x->lse = p->lse ? p->lse + b * p->lse_stride[0] + h * p->lse_stride[1] : NULL;
+    unit_rules(pl, b, h, x);
 }
 
 static void unit_run(const attention_run *run, const void *ctx, size_t u) {
     const forward_call *pl = ctx;
     unit x;
     unit_of(pl, u, &x);
-    const visibility vis = visibility_of(&x.sub);
     const key_source src = key_source_of(&x.sub, x.k, x.v, 0);
-    const score_stage stage = {x.mask, x.mask_row};
-    attention_block(run, &x.sub, &vis, x.q, &src, &stage, x.out, x.lse, x.lse_row, NULL, x.q0,
+    attention_block(run, &x.sub, &x.vis, x.q, &src, &x.stage, x.out, x.lse, x.lse_row, NULL, x.q0,
                     x.nq);
 }
 
@@ -140,14 +163,12 @@ static void chunk_run(const attention_run *run, const forward_call *pl, const un
     const attention_problem *p = pl->p;
     size_t begin, end;
     plan_forward_chunk(&pl->f, p, c, &begin, &end);
-    const visibility whole = visibility_of(&x->sub);
-    const visibility vis = visibility_keys(&whole, begin, end - begin);
+    const visibility vis = visibility_keys(&x->vis, begin, end - begin);
     attention_problem sub = x->sub; /* the chunk's keys; which of them each row sees is vis */
     sub.len_kv = end - begin;
     sub.out_stride[2] = out_row;
     const key_source src = key_source_of(&x->sub, x->k, x->v, begin);
-    const score_stage all_keys = {x->mask, x->mask_row};
-    const score_stage stage = score_stage_from(&all_keys, begin);
+    const score_stage stage = score_stage_from(&x->stage, begin);
     attention_block(run, &sub, &vis, x->q, &src, &stage, out, m, 1, l, 0, x->nq);
 }
 
@@ -189,17 +210,9 @@ static void merge_state(const sdpa_kernels *k, float *a, size_t a_row, float *ma
 static void split_finish(const sdpa_kernels *k, const unit *x, float *out, size_t out_row,
                          const float *m, const float *l, size_t d_v) {
     for (size_t r = 0; r < x->nq; r++) {
-        float *o = out + r * out_row, row_lse;
-        if (isnan(l[r])) {
-            for (size_t c = 0; c < d_v; c++) o[c] = NAN;
-            row_lse = NAN;
-        } else if (l[r] == 0.0f) {
-            memset(o, 0, d_v * sizeof(float));
-            row_lse = -INFINITY;
-        } else {
-            k->scale(o, o, d_v, (float)(1.0 / l[r]));
-            row_lse = (float)((double)m[r] + log(l[r]));
-        }
+        float *o = out + r * out_row;
+        const float row_lse =
+            attention_row_finish(k, o, o, d_v, m[r], l[r], score_stage_sink(&x->stage, x->q0 + r));
         if (x->lse) x->lse[r * x->lse_row] = row_lse;
     }
 }
@@ -294,7 +307,9 @@ static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {
                 for (size_t i = 0; i < p->len_q; i++) {
                     size_t at = b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2];
                     memset((char *)p->out + at * size, 0, p->d_v * size);
-                    if (p->lse) p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i] = -INFINITY;
+                    if (p->lse) /* the log of the sink's term alone, if any */
+                        p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i] =
+                            p->sinks ? p->sinks[h] : -INFINITY;
                 }
         return SDPA_OK;
     }

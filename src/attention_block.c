@@ -51,13 +51,14 @@ typedef struct row_block {
     size_t qs;       /* their stride */
     float *acc;      /* stack tile, or for d_v past it the output rows */
     size_t ld_acc;
-    size_t kv_end;  /* keys seen by the last (widest) row */
-    size_t all_see; /* keys seen by every row (the first, under causality) */
+    size_t kv_begin, kv_end;  /* the keys any row sees lie in [kv_begin, kv_end) */
+    size_t all_from, all_see; /* every row sees the keys [all_from, all_see) */
     enum { STEP_NONE, STEP_FUSED, STEP_ROWS } step; /* what the scores of a block left for P V */
     int simple; /* STEP_ROWS: every row sees every key of the block */
     float m[SDPA_ATTN_MAX_BLOCK_Q], m_new[SDPA_ATTN_MAX_BLOCK_Q];
     double l[SDPA_ATTN_MAX_BLOCK_Q];
-    size_t visible[SDPA_ATTN_MAX_BLOCK_Q]; /* keys row r sees: [0, visible[r]) */
+    size_t from[SDPA_ATTN_MAX_BLOCK_Q], visible[SDPA_ATTN_MAX_BLOCK_Q]; /* row r sees keys
+                                                                 [from[r], visible[r]) */
     unsigned char poisoned[SDPA_ATTN_MAX_BLOCK_Q], live[SDPA_ATTN_MAX_BLOCK_Q];
     _Alignas(64) float s[SDPA_ATTN_MAX_BLOCK_Q * SDPA_ATTN_MAX_BLOCK_KV]; /* scores, weights */
     /* the rows, transposed: floats, or with the bf16 dot words of bf16 pairs */
@@ -241,11 +242,15 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
        the output rows themselves */
     b->acc = nq * d_v <= ACC_FLOATS ? acc_tile : (float *)out + q0 * os;
     b->ld_acc = b->acc == acc_tile ? d_v : os;
-    b->kv_end = 0;
-    b->all_see = SIZE_MAX;
+    b->kv_begin = b->all_see = SIZE_MAX;
+    b->kv_end = b->all_from = 0;
     for (size_t r = 0; r < nq; r++) {
-        const size_t seen = visibility_row_end(vis, q0 + r);
+        const size_t from = visibility_row_first(vis, q0 + r),
+                     seen = visibility_row_end(vis, q0 + r);
+        b->from[r] = from;
         b->visible[r] = seen;
+        if (from < b->kv_begin) b->kv_begin = from;
+        if (from > b->all_from) b->all_from = from;
         if (seen > b->kv_end) b->kv_end = seen;
         if (seen < b->all_see) b->all_see = seen;
         b->m[r] = -INFINITY;
@@ -289,7 +294,8 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
    Returns whether it took it. */
 static int scores_fused(const attention_run *run, const attention_problem *p, row_block *b,
                         const block_rows *kr, const score_stage *stage, size_t k0, size_t nk) {
-    if (!b->packed || !run->exp_pv || !score_stage_is_scale(stage) || b->all_see < k0 + nk)
+    if (!b->packed || !run->exp_pv || !score_stage_is_scale(stage) || b->all_from > k0 ||
+        b->all_see < k0 + nk)
         return 0;
     if (b->packed && run->bf16_dot)
         run->bf16_dot->scores_max(b->s, b->m_new, b->qt.pairs, b->nq, kr->h.row[0], kr->h.stride,
@@ -315,13 +321,20 @@ static void scores_product(const attention_run *run, const attention_problem *p,
         scores_runs(run, p, b, typed_k(run, p) ? &kr->h : &kr->f, typed_k(run, p), nk);
 }
 
-/* Row r's scores of keys [k0, k0 + n) through the stage, and its online softmax state: the
+/* The keys [k0 + *a, k0 + *e) of a block [k0, k0 + nk) that row r of b sees (none: *a >= *e). */
+static void row_keys(const row_block *b, size_t r, size_t k0, size_t nk, size_t *a, size_t *e) {
+    *a = b->from[r] > k0 ? b->from[r] - k0 : 0;
+    *e = b->visible[r] > k0 ? b->visible[r] - k0 : 0;
+    if (*e > nk) *e = nk;
+}
+
+/* Row r's scores of keys [k0 + a, k0 + a + n) through the stage, and its online softmax state: the
    block's max, a poisoned row (NaN), the accumulator rescaled when the max grows. Returns 0 if
    the stage removed a key. */
 static int row_online(const attention_run *run, const attention_problem *p, row_block *b,
-                      const score_stage *stage, size_t r, size_t k0, size_t n) {
-    float *s = b->s + r * run->keys_max;
-    const int all = score_stage_row(stage, b->q0 + r, k0, s, n);
+                      const score_stage *stage, size_t r, size_t k0, size_t a, size_t n) {
+    float *s = b->s + r * run->keys_max + a, scratch[SDPA_ATTN_MAX_BLOCK_KV];
+    const int all = score_stage_row(stage, b->q0 + r, k0 + a, s, n, scratch, run->exp_sum);
     const float bm = run->k->max_scaled(s, n, 1.0f);
     if (isnan(bm) || (bm == -INFINITY && row_has_nan(s, n))) {
         b->poisoned[r] = 1;
@@ -353,12 +366,12 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     scores_product(run, p, b, kr, nk);
     int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
     for (size_t r = 0; r < nq; r++) {
-        size_t n = b->visible[r] > k0 ? b->visible[r] - k0 : 0;
-        if (n > nk) n = nk;
+        size_t a, e;
+        row_keys(b, r, k0, nk, &a, &e);
         b->live[r] = 0;
-        if (n < nk) simple = 0;
-        if (b->poisoned[r] || n == 0) continue;
-        if (!row_online(run, p, b, stage, r, k0, n)) simple = 0;
+        if (a != 0 || e < nk) simple = 0;
+        if (b->poisoned[r] || a >= e) continue;
+        if (!row_online(run, p, b, stage, r, k0, a, e - a)) simple = 0;
     }
     b->simple = simple;
 
@@ -372,9 +385,10 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     } else {
         for (size_t r = 0; r < nq; r++) {
             if (!b->live[r]) continue;
-            size_t n = b->visible[r] - k0 < nk ? b->visible[r] - k0 : nk;
-            float *s = b->s + r * ld_s;
-            b->l[r] += run->exp_sum(s, s, n, 1.0f, b->m[r]);
+            size_t a, e;
+            row_keys(b, r, k0, nk, &a, &e);
+            float *s = b->s + r * ld_s + a;
+            b->l[r] += run->exp_sum(s, s, e - a, 1.0f, b->m[r]);
         }
     }
 }
@@ -426,10 +440,10 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
        values are never multiplied (0 * NaN would be NaN). */
     for (size_t r = 0; r < nq; r++) {
         if (!b->live[r]) continue;
-        size_t n = b->visible[r] - k0 < nk ? b->visible[r] - k0 : nk;
+        size_t j, n;
+        row_keys(b, r, k0, nk, &j, &n);
         const float *s = s_tile + r * ld_s;
         const size_t i = b->q0 + r;
-        size_t j = 0;
         while (j < n) {
             if (score_stage_removes(stage, i, k0 + j)) {
                 j++;
@@ -446,8 +460,30 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
 /* The finished rows of b: normalised (a 16-bit out rounded once, from the float row), and their
  * log-sum-exps; or, with part_l (a split-KV chunk, f32 out), the state its merge takes: the rows
  * of acc as they are, the max m to lse and the sum l to part_l (NaN for a poisoned row). */
+float attention_row_finish(const sdpa_kernels *k, float *o, const float *acc, size_t d_v, float m,
+                           double l, float sink) {
+    if (isnan(l) || isnan(sink)) {
+        for (size_t c = 0; c < d_v; c++) o[c] = NAN;
+        return NAN;
+    }
+    if (l == 0.0) { /* no key: zeros, and the log of the sink's term alone */
+        memset(o, 0, d_v * sizeof(float));
+        return sink;
+    }
+    if (sink == -INFINITY) {
+        k->scale(o, acc, d_v, (float)(1.0 / l));
+        return (float)((double)m + log(l));
+    }
+    /* l e^m + e^sink, as e^hi (l e^(m - hi) + e^(sink - hi)) so that neither term overflows */
+    const double hi = m > sink ? m : sink, w = exp((double)m - hi);
+    const double den = l * w + exp((double)sink - hi);
+    k->scale(o, acc, d_v, (float)(w / den));
+    return (float)(hi + log(den));
+}
+
 static void rows_end(const attention_run *run, const attention_problem *p, const row_block *b,
-                     void *out, float *lse, size_t lse_row, float *part_l) {
+                     const score_stage *stage, void *out, float *lse, size_t lse_row,
+                     float *part_l) {
     const size_t d_v = p->d_v, os = p->out_stride[2];
     const int narrow = p->out_type != SDPA_F32;
     for (size_t r = 0; r < b->nq; r++) {
@@ -460,17 +496,9 @@ static void rows_end(const attention_run *run, const attention_problem *p, const
             continue;
         }
         float *o = narrow ? b->acc + r * b->ld_acc : (float *)out + i * os;
-        float row_lse;
-        if (b->poisoned[r] || isnan(b->l[r])) {
-            for (size_t c = 0; c < d_v; c++) o[c] = NAN;
-            row_lse = NAN;
-        } else if (b->l[r] == 0.0) {
-            memset(o, 0, d_v * sizeof(float));
-            row_lse = -INFINITY;
-        } else {
-            run->k->scale(o, b->acc + r * b->ld_acc, d_v, (float)(1.0 / b->l[r]));
-            row_lse = (float)((double)b->m[r] + log(b->l[r]));
-        }
+        const float row_lse =
+            attention_row_finish(run->k, o, b->acc + r * b->ld_acc, d_v, b->m[r],
+                                 b->poisoned[r] ? NAN : b->l[r], score_stage_sink(stage, i));
         if (narrow) run->k->narrow[p->out_type]((uint16_t *)out + i * os, o, d_v);
         if (lse) lse[i * lse_row] = row_lse;
     }
@@ -487,13 +515,14 @@ void attention_block(const attention_run *run, const attention_problem *p, const
     row_block first;
     float acc_tile[ACC_FLOATS];
     row_block *blocks[ROW_BLOCKS] = {&first};
-    size_t n_blocks = 0, kv_end = 0;
+    size_t n_blocks = 0, kv_begin = SIZE_MAX, kv_end = 0;
     for (size_t r0 = 0; r0 < nq; r0 += run->rows_max, n_blocks++) {
         if (n_blocks) blocks[n_blocks] = &run->wide->more[n_blocks - 1];
         const size_t n = nq - r0 < run->rows_max ? nq - r0 : run->rows_max;
         rows_begin(run, p, vis, q, out, n_blocks ? run->wide->more_acc[n_blocks - 1] : acc_tile,
                    q0 + r0, n, blocks[n_blocks]);
         if (blocks[n_blocks]->kv_end > kv_end) kv_end = blocks[n_blocks]->kv_end;
+        if (blocks[n_blocks]->kv_begin < kv_begin) kv_begin = blocks[n_blocks]->kv_begin;
     }
     /* the bf16 dot reads K as it is for packed blocks, typed_k for unpacked ones; any other
        block needs float rows */
@@ -505,14 +534,16 @@ void attention_block(const attention_run *run, const attention_problem *p, const
         floats |= !as_is;
         packed |= blocks[i]->packed;
     }
-    for (size_t k0 = 0; k0 < kv_end; k0 += block_kv) {
+    /* blocks of keys on the grid of block_kv from the call's key 0, so that the blocks a row
+       meets do not depend on its neighbours' windows */
+    for (size_t k0 = kv_begin / block_kv * block_kv; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
         block_rows kr, vr;
         source_rows(run, src, 0, k0, nk, floats, raw, packed, &kr);
         for (size_t i = 0; i < n_blocks; i++) {
             row_block *b = blocks[i];
             b->step = STEP_NONE;
-            if (k0 < b->kv_end)
+            if (k0 < b->kv_end && k0 + nk > b->kv_begin)
                 rows_scores(run, p, b, &kr, stage, k0, b->kv_end - k0 < nk ? b->kv_end - k0 : nk);
         }
         /* V as float rows for the fused path (exp_pv), and where it is not typed_v */
@@ -524,7 +555,8 @@ void attention_block(const attention_run *run, const attention_problem *p, const
                 rows_values(run, p, blocks[i], &vr, stage, k0,
                             blocks[i]->kv_end - k0 < nk ? blocks[i]->kv_end - k0 : nk);
     }
-    for (size_t i = 0; i < n_blocks; i++) rows_end(run, p, blocks[i], out, lse, lse_row, part_l);
+    for (size_t i = 0; i < n_blocks; i++)
+        rows_end(run, p, blocks[i], stage, out, lse, lse_row, part_l);
 }
 
 int attention_run_init(attention_run *run, const attention_problem *p) {

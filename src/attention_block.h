@@ -42,6 +42,12 @@ void attention_block(const attention_run *run, const attention_problem *p, const
                      const void *q, const key_source *src, const score_stage *stage, void *out,
                      float *lse, size_t lse_row, float *part_l, size_t q0, size_t nq);
 
+/* Row o (d_v floats) from its unnormalised state: acc (may be o), the max m of its scores and
+   the sum l of their exps (NaN: a poisoned row), and its sink (-inf: none), as sdpa.h states:
+   acc / (l + e^(sink - m)), zeros for a row with no key. Returns the row's log-sum-exp. */
+float attention_row_finish(const sdpa_kernels *k, float *o, const float *acc, size_t d_v, float m,
+                           double l, float sink);
+
 typedef void (*block_fn)(const attention_run *run, const void *ctx, size_t index);
 
 /* fn(run, ctx, index) on this thread, with run = *base and, when wide, the widening tiles on

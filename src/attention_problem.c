@@ -14,6 +14,9 @@
 #define DESC_HAS(desc, field)                                                                      \
     ((desc)->struct_size >= offsetof(sdpa_mha_desc, field) + sizeof((desc)->field))
 
+/* The descriptor up to its lse group, which sdpa_mha_desc_dense and _bshd fill */
+#define DESC_V2_SIZE (offsetof(sdpa_mha_desc, lse_stride) + 2 * sizeof(size_t))
+
 /* The rows of the output view never share a float: sorted by stride, each axis of more than one
  * entry (and the row itself) steps past everything the axes inside it span. Otherwise two rows
  * would write the same place, and a batch of any size with a stride of 0 would be accepted and
@@ -262,6 +265,9 @@ sdpa_status sdpa_backward_problem(backward_problem *bp, const sdpa_mha_desc *des
     attention_problem *p = &bp->fwd;
     sdpa_status st = sdpa_problem_from_desc(p, desc, (void *)(uintptr_t)out, q, k, v, 0);
     if (st != SDPA_OK) return st;
+    if (sdpa_problem_has_mods(p))
+        return sdpa_fail(SDPA_ERR_ARG, "desc->mods is not NULL: the backward takes no score "
+                                       "modifiers");
     if (!grads) return sdpa_fail(SDPA_ERR_NULL, "grads is NULL");
     if (grads->struct_size < GRADS_V1_SIZE)
         return sdpa_fail(SDPA_ERR_ARG,
@@ -332,20 +338,22 @@ void sdpa_problem_single(attention_problem *p, void *out, const float *q, const 
 }
 
 /* The descriptor's struct_size: at least the v1 struct, and not ending inside one of the groups
- * v2 added (the types, q_type to reserved; the lse, lse and lse_stride), each read whole. */
+ * v2 added (the types, q_type to reserved; the lse, lse and lse_stride) or v3's (mods to
+ * v_scale), each read whole. */
 static sdpa_status desc_size_check(uint32_t size) {
     const size_t v1 = offsetof(sdpa_mha_desc, q_type), types = offsetof(sdpa_mha_desc, lse);
     const size_t v2 = offsetof(sdpa_mha_desc, lse_stride) + 2 * sizeof(size_t);
+    const size_t v3 = offsetof(sdpa_mha_desc, v_scale) + sizeof(float);
     if (size < v1)
         return sdpa_fail(SDPA_ERR_ARG,
                          "desc->struct_size (%u) is smaller than the v1 "
                          "sdpa_mha_desc (%zu)",
                          (unsigned)size, v1);
-    if ((size > v1 && size < types) || (size > types && size < v2))
+    if ((size > v1 && size < types) || (size > types && size < v2) || (size > v2 && size < v3))
         return sdpa_fail(SDPA_ERR_ARG,
                          "desc->struct_size (%u) ends inside a group of fields "
-                         "(v1 %zu, with types %zu, with lse %zu bytes)",
-                         (unsigned)size, v1, types, v2);
+                         "(v1 %zu, with types %zu, with lse %zu, with mods %zu bytes)",
+                         (unsigned)size, v1, types, v2, v3);
     return SDPA_OK;
 }
 
@@ -407,6 +415,7 @@ sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *de
         p->lse_stride[0] = desc->lse_stride[0];
         p->lse_stride[1] = desc->lse_stride[1];
     }
+    if (DESC_HAS(desc, v_scale) && desc->mods) return sdpa_problem_set_mods(p, desc->mods);
     return SDPA_OK;
 }
 
@@ -427,8 +436,9 @@ static sdpa_status desc_layout(sdpa_mha_desc *desc, size_t batch, size_t heads_q
                                size_t len_q, size_t len_kv, size_t d_k, size_t d_v, float scale,
                                uint32_t flags, int bshd) {
     if (!desc) return sdpa_fail(SDPA_ERR_NULL, "desc is NULL");
-    memset(desc, 0, sizeof *desc);
-    desc->struct_size = (uint32_t)sizeof *desc;
+    /* the v2 descriptor: a caller compiled before v3 has no room for more */
+    memset(desc, 0, DESC_V2_SIZE);
+    desc->struct_size = (uint32_t)DESC_V2_SIZE;
     desc->flags = flags;
     desc->batch = batch;
     desc->heads_q = heads_q;
@@ -465,5 +475,15 @@ SDPA_API sdpa_status sdpa_mha_desc_set_mask(sdpa_mha_desc *desc, const float *ma
     desc->mask_stride[0] = stride_batch;
     desc->mask_stride[1] = stride_head;
     desc->mask_stride[2] = stride_row;
+    return SDPA_OK;
+}
+
+SDPA_API sdpa_status sdpa_mha_desc_set_mods(sdpa_mha_desc *desc, const sdpa_score_mods *mods) {
+    if (!desc) return sdpa_fail(SDPA_ERR_NULL, "desc is NULL");
+    if (!DESC_HAS(desc, v_scale)) {
+        desc->k_scale = desc->v_scale = 0.0f;
+        desc->struct_size = (uint32_t)sizeof *desc;
+    }
+    desc->mods = mods;
     return SDPA_OK;
 }

@@ -28,6 +28,15 @@ typedef struct attention_problem {
        (v likewise); batch is then 1 and k_stride[0] unused. */
     const int32_t *pages;
     size_t page_size, k_page_stride, v_page_stride;
+    /* score modifiers (sdpa_score_mods), each off when zeroed: the window's bounds, softcap,
+       ALiBi slopes and sinks of the query heads (alibi[h], sinks[h]), and the segments of the
+       query rows and keys (q_segment[b s + i], k_segment[b s + j]) */
+    int has_window_left, has_window_right;
+    size_t window_left, window_right;
+    float softcap;
+    const float *alibi, *sinks;
+    const int32_t *q_segment, *k_segment;
+    size_t q_segment_stride, k_segment_stride;
 } attention_problem;
 
 /* The largest d_k and d_v of a problem with a 16-bit view: its rows are widened to float in
@@ -46,6 +55,16 @@ void sdpa_problem_single(attention_problem *p, void *out, const float *q, const 
  * an unknown type (and any type but f32 when !typed: sdpa_mha_f32). */
 sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *desc, void *out,
                                    const void *q, const void *k, const void *v, int typed);
+
+/* The modifiers of mods into p (its heads_q, batch, len_q and len_kv set), checked as sdpa.h
+ * says (score_mods.c): SDPA_ERR_ARG naming the field, p untouched, on a bad one. */
+sdpa_status sdpa_problem_set_mods(attention_problem *p, const sdpa_score_mods *mods);
+
+/* Whether p has a score modifier. */
+static inline int sdpa_problem_has_mods(const attention_problem *p) {
+    return p->has_window_left || p->has_window_right || p->softcap != 0.0f || p->alibi ||
+           p->sinks || p->q_segment;
+}
 
 /* Every rule of sdpa.h's attention errors, in one place; on SDPA_OK the scale is resolved and
  * causal set from flags. */

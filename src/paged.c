@@ -21,8 +21,6 @@ static sdpa_status batch_check(const sdpa_batch *b) {
     if (b->struct_size < BATCH_V1_SIZE)
         return sdpa_fail(SDPA_ERR_ARG, "batch->struct_size (%u) is smaller than sdpa_batch (%zu)",
                          (unsigned)b->struct_size, (size_t)BATCH_V1_SIZE);
-    if (b->mods)
-        return sdpa_fail(SDPA_ERR_ARG, "batch->mods: score modifiers are not supported yet");
     if (b->q_type > SDPA_BF16 || b->out_type > SDPA_BF16)
         return sdpa_fail(SDPA_ERR_ARG, "batch->%s (%u) is not an sdpa_dtype (0 to 2)",
                          b->q_type > SDPA_BF16 ? "q_type" : "out_type",
@@ -235,14 +233,25 @@ static void sequence_problem(attention_problem *p, const attention_problem *whol
     p->v_page_stride = c->v_stride[0];
 }
 
-/* Rows that see no key: zeros, and a log-sum-exp of -inf. */
+/* The batch's score modifiers into the problem every sequence copies; segments are the dense
+   calls' (a paged batch's sequences are apart already). */
+static sdpa_status batch_mods(attention_problem *whole, const sdpa_batch *b) {
+    if (!b->mods) return SDPA_OK;
+    if (b->mods->struct_size >= sizeof(sdpa_score_mods) &&
+        (b->mods->q_segment || b->mods->k_segment))
+        return sdpa_fail(SDPA_ERR_ARG, "batch->mods has segments, which a paged call does not "
+                                       "take: its sequences are apart already");
+    return sdpa_problem_set_mods(whole, b->mods);
+}
+
+/* Rows that see no key: zeros, and a log-sum-exp of the sink's term alone (-inf with none). */
 static void no_keys(const attention_problem *p) {
     const size_t size = sdpa_type_size(p->out_type);
     for (size_t h = 0; h < p->heads_q; h++)
         for (size_t i = 0; i < p->len_q; i++) {
             memset(element(p->out, h * p->out_stride[1] + i * p->out_stride[2], p->out_type), 0,
                    p->d_v * size);
-            if (p->lse) p->lse[h * p->lse_stride[1] + i] = -INFINITY;
+            if (p->lse) p->lse[h * p->lse_stride[1] + i] = p->sinks ? p->sinks[h] : -INFINITY;
         }
 }
 
@@ -252,6 +261,7 @@ SDPA_API sdpa_status sdpa_attention_paged(const sdpa_batch *batch, const sdpa_kv
     attention_problem whole;
     batch_sizes z;
     sdpa_status st = paged_check(&whole, &z, batch, cache, out, q, k_pool, v_pool);
+    if (st == SDPA_OK) st = batch_mods(&whole, batch);
     if (st != SDPA_OK || !z.rows || !batch->heads_q) return st;
     /* the executor writes a head's lse rows contiguous: rows of another stride go through a
        staging area, [head][row] for one sequence, then to their places */

@@ -46,6 +46,7 @@ static const sdpa_api API_V1 = {
     /* ABI 1.4 */
     .attention_paged = sdpa_attention_paged,
     .kv_cache_store = sdpa_kv_cache_store,
+    .mha_desc_set_mods = sdpa_mha_desc_set_mods,
 };
 
 /* Major version 1 is the only one this library serves; every 1.x table is a prefix-compatible

@@ -1,50 +1,100 @@
 /* Internal: the score stage, what happens to a score between the product and the softmax.
  *
  * The product kernels give s = scale * q.k (the scale is the one step fused into them). The
- * stage then applies, per row of a tile, what the call asks: today an additive float mask,
- * whose -inf entries remove a key (its weight is exactly 0 and its value is never read). The
- * score modifiers (softcap, ALiBi) join here. Which keys a row may see at all (causality,
- * windows, segments) is not the stage's: visibility.h decides that, per block. */
+ * stage then applies, per row of a tile and in this order: the softcap, s = c tanh(s / c); ALiBi,
+ * s += slope (j - p_i); the additive mask; and the removal of keys outside the row's segment or
+ * at a mask entry of -inf (weight exactly 0, value never read). Which run of keys a row may see
+ * at all (causality, the window) is not the stage's: visibility.h decides it per block. A sink
+ * joins each row's softmax denominator at the end (score_stage_sink). */
 #ifndef SDPA_SRC_SCORE_STAGE_H
 #define SDPA_SRC_SCORE_STAGE_H
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
+/* Row i of a unit (a query row, or for grouped decode a query head) and key j of its keys. */
 typedef struct score_stage {
-    const float *mask; /* row i's entries at mask + i * mask_row, from the stage's key 0; NULL */
+    const float *mask; /* row i's entries at mask + i * mask_row; NULL: none */
     size_t mask_row;
+    float softcap;            /* 0: none */
+    const float *alibi;       /* row i's slope at alibi[i * head_row]; NULL: none */
+    const float *sinks;       /* row i's sink at sinks[i * head_row]; NULL: none */
+    size_t head_row;          /* 0 when the unit is one head's rows, 1 when its rows are heads */
+    ptrdiff_t shift;          /* p_i = i * row_step + shift, as the visibility's */
+    size_t row_step;          /* 1, or 0 for heads of one query row */
+    const int32_t *q_segment; /* row i's at q_segment[i * row_step]; NULL: none */
+    const int32_t *k_segment; /* key j's at k_segment[j] */
 } score_stage;
 
 /* The stage does nothing past the product's scale, so a tile may go from the product straight
    to the softmax (the fused path). */
-static inline int score_stage_is_scale(const score_stage *st) { return st->mask == NULL; }
-
-/* The same stage from key k0 of its keys on (a split-KV chunk). */
-static inline score_stage score_stage_from(const score_stage *st, size_t k0) {
-    score_stage r = {st->mask ? st->mask + k0 : NULL, st->mask_row};
-    return r;
+static inline int score_stage_is_scale(const score_stage *st) {
+    return !st->mask && st->softcap == 0.0f && !st->alibi && !st->q_segment;
 }
 
-/* Row i's scores s of keys [k0, k0 + n) through the stage. Returns 0 if it removed a key. */
-static inline int score_stage_row(const score_stage *st, size_t i, size_t k0, float *s, size_t n) {
-    if (!st->mask) return 1;
-    const float *m = st->mask + i * st->mask_row + k0;
-    int all = 1;
-    for (size_t j = 0; j < n; j++) {
-        if (m[j] == -INFINITY) {
-            s[j] = -INFINITY;
-            all = 0;
-        } else {
-            s[j] += m[j];
-        }
-    }
-    return all;
+/* The same stage on its keys from k0 on, numbered from 0 (a split-KV chunk). */
+static inline score_stage score_stage_from(const score_stage *st, size_t k0) {
+    score_stage r = *st;
+    if (r.mask) r.mask += k0;
+    if (r.k_segment) r.k_segment += k0;
+    r.shift -= (ptrdiff_t)k0;
+    return r;
 }
 
 /* Whether the stage removes key j of row i. */
 static inline int score_stage_removes(const score_stage *st, size_t i, size_t j) {
+    if (st->q_segment && st->q_segment[i * st->row_step] != st->k_segment[j]) return 1;
     return st->mask && st->mask[i * st->mask_row + j] == -INFINITY;
+}
+
+/* The softcap of n scores: c tanh(s / c), from t = exp(-2 |s| / c) in (0, 1] with the
+   backend's exp (exp_sum: y = exp(scale x - shift)), tanh |x| = (1 - t) / (1 + t). */
+static inline void score_stage_softcap(float *s, size_t n, float c, float *t,
+                                       float (*exp_sum)(float *, const float *, size_t, float,
+                                                        float)) {
+    for (size_t j = 0; j < n; j++) t[j] = fabsf(s[j]);
+    exp_sum(t, t, n, -2.0f / c, 0.0f);
+    for (size_t j = 0; j < n; j++) s[j] = copysignf(c * ((1.0f - t[j]) / (1.0f + t[j])), s[j]);
+}
+
+/* Row i's scores s of keys [k0, k0 + n) through the stage; t is n floats of scratch. Returns 0
+   if it removed a key. */
+static inline int score_stage_row(const score_stage *st, size_t i, size_t k0, float *s, size_t n,
+                                  float *t,
+                                  float (*exp_sum)(float *, const float *, size_t, float, float)) {
+    if (st->softcap != 0.0f) score_stage_softcap(s, n, st->softcap, t, exp_sum);
+    if (st->alibi) {
+        const float slope = st->alibi[i * st->head_row];
+        const ptrdiff_t p = (ptrdiff_t)i * (ptrdiff_t)st->row_step + st->shift;
+        for (size_t j = 0; j < n; j++) s[j] += slope * (float)((ptrdiff_t)(k0 + j) - p);
+    }
+    int all = 1;
+    if (st->mask) {
+        const float *m = st->mask + i * st->mask_row + k0;
+        for (size_t j = 0; j < n; j++) {
+            if (m[j] == -INFINITY) {
+                s[j] = -INFINITY;
+                all = 0;
+            } else {
+                s[j] += m[j];
+            }
+        }
+    }
+    if (st->q_segment) {
+        const int32_t seg = st->q_segment[i * st->row_step], *ks = st->k_segment + k0;
+        for (size_t j = 0; j < n; j++)
+            if (ks[j] != seg) {
+                s[j] = -INFINITY;
+                all = 0;
+            }
+    }
+    return all;
+}
+
+/* Row i's sink, -inf for none. */
+static inline float score_stage_sink(const score_stage *st, size_t i) {
+    return st->sinks ? st->sinks[i * st->head_row] : -INFINITY;
 }
 
 #endif

@@ -2,10 +2,11 @@
  * split-KV chunks) reads.
  *
  * Row i has a position among the keys, p_i = i + shift, with shift = len_kv - len_q for the
- * whole problem (bottom-right alignment), and sees the keys j in [first, end) around it. Under
- * causality that is 0 <= j <= p_i; with no rule, every key. A key range cut out of the problem
- * (a split-KV chunk from key k0) is the same rule with shift - k0 and its own length.
- * Windows and segments are bounds on the same p_i, added here when they come. */
+ * whole problem (bottom-right alignment), and sees the keys j in [first, end) around it:
+ * p_i - before <= j <= p_i + after, each bound dropped when -1 (a window's left and right;
+ * causality is after = 0), and 0 <= j < len_kv. A key range cut out of the problem (a split-KV
+ * chunk from key k0) is the same rule with shift - k0 and its own length. Segments are not a
+ * run of keys: the score stage removes their keys (score_stage.h). */
 #ifndef SDPA_SRC_VISIBILITY_H
 #define SDPA_SRC_VISIBILITY_H
 
@@ -14,44 +15,67 @@
 #include "attention_problem.h"
 
 typedef struct visibility {
-    size_t len_kv;   /* keys of the range: rows never see past it */
-    ptrdiff_t shift; /* row i's position among the keys is i + shift */
-    int causal;      /* a row sees no key past its own position */
+    size_t len_kv;    /* keys of the range: rows never see past it */
+    ptrdiff_t shift;  /* row i's position among the keys is i * row_step + shift */
+    size_t row_step;  /* 1; 0 where the rows are the heads of one query row (grouped decode) */
+    ptrdiff_t before; /* a row sees no key before p_i - before; -1: unbounded */
+    ptrdiff_t after;  /* nor past p_i + after; -1: unbounded (causality is after = 0) */
+    int causal;       /* after <= 0: a row sees no key past its own position */
 } visibility;
 
 /* What every row of a block sees of a block of keys. */
 typedef enum { VIS_NONE, VIS_PARTIAL, VIS_ALL } visibility_class;
 
-/* The rule of problem p (sizes fit ptrdiff_t: sdpa_problem_check). */
+/* The rule of problem p (sizes fit ptrdiff_t: sdpa_problem_check): causality and the window. */
 static inline visibility visibility_of(const attention_problem *p) {
-    visibility v = {p->len_kv, (ptrdiff_t)p->len_kv - (ptrdiff_t)p->len_q, p->causal};
+    visibility v = {p->len_kv, (ptrdiff_t)p->len_kv - (ptrdiff_t)p->len_q, 1, -1, -1, p->causal};
+    /* a window as wide as every row's keys bounds nothing (and keeps positions in ptrdiff_t) */
+    const size_t span = p->len_q + p->len_kv;
+    if (p->has_window_left && p->window_left < span) v.before = (ptrdiff_t)p->window_left;
+    if (p->causal) v.after = 0;
+    if (p->has_window_right && p->window_right < span &&
+        (v.after < 0 || (ptrdiff_t)p->window_right < v.after))
+        v.after = (ptrdiff_t)p->window_right;
+    v.causal = v.after == 0;
     return v;
 }
 
 /* The same rule on the keys [k0, k0 + nk) alone, numbered from 0. */
 static inline visibility visibility_keys(const visibility *v, size_t k0, size_t nk) {
-    visibility r = {nk, v->shift - (ptrdiff_t)k0, v->causal};
+    visibility r = *v;
+    r.len_kv = nk;
+    r.shift = v->shift - (ptrdiff_t)k0;
     return r;
 }
 
-/* The first key row i sees. */
+/* The same rule for rows that are all at the position of row 0 (grouped decode's heads). */
+static inline visibility visibility_one_position(const visibility *v) {
+    visibility r = *v;
+    r.row_step = 0;
+    return r;
+}
+
+static inline size_t visibility_clamp(const visibility *v, ptrdiff_t x) {
+    return x <= 0 ? 0 : (size_t)x < v->len_kv ? (size_t)x : v->len_kv;
+}
+
+/* The first key row i sees (its end when it sees none). */
 static inline size_t visibility_row_first(const visibility *v, size_t i) {
-    (void)v;
-    (void)i;
-    return 0;
+    if (v->before < 0) return 0;
+    return visibility_clamp(v, (ptrdiff_t)i * (ptrdiff_t)v->row_step + v->shift - v->before);
 }
 
-/* One past the last key row i sees (the first when it sees none). */
+/* One past the last key row i sees (at most its first when it sees none). */
 static inline size_t visibility_row_end(const visibility *v, size_t i) {
-    if (!v->causal) return v->len_kv;
-    const ptrdiff_t end = (ptrdiff_t)i + v->shift + 1;
-    return end <= 0 ? 0 : (size_t)end < v->len_kv ? (size_t)end : v->len_kv;
+    if (v->after < 0) return v->len_kv;
+    return visibility_clamp(v, (ptrdiff_t)i * (ptrdiff_t)v->row_step + v->shift + v->after + 1);
 }
 
-/* The first row that sees key j (any number past the last row when none does). */
+/* The first row that sees key j under the rule's upper bound (any number past the last row when
+   none does); with a window, rows from there on may already have left it behind. */
 static inline size_t visibility_first_row(const visibility *v, size_t j) {
-    if (!v->causal) return 0;
-    const ptrdiff_t first = (ptrdiff_t)j - v->shift;
+    if (v->after < 0 || v->row_step == 0) return 0;
+    const ptrdiff_t first = (ptrdiff_t)j - v->shift - v->after;
     return first <= 0 ? 0 : (size_t)first;
 }
 

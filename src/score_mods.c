@@ -1,0 +1,62 @@
+/* The score modifiers of a call (sdpa.h, sdpa_score_mods): checked, then resolved into the
+ * problem's fields, which visibility.h (the window) and score_stage.h (the rest) read. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attention_problem.h"
+#include "error.h"
+
+/* The first of n values that is NaN, or +inf where !inf_ok, or n */
+static size_t first_bad(const float *x, size_t n, int inf_ok) {
+    for (size_t i = 0; i < n; i++)
+        if (isnan(x[i]) || (!inf_ok && isinf(x[i])) || x[i] == INFINITY) return i;
+    return n;
+}
+
+static sdpa_status mods_fields_check(const sdpa_score_mods *m) {
+    if (m->struct_size < sizeof(sdpa_score_mods))
+        return sdpa_fail(SDPA_ERR_ARG,
+                         "mods->struct_size (%u) is smaller than sdpa_score_mods (%zu)",
+                         (unsigned)m->struct_size, sizeof(sdpa_score_mods));
+    if (m->reserved || m->reserved2 != 0.0f)
+        return sdpa_fail(SDPA_ERR_ARG, "mods->%s is not 0", m->reserved ? "reserved" : "reserved2");
+    if (m->window_left < -1 || m->window_right < -1)
+        return sdpa_fail(SDPA_ERR_ARG, "mods->%s (%lld) is below -1",
+                         m->window_left < -1 ? "window_left" : "window_right",
+                         (long long)(m->window_left < -1 ? m->window_left : m->window_right));
+    if (!(m->softcap >= 0.0f && m->softcap <= 3.4028235e38f))
+        return sdpa_fail(SDPA_ERR_ARG, "mods->softcap (%g) is negative or not finite",
+                         (double)m->softcap);
+    if (!m->q_segment != !m->k_segment)
+        return sdpa_fail(SDPA_ERR_ARG, "mods->%s is NULL but mods->%s is not: give both or neither",
+                         m->q_segment ? "k_segment" : "q_segment",
+                         m->q_segment ? "q_segment" : "k_segment");
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_problem_set_mods(attention_problem *p, const sdpa_score_mods *m) {
+    sdpa_status st = mods_fields_check(m);
+    if (st != SDPA_OK) return st;
+    /* per-head values are read once here: a NaN slope or sink would poison every row of its
+       head, and a sink of +inf would leave no weight to any key */
+    size_t h;
+    if (m->alibi_slopes && (h = first_bad(m->alibi_slopes, p->heads_q, 0)) < p->heads_q)
+        return sdpa_fail(SDPA_ERR_ARG, "mods->alibi_slopes[%zu] (%g) is not finite", h,
+                         (double)m->alibi_slopes[h]);
+    if (m->sinks && (h = first_bad(m->sinks, p->heads_q, 1)) < p->heads_q)
+        return sdpa_fail(SDPA_ERR_ARG, "mods->sinks[%zu] (%g) is NaN or +inf", h,
+                         (double)m->sinks[h]);
+    p->has_window_left = m->window_left >= 0;
+    p->has_window_right = m->window_right >= 0;
+    p->window_left = p->has_window_left ? (size_t)m->window_left : 0;
+    p->window_right = p->has_window_right ? (size_t)m->window_right : 0;
+    p->softcap = m->softcap;
+    p->alibi = m->alibi_slopes;
+    p->sinks = m->sinks;
+    p->q_segment = m->q_segment;
+    p->k_segment = m->k_segment;
+    p->q_segment_stride = m->q_segment_stride;
+    p->k_segment_stride = m->k_segment_stride;
+    return SDPA_OK;
+}

@@ -15,7 +15,6 @@ modifiers), s_aux (attention sinks, the same), packed sequences given as cu_seq_
 wait for sdpa's ragged call), position_bias (a learned mask, which would need a gradient).
 """
 
-import torch as _torch
 from transformers import AttentionInterface as _AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface as _AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask as _sdpa_mask

@@ -184,6 +184,28 @@ def test_llama_training_step_matches_eager():
         assert (g - w).abs().max().item() <= 1e-4 * w.abs().max().item() + 1e-9, name
 
 
+@pytest.mark.skipif(sdpa.torch._custom_op is None, reason="torch < 2.4 has no custom ops")
+def test_llama_compiles_into_one_graph_that_holds_sdpa():
+    eager, mine = llama_pair()
+    ids, mask = prompts()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(mine, backend=backend, fullgraph=True)  # a break raises
+    with torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=mask).logits
+        want = eager(input_ids=ids, attention_mask=mask).logits
+    (graph,) = graphs
+    ops = [n for n in graph.graph.nodes if str(n.target) == "sdpa.attention.default"]
+    assert len(ops) == 2  # one a layer
+    real = mask.bool()
+    assert (got[real] - want[real]).abs().max().item() <= 1e-4 * want[real].abs().max().item()
+
+
 # --- what waits for libsdpa ----------------------------------------------------------------
 
 # transformers takes any implementation whose name holds "sdpa" for its own 'sdpa', and refuses

@@ -111,7 +111,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         mask = _torch.full((len_q, len_kv), -_math.inf).triu_(1)
     elif mask is not None:
         mask = _mask_view(mask, query.shape[:-1] + (len_kv,), q.shape[:2])
-    if _torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+    if _custom_op is not None and _torch.compiler.is_compiling():
+        # the registered op keeps torch.compile's graph whole (a Function calling ctypes
+        # would break it); eager calls skip its dispatch cost
+        out = _custom_op(q, k, v, mask, causal, None if scale is None else float(scale))[0]
+    elif _torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         out = _Attention.apply(q, k, v, mask, causal, scale, "bhsd")[0]
     else:
         out = _core.forward(q, k, v, causal, mask, scale, "bhsd", False)[0]
@@ -182,3 +186,65 @@ def _mask_view(mask, full, batch_heads):
     if len(full) <= 4:
         return mask
     return expanded.reshape(tuple(batch_heads) + tuple(full[-2:]))
+
+
+def _gradients(q, k, v, out, lse, mask, dout, causal, scale):
+    """(dq, dk, dv) of bhsd attention, each of its input's dtype; mask as the forward took it."""
+    types = (q.dtype, k.dtype, v.dtype)
+    if out.numel() == 0:
+        return tuple(_torch.zeros(x.shape, dtype=t) for x, t in zip((q, k, v), types))
+    m = None if mask is None else _core.mask_arg(mask, q, k, "bhsd", True)[0]
+    q, k, v, out, dout = (_dense_f32(t) for t in (q, k, v, out, dout))
+    dq, dk, dv = (_torch.empty(x.shape, dtype=_torch.float32) for x in (q, k, v))
+    _core.backward(q, k, v, out, lse, m, dout, dq, dk, dv, causal, scale, "bhsd")
+    return dq.to(types[0]), dk.to(types[1]), dv.to(types[2])
+
+
+def _register_custom_op():
+    """sdpa::attention and its backward as torch.library custom ops (torch >= 2.4), with fake
+    (shape-only) implementations and autograd, so that torch.compile traces through them."""
+    library = getattr(_torch, "library", None)
+    if not hasattr(library, "custom_op") or not hasattr(library, "register_autograd"):
+        return None
+    from typing import Optional, Tuple
+
+    Tensor = _torch.Tensor
+
+    @library.custom_op("sdpa::attention", mutates_args=(), device_types="cpu")
+    def attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
+                     scale: Optional[float]) -> Tuple[Tensor, Tensor]:
+        out, lse, _ = _core.forward(q, k, v, causal, mask, scale, "bhsd", True)
+        return out, lse
+
+    @attention_op.register_fake
+    def _(q, k, v, mask, causal, scale):
+        return (q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],)),
+                q.new_empty(tuple(q.shape[:-1]), dtype=_torch.float32))
+
+    @library.custom_op("sdpa::attention_backward", mutates_args=(), device_types="cpu")
+    def backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                    mask: Optional[Tensor], dout: Tensor, causal: bool,
+                    scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
+        return _gradients(q, k, v, out, lse, mask, dout, causal, scale)
+
+    @backward_op.register_fake
+    def _(q, k, v, out, lse, mask, dout, causal, scale):
+        return tuple(_torch.empty_like(x, memory_format=_torch.contiguous_format)
+                     for x in (q, k, v))
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, mask, causal, scale = inputs
+        ctx.causal, ctx.scale = causal, scale
+        ctx.save_for_backward(q, k, v, mask, *output)
+        ctx.mark_non_differentiable(output[1])
+
+    def backward(ctx, dout, _dlse):
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        dq, dk, dv = backward_op(q, k, v, out, lse, mask, dout, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+    attention_op.register_autograd(backward, setup_context=setup_context)
+    return attention_op
+
+
+_custom_op = _register_custom_op()

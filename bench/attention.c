@@ -12,9 +12,11 @@
 #include "sdpa.h"
 
 /* ---- attention: sdpa_mha_f32 on a shape in the benchdnn style ----
- * b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal][types], d_k = d_v = d, dense
- * [batch][head][row][col] tensors, scale 1/sqrt(d), exp "fast"; types is kvf16 or kvbf16 (K and
- * V of that type, q and out f32), or f16 or bf16 (every view), f32 without. The op's sizes are
+ * b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal][mods][types], d_k = d_v = d,
+ * dense [batch][head][row][col] tensors, scale 1/sqrt(d), exp "fast"; mods are score modifiers
+ * in this order: w<left> (a window of left keys before the row), sc<cap> (softcap), alibi (the
+ * slopes 2^(-8 (h + 1) / heads)), sink (a sink of 0 a head); types is kvf16 or kvbf16 (K and V
+ * of that type, q and out f32), or f16 or bf16 (every view), f32 without. The op's sizes are
  * 1-based indices into attention_shapes; --shape replaces the defaults. */
 
 typedef struct att_shape {
@@ -22,33 +24,70 @@ typedef struct att_shape {
     size_t batch, heads_q, heads_kv, len_q, len_kv, d;
     uint32_t flags;
     sdpa_dtype q_type, kv_type, out_type;
+    int windowed; /* a window of `window` keys before each row */
+    long long window;
+    float softcap; /* 0: none */
+    int alibi, sink;
 } att_shape;
 
-#define F32_  SDPA_F32, SDPA_F32, SDPA_F32
-#define KV16_ SDPA_F32, SDPA_F16, SDPA_F32
-#define KVBF_ SDPA_F32, SDPA_BF16, SDPA_F32
-#define BF16_ SDPA_BF16, SDPA_BF16, SDPA_BF16
+#define F32_     SDPA_F32, SDPA_F32, SDPA_F32
+#define KV16_    SDPA_F32, SDPA_F16, SDPA_F32
+#define KVBF_    SDPA_F32, SDPA_BF16, SDPA_F32
+#define BF16_    SDPA_BF16, SDPA_BF16, SDPA_BF16
+#define NO_MODS_ 0, 0, 0.0f, 0, 0
 
 static att_shape attention_shapes[MAX_SHAPES] = {
-    {"b1h1q1k4096d128", 1, 1, 1, 1, 4096, 128, 0, F32_},      /* decode, one head */
-    {"b1h8q1k4096d128", 1, 8, 8, 1, 4096, 128, 0, F32_},      /* decode, MHA */
-    {"b1h32kv8q1k1024d128", 1, 32, 8, 1, 1024, 128, 0, F32_}, /* decode, GQA */
-    {"b1h1q1024k1024d64", 1, 1, 1, 1024, 1024, 64, 0, F32_},  /* prefill */
-    {"b1h1q1024k1024d128", 1, 1, 1, 1024, 1024, 128, 0, F32_},
-    {"b1h1q1024k1024d128causal", 1, 1, 1, 1024, 1024, 128, SDPA_CAUSAL, F32_},
-    {"b1h8q512k512d128", 1, 8, 8, 512, 512, 128, 0, F32_},    /* MHA prefill */
-    {"b1h8kv2q512k512d128", 1, 8, 2, 512, 512, 128, 0, F32_}, /* GQA prefill */
+    {"b1h1q1k4096d128", 1, 1, 1, 1, 4096, 128, 0, F32_, NO_MODS_},      /* decode, one head */
+    {"b1h8q1k4096d128", 1, 8, 8, 1, 4096, 128, 0, F32_, NO_MODS_},      /* decode, MHA */
+    {"b1h32kv8q1k1024d128", 1, 32, 8, 1, 1024, 128, 0, F32_, NO_MODS_}, /* decode, GQA */
+    {"b1h1q1024k1024d64", 1, 1, 1, 1024, 1024, 64, 0, F32_, NO_MODS_},  /* prefill */
+    {"b1h1q1024k1024d128", 1, 1, 1, 1024, 1024, 128, 0, F32_, NO_MODS_},
+    {"b1h1q1024k1024d128causal", 1, 1, 1, 1024, 1024, 128, SDPA_CAUSAL, F32_, NO_MODS_},
+    {"b1h8q512k512d128", 1, 8, 8, 512, 512, 128, 0, F32_, NO_MODS_},    /* MHA prefill */
+    {"b1h8kv2q512k512d128", 1, 8, 2, 512, 512, 128, 0, F32_, NO_MODS_}, /* GQA prefill */
     /* the 16-bit K/V caches of decode (K and V past L2), and prefill over them */
-    {"b1h32kv8q1k4096d128", 1, 32, 8, 1, 4096, 128, 0, F32_},
-    {"b1h32kv8q1k4096d128kvf16", 1, 32, 8, 1, 4096, 128, 0, KV16_},
-    {"b1h32kv8q1k4096d128kvbf16", 1, 32, 8, 1, 4096, 128, 0, KVBF_},
-    {"b1h8q1024k1024d128kvf16", 1, 8, 8, 1024, 1024, 128, 0, KV16_},
-    {"b1h8q1024k1024d128bf16", 1, 8, 8, 1024, 1024, 128, 0, BF16_},
-    {"b2h4kv2q3k33d17causalkvf16", 2, 4, 2, 3, 33, 17, SDPA_CAUSAL, KV16_}, /* --smoke: tails */
-    {"b1h2kv1q1k70d8bf16", 1, 2, 1, 1, 70, 8, 0, BF16_}, /* --smoke: grouped decode */
+    {"b1h32kv8q1k4096d128", 1, 32, 8, 1, 4096, 128, 0, F32_, NO_MODS_},
+    {"b1h32kv8q1k4096d128kvf16", 1, 32, 8, 1, 4096, 128, 0, KV16_, NO_MODS_},
+    {"b1h32kv8q1k4096d128kvbf16", 1, 32, 8, 1, 4096, 128, 0, KVBF_, NO_MODS_},
+    {"b1h8q1024k1024d128kvf16", 1, 8, 8, 1024, 1024, 128, 0, KV16_, NO_MODS_},
+    {"b1h8q1024k1024d128bf16", 1, 8, 8, 1024, 1024, 128, 0, BF16_, NO_MODS_},
+    {"b2h4kv2q3k33d17causalkvf16", 2, 4, 2, 3, 33, 17, SDPA_CAUSAL, KV16_,
+     NO_MODS_},                                                    /* --smoke: tails */
+    {"b1h2kv1q1k70d8bf16", 1, 2, 1, 1, 70, 8, 0, BF16_, NO_MODS_}, /* --smoke: grouped decode */
 };
 static size_t n_attention_shapes = 15;
 enum { ATT_SMOKE_FIRST = 14 }; /* 1-based index of the first smoke shape */
+
+/* The number after the tag at *p, past it; 0 if there is none. */
+static int tagged_number(const char **p, const char *tag, double *value) {
+    const size_t len = strlen(tag);
+    if (strncmp(*p, tag, len) != 0 || !((*p)[len] >= '0' && (*p)[len] <= '9')) return 0;
+    char *end;
+    *value = strtod(*p + len, &end);
+    *p = end;
+    return 1;
+}
+
+/* The modifiers' part of a shape ("w512sc30alibisink"), in that order; 0 if malformed. */
+static int parse_mods(const char **p, att_shape *s) {
+    double x;
+    if (tagged_number(p, "w", &x)) {
+        if (x != (long long)x || x < 0) return 0;
+        s->windowed = 1;
+        s->window = (long long)x;
+    }
+    if (tagged_number(p, "sc", &x)) {
+        if (!(x > 0 && x < 1e30)) return 0;
+        s->softcap = (float)x;
+    }
+    if (strncmp(*p, "alibi", 5) == 0) s->alibi = 1, *p += 5;
+    if (strncmp(*p, "sink", 4) == 0) s->sink = 1, *p += 4;
+    return 1;
+}
+
+static int attention_has_mods(const att_shape *s) {
+    return s->windowed || s->softcap != 0.0f || s->alibi || s->sink;
+}
 
 /* Parses "b1h8kv2q512k512d128causal" into s; 0 if it is not one. */
 static int parse_shape(const char *text, att_shape *s) {
@@ -75,6 +114,7 @@ static int parse_shape(const char *text, att_shape *s) {
         s->flags = SDPA_CAUSAL;
         p += 6;
     }
+    if (!parse_mods(&p, s)) return 0;
     static const struct {
         const char *tag;
         sdpa_dtype q, kv, out;
@@ -92,16 +132,16 @@ static int parse_shape(const char *text, att_shape *s) {
     return 1;
 }
 
-/* (query, key) pairs computed per head: causal skips the keys a row does not see */
+/* (query, key) pairs computed per head: causal and a window skip the keys a row does not see */
 static double pairs_of(const att_shape *s) {
     double pairs = 0;
     for (size_t i = 0; i < s->len_q; i++) {
-        double seen = (double)s->len_kv;
-        if (s->flags & SDPA_CAUSAL) {
-            seen = (double)(i + 1 + s->len_kv) - (double)s->len_q;
-            seen = seen < 0 ? 0 : seen > (double)s->len_kv ? (double)s->len_kv : seen;
-        }
-        pairs += seen;
+        const double p = (double)i + (double)s->len_kv - (double)s->len_q; /* the row's position */
+        double end = s->flags & SDPA_CAUSAL ? p + 1 : (double)s->len_kv;
+        double first = s->windowed ? p - (double)s->window : 0;
+        end = end > (double)s->len_kv ? (double)s->len_kv : end;
+        first = first < 0 ? 0 : first;
+        pairs += end > first ? end - first : 0;
     }
     return pairs;
 }
@@ -112,9 +152,11 @@ typedef struct att_state {
     float *q, *k, *v, *scores; /* scores: the OpenBLAS composite's len_q x len_kv matrix */
     void *q16, *k16, *v16;     /* the views sdpa gets: q, k, v converted to the shape's types */
     float *peer_out;           /* the peer's float out, before it is rounded to a 16-bit out */
-    sdpa_mha_desc desc_f32;    /* desc with every view f32: the "vs f32" row (KIND_F32) */
-    float *out_f32;            /* that row's out */
-    int f32_last;              /* the last run was that row's: its out is in out_f32 */
+    sdpa_score_mods mods;      /* the shape's modifiers, when it has some */
+    float *slopes, *sinks;
+    sdpa_mha_desc desc_f32; /* desc with every view f32: the "vs f32" row (KIND_F32) */
+    float *out_f32;         /* that row's out */
+    int f32_last;           /* the last run was that row's: its out is in out_f32 */
     size_t n_out;
     double pairs; /* (query, key) pairs computed, per head: causal skips the rest */
 } att_state;
@@ -135,6 +177,23 @@ static void widen_in_place(float *y, size_t n, sdpa_dtype t) {
     sdpa_convert(wide, SDPA_F32, y, t, n);
     memcpy(y, wide, n * sizeof *y);
     free(wide);
+}
+
+/* The shape's modifiers into st->desc */
+static void set_mods(att_state *st, const att_shape *s) {
+    memset(&st->mods, 0, sizeof st->mods);
+    st->mods.struct_size = sizeof st->mods;
+    st->mods.window_left = s->windowed ? s->window : -1;
+    st->mods.window_right = -1;
+    st->mods.softcap = s->softcap;
+    st->slopes = xalloc(s->heads_q), st->sinks = xalloc(s->heads_q);
+    for (size_t h = 0; h < s->heads_q; h++) {
+        st->slopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)s->heads_q);
+        st->sinks[h] = 0.0f;
+    }
+    if (s->alibi) st->mods.alibi_slopes = st->slopes;
+    if (s->sink) st->mods.sinks = st->sinks;
+    sdpa_mha_desc_set_mods(&st->desc, &st->mods);
 }
 
 static void attention_prepare(job *j) {
@@ -160,6 +219,7 @@ static void attention_prepare(job *j) {
     j->y = xalloc(nq), j->ref = xalloc(nq), j->y_len = nq;
     sdpa_mha_desc_dense(&st->desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->d,
                         s->d, SDPA_DEFAULT_SCALE, s->flags);
+    if (attention_has_mods(s)) set_mods(st, s);
     st->desc_f32 = st->desc;
     st->desc.q_type = s->q_type, st->desc.kv_type = s->kv_type, st->desc.out_type = s->out_type;
     st->pairs = pairs_of(s);
@@ -236,7 +296,16 @@ static void attention_cost(const job *j, double *flops, double *bytes, double *w
 static void attention_release(job *j) {
     att_state *st = j->extra;
     free(st->q), free(st->k), free(st->v), free(st->scores);
-    free(st->q16), free(st->k16), free(st->v16), free(st->peer_out), free(st->out_f32), free(st);
+    free(st->q16), free(st->k16), free(st->v16), free(st->peer_out), free(st->out_f32);
+    free(st->slopes), free(st->sinks), free(st);
+}
+
+int attention_modified(const job *j) {
+    return attention_has_mods(((const att_state *)j->extra)->shape);
+}
+
+int attention_shape_modified(size_t index) {
+    return index >= 1 && index <= MAX_SHAPES && attention_has_mods(&attention_shapes[index - 1]);
 }
 
 int attention_typed(const job *j) {

@@ -299,6 +299,10 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
 static int inaccurate_peers;
 
 static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FILE *csv) {
+    if (op == &BACKWARD_OP && attention_shape_modified(n)) {
+        printf("backward: shape %zu has score modifiers, which the backward does not take\n", n);
+        return 0;
+    }
     job j = {.op = op, .n = n, .d = d};
     snprintf(j.size_label, sizeof j.size_label, "%zu", n);
     impl ims[MAX_IMPLS];
@@ -322,7 +326,9 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
     if (o->peers)
         for (int p = 0; p < 2; p++) {
             enum kind k = op->peers[p];
-            if (k == KIND_OPENBLAS && peer_openblas_describe())
+            /* the composite knows no score modifier */
+            if (k == KIND_OPENBLAS && !(op == &ATTENTION_OP && attention_modified(&j)) &&
+                peer_openblas_describe())
                 ims[n_impls++] = (impl){.kind = KIND_OPENBLAS, .label = "openblas"};
             if (k == KIND_DNNL && (j.dnnl = peer_dnnl_softmax_create(j.y, j.x, n)))
                 ims[n_impls++] = (impl){.kind = KIND_DNNL, .label = "onednn"};
@@ -458,7 +464,8 @@ static void usage(int status) {
             "--n: elements (scores: keys), replacing each op's sizes; --d: scores' key length\n"
             "(default 64 and 128); --shape: an attention shape in the benchdnn style,\n"
             "b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal], for example\n"
-            "b1h8kv2q512k512d128causal, and kvf16, kvbf16, f16 or bf16 after it for 16-bit\n"
+            "b1h8kv2q512k512d128causal; then score modifiers, in this order, w<left> (a window),\n"
+            "sc<cap> (softcap), alibi, sink; and kvf16, kvbf16, f16 or bf16 last for 16-bit\n"
             "views (replacing the default shapes; alone, it selects the attention op); --smoke:\n"
             "tiny sizes, one round, no roofline; --threads 1,2: attention rows of the active\n"
             "backend at those thread counts too (wall clock, pinned to as many cores as the\n"

@@ -289,12 +289,12 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
 }
 
 /* The fused path's first half, where it applies: a packed block every row sees whole, with a
-   stage that is only the scale, takes scores_max now and exp_pv in rows_values, unless a new
-   row max would not be finite (+inf among the scores, or a row with nothing but -inf so far).
-   Returns whether it took it. */
+   stage that removes no key, takes scores_max (and the stage on its tile) now and exp_pv in
+   rows_values, unless a new row max would not be finite (+inf among the scores, or a row with
+   nothing but -inf so far). Returns whether it took it. */
 static int scores_fused(const attention_run *run, const attention_problem *p, row_block *b,
                         const block_rows *kr, const score_stage *stage, size_t k0, size_t nk) {
-    if (!b->packed || !run->exp_pv || !score_stage_is_scale(stage) || b->all_from > k0 ||
+    if (!b->packed || !run->exp_pv || !score_stage_keeps_keys(stage) || b->all_from > k0 ||
         b->all_see < k0 + nk)
         return 0;
     if (b->packed && run->bf16_dot)
@@ -303,6 +303,11 @@ static int scores_fused(const attention_run *run, const attention_problem *p, ro
     else
         run->a->scores_max(b->s, b->m_new, b->qt.f, b->nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
                            p->scale);
+    if (!score_stage_is_scale(stage)) { /* the stage on the tile, and its maxima */
+        float scratch[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
+        score_stage_keymajor(stage, b->s, SDPA_ATTN_MAX_BLOCK_Q, b->q0, b->nq, k0, nk, b->m_new,
+                             scratch, run->exp_sum);
+    }
     for (size_t r = 0; r < b->nq; r++) b->m_new[r] = b->m_new[r] > b->m[r] ? b->m_new[r] : b->m[r];
     return all_finite(b->m_new, b->nq);
 }

@@ -55,14 +55,21 @@ static inline int score_stage_removes(const score_stage *st, size_t i, size_t j)
     return st->mask && st->mask[i * st->mask_row + j] == -INFINITY;
 }
 
-/* The softcap of n scores: c tanh(s / c), from t = exp(-2 |s| / c) in (0, 1] with the
-   backend's exp (exp_sum: y = exp(scale x - shift)), tanh |x| = (1 - t) / (1 + t). */
+/* The softcap of n scores: c tanh(s / c). For a = |s| / c >= 1/8, tanh a = (1 - t) / (1 + t)
+   with t = exp(-2a) in (0, 0.78] from the backend's exp (exp_sum: y = exp(scale x - shift));
+   below, where 1 - t would cancel, the series a - a^3/3 + 2a^5/15 (its next term is under
+   float's precision there). docs/numerics.md states the bound. */
 static inline void score_stage_softcap(float *s, size_t n, float c, float *t,
                                        float (*exp_sum)(float *, const float *, size_t, float,
                                                         float)) {
     for (size_t j = 0; j < n; j++) t[j] = fabsf(s[j]);
     exp_sum(t, t, n, -2.0f / c, 0.0f);
-    for (size_t j = 0; j < n; j++) s[j] = copysignf(c * ((1.0f - t[j]) / (1.0f + t[j])), s[j]);
+    for (size_t j = 0; j < n; j++) {
+        const float a = fabsf(s[j]) / c, a2 = a * a;
+        const float y = a < 0.125f ? a * (1.0f - a2 * (1.0f / 3.0f - a2 * (2.0f / 15.0f)))
+                                   : (1.0f - t[j]) / (1.0f + t[j]);
+        s[j] = copysignf(c * y, s[j]);
+    }
 }
 
 /* Row i's scores s of keys [k0, k0 + n) through the stage; t is n floats of scratch. Returns 0

@@ -330,3 +330,47 @@ Test(mods, desc_helpers_keep_to_the_callers_struct) {
     }
     cr_assert_eq(sdpa_mha_desc_set_mods(NULL, NULL), SDPA_ERR_NULL);
 }
+
+/* The softcap alone, read off the lse of rows over one key (lse = the capped score there, as
+ * the row's sum is 1): q_i = x_i, k = 1, d = 1, scale 1, so each score is x_i exactly. Over
+ * x/c from 1e-9 to 1e4 both signs, 0, +-inf and NaN, on the unpacked rows (3 rows) and the
+ * fused tile (40 rows): relative error <= 2^-20 against tanh in double (docs/numerics.md),
+ * plus 2^-22 for the lse's own log(l) of a sum of one weight that the fast exp may round
+ * below 1. */
+BACKEND_TEST(mods, softcap_within_its_bound) {
+    enum { N = 200 };
+    static float x[N], lse[N], out[N];
+    const float caps[] = {30.0f, 1.0f, 1e-3f, 1e20f};
+    const float k = 1.0f, v = 1.0f;
+    for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++) {
+        const float c = caps[ci];
+        for (size_t i = 0; i < N - 4; i++)
+            x[i] = (float)((i % 2 ? -1.0 : 1.0) * c * pow(10.0, -9.0 + 13.0 * (double)i / N));
+        x[N - 4] = 0.0f, x[N - 3] = INFINITY, x[N - 2] = -INFINITY, x[N - 1] = NAN;
+        const size_t rows[] = {3, 40};
+        for (size_t ri = 0; ri < 2; ri++) {
+            const size_t done = N / rows[ri] * rows[ri];
+            for (size_t r0 = 0; r0 < done; r0 += rows[ri]) {
+                sdpa_mha_desc desc;
+                cr_assert_eq(sdpa_mha_desc_dense(&desc, 1, 1, 1, rows[ri], 1, 1, 1, 1.0f, 0),
+                             SDPA_OK);
+                sdpa_score_mods m = none();
+                m.softcap = c;
+                cr_assert_eq(sdpa_mha_desc_set_mods(&desc, &m), SDPA_OK);
+                desc.lse = lse + r0;
+                desc.lse_stride[0] = desc.lse_stride[1] = rows[ri];
+                cr_assert_eq(sdpa_mha_f32(&desc, out + r0, x + r0, &k, &v), SDPA_OK);
+            }
+            for (size_t i = 0; i < done; i++) {
+                if (isnan(x[i])) {
+                    cr_assert(isnan(lse[i]), "cap %g: softcap(NaN) gives lse %g", c, lse[i]);
+                    continue;
+                }
+                const double want = c * tanh((double)x[i] / c);
+                cr_assert(fabs(lse[i] - want) <= 0x1p-20 * fabs(want) + 0x1p-22,
+                          "cap %g, %zu rows: softcap(%.9g) = %.9g, want %.9g", c, rows[ri], x[i],
+                          lse[i], want);
+            }
+        }
+    }
+}

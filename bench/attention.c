@@ -16,7 +16,8 @@
  * dense [batch][head][row][col] tensors, scale 1/sqrt(d), exp "fast"; mods are score modifiers
  * in this order: w<left> (a window of left keys before the row), sc<cap> (softcap), alibi (the
  * slopes 2^(-8 (h + 1) / heads)), sink (a sink of 0 a head); types is kvf16 or kvbf16 (K and V
- * of that type, q and out f32), or f16 or bf16 (every view), f32 without. The op's sizes are
+ * of that type, q and out f32; kve4m3 and kve5m2 likewise for the 8-bit floats), or f16 or bf16
+ * (every view), f32 without. The op's sizes are
  * 1-based indices into attention_shapes; --shape replaces the defaults. */
 
 typedef struct att_shape {
@@ -121,6 +122,8 @@ static int parse_shape(const char *text, att_shape *s) {
     } TYPES[] = {{"", F32_},
                  {"kvf16", KV16_},
                  {"kvbf16", KVBF_},
+                 {"kve4m3", SDPA_F32, SDPA_FP8_E4M3, SDPA_F32},
+                 {"kve5m2", SDPA_F32, SDPA_FP8_E5M2, SDPA_F32},
                  {"f16", SDPA_F16, SDPA_F16, SDPA_F16},
                  {"bf16", BF16_}};
     size_t t = 0;
@@ -287,7 +290,8 @@ static void attention_cost(const job *j, double *flops, double *bytes, double *w
     const att_shape *s = st->shape;
     double heads = (double)(s->batch * s->heads_q);
     *flops = 4 * heads * st->pairs * (double)s->d;
-    const double q_bytes = s->q_type == SDPA_F32 ? 4 : 2, kv_bytes = s->kv_type == SDPA_F32 ? 4 : 2;
+    const double q_bytes = s->q_type == SDPA_F32 ? 4 : 2;
+    const double kv_bytes = s->kv_type == SDPA_F32 ? 4 : s->kv_type <= SDPA_BF16 ? 2 : 1;
     const double out_bytes = s->out_type == SDPA_F32 ? 4 : 2;
     *bytes = *working_set = (q_bytes + out_bytes) * (double)st->n_out +
                             2 * kv_bytes * (double)(s->batch * s->heads_kv * s->len_kv * s->d);

@@ -44,8 +44,17 @@ extern "C" {
 
 /* ======== Types ======== */
 
-/* Element types. f16 is IEEE binary16; bf16 is the upper half of a binary32. */
-typedef enum sdpa_dtype { SDPA_F32 = 0, SDPA_F16 = 1, SDPA_BF16 = 2 } sdpa_dtype;
+/* Element types. f16 is IEEE binary16; bf16 is the upper half of a binary32. The OCP 8-bit
+ * floats (since ABI 1.4): e4m3 has no inf, S.1111.111 is NaN, its largest finite value 448;
+ * e5m2 is IEEE-like, its largest finite value 57344. Only K/V caches and sdpa_convert take
+ * them. */
+typedef enum sdpa_dtype {
+    SDPA_F32 = 0,
+    SDPA_F16 = 1,
+    SDPA_BF16 = 2,
+    SDPA_FP8_E4M3 = 3,
+    SDPA_FP8_E5M2 = 4
+} sdpa_dtype;
 
 #define SDPA_DEFAULT_SCALE 0.0f      /* scale argument meaning 1/sqrt(d_k) */
 #define SDPA_CAUSAL        (1u << 0) /* query row i sees keys j <= i + (len_kv - len_q) */
@@ -195,10 +204,11 @@ SDPA_API sdpa_status sdpa_scores_f32(float *s, const float *q, const float *k, s
                                      size_t d, size_t k_stride, float scale);
 
 /* dst[i] = src[i] converted: widening is exact; narrowing rounds to nearest even whatever the
- * rounding mode, FTZ or DAZ (f16 may be subnormal; beyond 65504 is inf). A NaN stays a NaN,
- * quieted. src == dst is allowed for types of one size. Errors: SDPA_ERR_NULL; SDPA_ERR_ARG
- * for an unknown type; SDPA_ERR_SIZE for n past PTRDIFF_MAX bytes or any other overlap (an
- * overlap was SDPA_ERR_ARG before ABI 1.3). */
+ * rounding mode, FTZ or DAZ (f16 may be subnormal; beyond 65504 is inf; e4m3 saturates at
+ * +-448, infinities too; e5m2 beyond 57344 is inf). A NaN stays a NaN, quieted. src == dst is
+ * allowed for types of one size. Errors: SDPA_ERR_NULL; SDPA_ERR_ARG for an unknown type;
+ * SDPA_ERR_SIZE for n past PTRDIFF_MAX bytes or any other overlap (an overlap was SDPA_ERR_ARG
+ * before ABI 1.3). */
 SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *src,
                                   sdpa_dtype src_type, size_t n);
 
@@ -260,9 +270,11 @@ SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const f
                                   const float *k, const float *v);
 
 /* sdpa_mha_f32 with the types of desc->q_type, kv_type and out_type (f32 for a v1 descriptor):
- * views are widened to float exactly, computed as f32, and out rounded once. d_k and d_v at
- * most 8192 with a 16-bit view (else SDPA_ERR_SIZE). The f32 bound plus that rounding; all-bf16
- * calls may use the bf16 dot add-ons (docs/numerics.md, "bf16 Q.K"). */
+ * views are widened to float exactly, computed as f32, and out rounded once. kv_type may be
+ * an 8-bit type, standing for k_scale and v_scale times its values (a v3 descriptor; 0 or
+ * v2: 1): k_scale joins the scores' scale, v_scale the output's normalisation. d_k and d_v at
+ * most 8192 with a view narrower than f32 (else SDPA_ERR_SIZE). The f32 bound plus that
+ * rounding; all-bf16 calls may use the bf16 dot add-ons (docs/numerics.md, "bf16 Q.K"). */
 SDPA_API sdpa_status sdpa_mha(const sdpa_mha_desc *desc, void *out, const void *q, const void *k,
                               const void *v);
 
@@ -329,7 +341,7 @@ SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa
  * (v likewise, with v_stride and d_v). */
 typedef struct sdpa_kv_cache {
     uint32_t struct_size; /* sizeof(sdpa_kv_cache) as the caller compiled it */
-    uint32_t kv_type;     /* sdpa_dtype of the stored k and v: f32, f16 or bf16 */
+    uint32_t kv_type;     /* sdpa_dtype of the stored k and v, any */
     size_t num_blocks; /* blocks in the pool: a table entry outside [0, num_blocks) is an error */
     size_t block_size; /* tokens per block (1 gives a token table, as SGLang's) */
     size_t heads_kv, d_k, d_v;
@@ -337,7 +349,8 @@ typedef struct sdpa_kv_cache {
     size_t k_stride[3], v_stride[3];
     const int32_t *block_table; /* [num_seqs][block_table_stride]: sequence s's n-th block */
     size_t block_table_stride;
-    float k_scale, v_scale; /* 8-bit types only (value = scale * stored; 0 means 1); 0 or 1 now */
+    float k_scale, v_scale; /* 8-bit types: value = scale * stored (0 means 1), finite; other
+                               types: 0 or 1 */
 } sdpa_kv_cache;
 
 /* A step's sequences and their query rows. */
@@ -382,7 +395,8 @@ SDPA_API sdpa_status sdpa_attention_paged(const sdpa_batch *batch, const sdpa_kv
 
 /* Writes n tokens' k and v (src_type, [token][head][d] with the strides given) into the cache:
  * token t goes to block slots[t] / block_size, position slots[t] % block_size, converted to
- * kv_type as sdpa_convert does (the same type: copied bit for bit). A slot named twice keeps the
+ * kv_type as sdpa_convert does (the same type: copied bit for bit; an 8-bit kv_type: the value
+ * divided by the cache's scale in float, then rounded). A slot named twice keeps the
  * later token. Errors, before anything is written: SDPA_ERR_NULL (with n > 0); SDPA_ERR_ARG for
  * a cache the paged call rejects, an unknown src_type, or a slot outside [0, num_blocks *
  * block_size); SDPA_ERR_SIZE for a stride below its row, an extent past PTRDIFF_MAX bytes, or a

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "dispatch.h"
+#include "fp8.h"
 #include "plan.h"
 #include "sdpa.h"
 #include "sizes.h"
@@ -104,6 +105,12 @@ static const float *float_rows(const attention_run *run, uint32_t type, const vo
     if (type == SDPA_F32) {
         *float_stride = stride;
         return (const float *)base + r0 * stride;
+    }
+    *float_stride = row;
+    if (sdpa_type_is_fp8(type)) { /* no backend widens the 8-bit floats yet: fp8.c does */
+        const uint8_t *src = (const uint8_t *)base + r0 * stride;
+        for (size_t i = 0; i < n; i++) sdpa_fp8_widen(tile + i * row, src + i * stride, row, type);
+        return tile;
     }
     const uint16_t *src = (const uint16_t *)base + r0 * stride;
     if (stride == row || n == 1) {
@@ -263,11 +270,11 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
 /* Whether the backend's typed entries (kernels.h) take this problem's 16-bit K (for unpacked
  * blocks) and V as they are. */
 static int typed_k(const attention_run *run, const attention_problem *p) {
-    return p->kv_type != SDPA_F32 && p->d_k <= SDPA_ATTN_TYPED_MAX_D &&
+    return (p->kv_type == SDPA_F16 || p->kv_type == SDPA_BF16) && p->d_k <= SDPA_ATTN_TYPED_MAX_D &&
            run->a->scores_tile_typed[p->kv_type];
 }
 static int typed_v(const attention_run *run, const attention_problem *p) {
-    return p->kv_type != SDPA_F32 && p->d_v <= SDPA_ATTN_TYPED_MAX_D &&
+    return (p->kv_type == SDPA_F16 || p->kv_type == SDPA_BF16) && p->d_v <= SDPA_ATTN_TYPED_MAX_D &&
            run->a->pv_tile_typed[p->kv_type];
 }
 
@@ -466,7 +473,8 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
  * log-sum-exps; or, with part_l (a split-KV chunk, f32 out), the state its merge takes: the rows
  * of acc as they are, the max m to lse and the sum l to part_l (NaN for a poisoned row). */
 float attention_row_finish(const sdpa_kernels *k, float *o, const float *acc, size_t d_v, float m,
-                           double l, float sink) {
+                           double l, float sink, float v_scale) {
+    const double vs = v_scale != 0.0f ? v_scale : 1.0;
     if (isnan(l) || isnan(sink)) {
         for (size_t c = 0; c < d_v; c++) o[c] = NAN;
         return NAN;
@@ -476,13 +484,13 @@ float attention_row_finish(const sdpa_kernels *k, float *o, const float *acc, si
         return sink;
     }
     if (sink == -INFINITY) {
-        k->scale(o, acc, d_v, (float)(1.0 / l));
+        k->scale(o, acc, d_v, (float)(vs / l));
         return (float)((double)m + log(l));
     }
     /* l e^m + e^sink, as e^hi (l e^(m - hi) + e^(sink - hi)) so that neither term overflows */
     const double hi = m > sink ? m : sink, w = exp((double)m - hi);
     const double den = l * w + exp((double)sink - hi);
-    k->scale(o, acc, d_v, (float)(w / den));
+    k->scale(o, acc, d_v, (float)(vs * w / den));
     return (float)(hi + log(den));
 }
 
@@ -501,9 +509,9 @@ static void rows_end(const attention_run *run, const attention_problem *p, const
             continue;
         }
         float *o = narrow ? b->acc + r * b->ld_acc : (float *)out + i * os;
-        const float row_lse =
-            attention_row_finish(run->k, o, b->acc + r * b->ld_acc, d_v, b->m[r],
-                                 b->poisoned[r] ? NAN : b->l[r], score_stage_sink(stage, i));
+        const float row_lse = attention_row_finish(run->k, o, b->acc + r * b->ld_acc, d_v, b->m[r],
+                                                   b->poisoned[r] ? NAN : b->l[r],
+                                                   score_stage_sink(stage, i), p->v_scale);
         if (narrow) run->k->narrow[p->out_type]((uint16_t *)out + i * os, o, d_v);
         if (lse) lse[i * lse_row] = row_lse;
     }

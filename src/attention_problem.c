@@ -82,7 +82,7 @@ static sdpa_status check_overlaps(const extent *written, int n_written, const ex
     return SDPA_OK;
 }
 
-static const char *const TYPE_NAMES[] = {"f32", "f16", "bf16"};
+static const char *const TYPE_NAMES[] = {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"};
 
 /* the pointers a call with output rows needs */
 static sdpa_status check_pointers(const attention_problem *p, int reads_inputs) {
@@ -141,12 +141,13 @@ static sdpa_status check(const attention_problem *p, uint32_t flags) {
     /* whether or not there is work: the limit belongs to the types, not to the shape */
     if ((q_size < 4 || kv_size < 4 || out_size < 4) &&
         (p->d_k > SDPA_WIDE_FLOATS || p->d_v > SDPA_WIDE_FLOATS))
-        return sdpa_fail(SDPA_ERR_SIZE,
-                         "%s (%zu) is above %d, the largest with a 16-bit view (q %s, k and v "
-                         "%s, out %s)",
-                         p->d_k > SDPA_WIDE_FLOATS ? "d_k" : "d_v",
-                         p->d_k > SDPA_WIDE_FLOATS ? p->d_k : p->d_v, SDPA_WIDE_FLOATS,
-                         TYPE_NAMES[p->q_type], TYPE_NAMES[p->kv_type], TYPE_NAMES[p->out_type]);
+        return sdpa_fail(
+            SDPA_ERR_SIZE,
+            "%s (%zu) is above %d, the largest with a view narrower than f32 (q %s, k and v "
+            "%s, out %s)",
+            p->d_k > SDPA_WIDE_FLOATS ? "d_k" : "d_v", p->d_k > SDPA_WIDE_FLOATS ? p->d_k : p->d_v,
+            SDPA_WIDE_FLOATS, TYPE_NAMES[p->q_type], TYPE_NAMES[p->kv_type],
+            TYPE_NAMES[p->out_type]);
     if (!has_out) return SDPA_OK;
     if (!p->d_k || !p->d_v)
         return sdpa_fail(SDPA_ERR_SIZE, "%s is 0 with output rows", p->d_k ? "d_v" : "d_k");
@@ -214,6 +215,8 @@ sdpa_status sdpa_problem_check(attention_problem *p, uint32_t flags) {
         if (st != SDPA_OK) return st;
     }
     if (p->scale == SDPA_DEFAULT_SCALE && p->d_k) p->scale = (float)(1.0 / sqrt((double)p->d_k));
+    /* an 8-bit K stands for k_scale times its values: folded into the scores' scale once */
+    if (p->k_scale != 0.0f) p->scale *= p->k_scale;
     p->causal = (flags & SDPA_CAUSAL) != 0;
     return SDPA_OK;
 }
@@ -359,18 +362,19 @@ static sdpa_status desc_size_check(uint32_t size) {
 
 /* the element types (sdpa_mha: any sdpa_dtype; sdpa_mha_f32 and the backward: f32) */
 static sdpa_status desc_types_check(const sdpa_mha_desc *desc, int typed) {
-    const uint32_t most = typed ? SDPA_BF16 : SDPA_F32;
-    const char *field = desc->q_type > most     ? "q_type"
-                        : desc->kv_type > most  ? "kv_type"
-                        : desc->out_type > most ? "out_type"
-                                                : NULL;
+    const uint32_t most = typed ? SDPA_BF16 : SDPA_F32, most_kv = typed ? SDPA_FP8_E5M2 : SDPA_F32;
+    const char *field = desc->q_type > most       ? "q_type"
+                        : desc->kv_type > most_kv ? "kv_type"
+                        : desc->out_type > most   ? "out_type"
+                                                  : NULL;
     if (field) {
         const uint32_t t = field[0] == 'q'   ? desc->q_type
                            : field[0] == 'k' ? desc->kv_type
                                              : desc->out_type;
         return sdpa_fail(SDPA_ERR_ARG, "desc->%s (%u) is %s", field, (unsigned)t,
-                         t > SDPA_BF16 ? "not an sdpa_dtype (0 to 2)"
-                                       : "not SDPA_F32, the only type of this entry point");
+                         t > SDPA_FP8_E5M2 ? "not an sdpa_dtype (0 to 4)"
+                         : t > SDPA_BF16   ? "an 8-bit type, which only k and v take"
+                                           : "not SDPA_F32, the only type of this entry point");
     }
     if (desc->reserved)
         return sdpa_fail(SDPA_ERR_ARG, "desc->reserved (%u) is not 0", (unsigned)desc->reserved);
@@ -415,7 +419,21 @@ sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *de
         p->lse_stride[0] = desc->lse_stride[0];
         p->lse_stride[1] = desc->lse_stride[1];
     }
+    if (DESC_HAS(desc, v_scale) && p->kv_type > SDPA_BF16) {
+        st = sdpa_problem_set_scales(p, desc->k_scale, desc->v_scale);
+        if (st != SDPA_OK) return st;
+    }
     if (DESC_HAS(desc, v_scale) && desc->mods) return sdpa_problem_set_mods(p, desc->mods);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_problem_set_scales(attention_problem *p, float k_scale, float v_scale) {
+    if (!isfinite(k_scale) || !isfinite(v_scale))
+        return sdpa_fail(SDPA_ERR_ARG, "%s (%g) is not finite",
+                         isfinite(k_scale) ? "v_scale" : "k_scale",
+                         (double)(isfinite(k_scale) ? v_scale : k_scale));
+    p->k_scale = k_scale;
+    p->v_scale = v_scale;
     return SDPA_OK;
 }
 

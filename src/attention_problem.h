@@ -31,6 +31,9 @@ typedef struct attention_problem {
     /* score modifiers (sdpa_score_mods), each off when zeroed: the window's bounds, softcap,
        ALiBi slopes and sinks of the query heads (alibi[h], sinks[h]), and the segments of the
        query rows and keys (q_segment[b s + i], k_segment[b s + j]) */
+    /* an 8-bit K or V stands for k_scale or v_scale times its values (0: 1); k_scale is folded
+       into scale by sdpa_problem_check */
+    float k_scale, v_scale;
     int has_window_left, has_window_right;
     size_t window_left, window_right;
     float softcap;
@@ -44,7 +47,9 @@ typedef struct attention_problem {
 #define SDPA_WIDE_FLOATS 8192
 
 /* Bytes of one element of type t (a valid sdpa_dtype). */
-static inline size_t sdpa_type_size(uint32_t t) { return t == SDPA_F32 ? 4 : 2; }
+static inline size_t sdpa_type_size(uint32_t t) {
+    return t == SDPA_F32 ? 4 : t <= SDPA_BF16 ? 2 : 1;
+}
 
 /* One dense head (sdpa_attention_f32's arguments). */
 void sdpa_problem_single(attention_problem *p, void *out, const float *q, const float *k,
@@ -59,6 +64,9 @@ sdpa_status sdpa_problem_from_desc(attention_problem *p, const sdpa_mha_desc *de
 /* The modifiers of mods into p (its heads_q, batch, len_q and len_kv set), checked as sdpa.h
  * says (score_mods.c): SDPA_ERR_ARG naming the field, p untouched, on a bad one. */
 sdpa_status sdpa_problem_set_mods(attention_problem *p, const sdpa_score_mods *mods);
+
+/* The scales of an 8-bit K and V (0 means 1): SDPA_ERR_ARG for one not finite. */
+sdpa_status sdpa_problem_set_scales(attention_problem *p, float k_scale, float v_scale);
 
 /* Whether p has a score modifier. */
 static inline int sdpa_problem_has_mods(const attention_problem *p) {

@@ -1,11 +1,12 @@
 /* sdpa_convert: arrays between float and the 16-bit types, through the backend's widen and
- * narrow kernels (arch/kernels.h). */
+ * narrow kernels (arch/kernels.h), and the 8-bit ones, through fp8.c. */
 #include <stdint.h>
 #include <string.h>
 
 #include "attention_problem.h"
 #include "dispatch.h"
 #include "error.h"
+#include "fp8.h"
 #include "sdpa.h"
 #include "sizes.h"
 
@@ -13,7 +14,8 @@
 _Static_assert(SDPA_TYPE_F32 == (int)SDPA_F32, "sdpa_dtype and enum sdpa_type disagree on f32");
 _Static_assert(SDPA_TYPE_F16 == (int)SDPA_F16, "sdpa_dtype and enum sdpa_type disagree on f16");
 _Static_assert(SDPA_TYPE_BF16 == (int)SDPA_BF16, "sdpa_dtype and enum sdpa_type disagree on bf16");
-_Static_assert(SDPA_TYPES == (int)SDPA_BF16 + 1, "a public type without an internal number");
+_Static_assert(SDPA_TYPES == (int)SDPA_FP8_E4M3,
+               "a public type the kernel tables do not number, other than the 8-bit ones (fp8.h)");
 
 /* f16 <-> bf16 go through float in chunks this long, on the stack */
 #define CHUNK 1024
@@ -42,13 +44,39 @@ static void copy_quieted(void *dst, const void *src, size_t n, sdpa_dtype type) 
     }
 }
 
+/* Conversions with an 8-bit side, through float in chunks: widening is exact, so each element
+   is rounded once. An 8-bit copy to its own type quiets nothing (e4m3 has one NaN a sign, and
+   e5m2's quiet bit is its mantissa's top one: quieted as the others are). dst == src works. */
+static void convert_fp8(const sdpa_kernels *k, void *dst, sdpa_dtype dst_type, const void *src,
+                        sdpa_dtype src_type, size_t n) {
+    float chunk[CHUNK];
+    const size_t dsize = sdpa_type_size(dst_type), ssize = sdpa_type_size(src_type);
+    for (size_t i = 0; i < n; i += CHUNK) {
+        const size_t m = n - i < CHUNK ? n - i : CHUNK;
+        const void *s = (const char *)src + i * ssize;
+        void *d = (char *)dst + i * dsize;
+        if (sdpa_type_is_fp8(src_type))
+            sdpa_fp8_widen(chunk, s, m, src_type);
+        else if (src_type == SDPA_F32)
+            memcpy(chunk, s, m * sizeof(float));
+        else
+            k->widen[src_type](chunk, s, m);
+        if (sdpa_type_is_fp8(dst_type))
+            sdpa_fp8_narrow(d, chunk, m, dst_type);
+        else if (dst_type == SDPA_F32)
+            memcpy(d, chunk, m * sizeof(float));
+        else
+            k->narrow[dst_type](d, chunk, m);
+    }
+}
+
 SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *src,
                                   sdpa_dtype src_type, size_t n) {
-    if ((uint32_t)dst_type > SDPA_BF16)
-        return sdpa_fail(SDPA_ERR_ARG, "dst_type (%u) is not an sdpa_dtype (0 to 2)",
+    if ((uint32_t)dst_type > SDPA_FP8_E5M2)
+        return sdpa_fail(SDPA_ERR_ARG, "dst_type (%u) is not an sdpa_dtype (0 to 4)",
                          (unsigned)dst_type);
-    if ((uint32_t)src_type > SDPA_BF16)
-        return sdpa_fail(SDPA_ERR_ARG, "src_type (%u) is not an sdpa_dtype (0 to 2)",
+    if ((uint32_t)src_type > SDPA_FP8_E5M2)
+        return sdpa_fail(SDPA_ERR_ARG, "src_type (%u) is not an sdpa_dtype (0 to 4)",
                          (unsigned)src_type);
     if (n == 0) return SDPA_OK;
     if (!dst || !src)
@@ -62,7 +90,9 @@ SDPA_API sdpa_status sdpa_convert(void *dst, sdpa_dtype dst_type, const void *sr
                                         "elements of one size");
 
     const sdpa_kernels *k = sdpa_kernels_now();
-    if (dst_type == src_type) {
+    if (sdpa_type_is_fp8(dst_type) || sdpa_type_is_fp8(src_type)) {
+        convert_fp8(k, dst, dst_type, src, src_type, n);
+    } else if (dst_type == src_type) {
         copy_quieted(dst, src, n, dst_type);
     } else if (src_type == SDPA_F32) {
         k->narrow[dst_type](dst, src, n);

@@ -1,12 +1,14 @@
 /* The paged K/V cache: the checks of an sdpa_kv_cache and its pools, and sdpa_kv_cache_store,
  * which writes new tokens' k and v into their slots through the backend's widen and narrow
  * kernels (arch/kernels.h). */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "attention_problem.h"
 #include "dispatch.h"
 #include "error.h"
+#include "fp8.h"
 #include "paged.h"
 #include "sdpa.h"
 #include "sizes.h"
@@ -18,7 +20,8 @@
 #define CHUNK 1024
 
 const char *paged_type_name(uint32_t type) {
-    return type == SDPA_F32 ? "f32" : type == SDPA_F16 ? "f16" : "bf16";
+    static const char *const NAMES[] = {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"};
+    return type <= SDPA_FP8_E5M2 ? NAMES[type] : "unknown";
 }
 
 sdpa_status paged_cache_check(const sdpa_kv_cache *c) {
@@ -27,12 +30,16 @@ sdpa_status paged_cache_check(const sdpa_kv_cache *c) {
         return sdpa_fail(SDPA_ERR_ARG,
                          "cache->struct_size (%u) is smaller than sdpa_kv_cache (%zu)",
                          (unsigned)c->struct_size, (size_t)CACHE_V1_SIZE);
-    if (c->kv_type > SDPA_BF16)
-        return sdpa_fail(SDPA_ERR_ARG, "cache->kv_type (%u) is not an sdpa_dtype (0 to 2)",
+    if (c->kv_type > SDPA_FP8_E5M2)
+        return sdpa_fail(SDPA_ERR_ARG, "cache->kv_type (%u) is not an sdpa_dtype (0 to 4)",
                          (unsigned)c->kv_type);
+    if (c->kv_type > SDPA_BF16 && (!isfinite(c->k_scale) || !isfinite(c->v_scale)))
+        return sdpa_fail(SDPA_ERR_ARG, "cache->%s (%g) is not finite",
+                         isfinite(c->k_scale) ? "v_scale" : "k_scale",
+                         (double)(isfinite(c->k_scale) ? c->v_scale : c->k_scale));
     /* a scale applies to 8-bit types only: any other value would be silently ignored */
     const int k_bad = c->k_scale != 0.0f && c->k_scale != 1.0f;
-    if (k_bad || (c->v_scale != 0.0f && c->v_scale != 1.0f))
+    if (c->kv_type <= SDPA_BF16 && (k_bad || (c->v_scale != 0.0f && c->v_scale != 1.0f)))
         return sdpa_fail(SDPA_ERR_ARG, "cache->%s (%g) is not 0 or 1, as a %s cache needs",
                          k_bad ? "k_scale" : "v_scale", (double)(k_bad ? c->k_scale : c->v_scale),
                          paged_type_name(c->kv_type));
@@ -126,11 +133,32 @@ static sdpa_status store_check(const sdpa_kv_cache *c, void *k_pool, void *v_poo
     return meet ? sdpa_fail(SDPA_ERR_SIZE, "%s", meet) : SDPA_OK;
 }
 
+/* dst[0..n) of an 8-bit dst_type = src[0..n) (f32 or 16-bit) divided by scale (0: 1) in float,
+   then rounded to nearest even (fp8.h: e4m3 saturates, e5m2 goes to inf). */
+static void quantize_row(const sdpa_kernels *k, uint8_t *dst, uint32_t dst_type, const void *src,
+                         uint32_t src_type, size_t n, float scale) {
+    float chunk[CHUNK];
+    for (size_t i = 0; i < n; i += CHUNK) {
+        const size_t m = n - i < CHUNK ? n - i : CHUNK;
+        const char *s = (const char *)src + i * sdpa_type_size(src_type);
+        if (src_type == SDPA_F32)
+            memcpy(chunk, s, m * sizeof(float));
+        else
+            k->widen[src_type](chunk, s, m);
+        if (scale != 0.0f && scale != 1.0f)
+            for (size_t j = 0; j < m; j++) chunk[j] /= scale;
+        sdpa_fp8_narrow(dst + i, chunk, m, dst_type);
+    }
+}
+
 /* dst[0..n) of dst_type = src[0..n) of src_type: bit for bit for one type, else as
-   sdpa_convert rounds (16-bit to the other 16-bit exactly to float first, then rounded once). */
+   sdpa_convert rounds (16-bit to the other 16-bit exactly to float first, then rounded once);
+   an 8-bit dst_type through quantize_row with the cache's scale. */
 static void convert_row(const sdpa_kernels *k, void *dst, uint32_t dst_type, const void *src,
-                        uint32_t src_type, size_t n) {
-    if (dst_type == src_type) {
+                        uint32_t src_type, size_t n, float scale) {
+    if (dst_type > SDPA_BF16) {
+        quantize_row(k, dst, dst_type, src, src_type, n, scale);
+    } else if (dst_type == src_type) {
         memcpy(dst, src, n * sdpa_type_size(dst_type));
     } else if (src_type == SDPA_F32) {
         k->narrow[dst_type](dst, src, n);
@@ -167,9 +195,9 @@ SDPA_API sdpa_status sdpa_kv_cache_store(const sdpa_kv_cache *cache, void *k_poo
             const size_t k_src = t * k_src_stride[0] + h * k_src_stride[1];
             const size_t v_src = t * v_src_stride[0] + h * v_src_stride[1];
             convert_row(kernels, (char *)k_pool + k_dst * kv_size, cache->kv_type,
-                        (const char *)k + k_src * src_size, src_type, cache->d_k);
+                        (const char *)k + k_src * src_size, src_type, cache->d_k, cache->k_scale);
             convert_row(kernels, (char *)v_pool + v_dst * kv_size, cache->kv_type,
-                        (const char *)v + v_src * src_size, src_type, cache->d_v);
+                        (const char *)v + v_src * src_size, src_type, cache->d_v, cache->v_scale);
         }
     }
     return SDPA_OK;

@@ -108,6 +108,9 @@ static void batch_problem(attention_problem *p, const sdpa_batch *b, const sdpa_
                                      .q_type = b->q_type,
                                      .kv_type = c->kv_type,
                                      .out_type = b->out_type,
+                                     /* an 8-bit cache's scales (checked finite) */
+                                     .k_scale = c->kv_type > SDPA_BF16 ? c->k_scale : 0.0f,
+                                     .v_scale = c->kv_type > SDPA_BF16 ? c->v_scale : 0.0f,
                                      .q = q,
                                      .out = out,
                                      .q_stride = {0, b->q_stride[1], b->q_stride[0]},

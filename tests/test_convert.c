@@ -235,7 +235,7 @@ Test(convert, errors) {
     cr_assert_eq(sdpa_convert(NULL, SDPA_F16, f, SDPA_F32, 1), SDPA_ERR_NULL);
     cr_assert_eq(sdpa_convert(h, SDPA_F16, NULL, SDPA_F32, 1), SDPA_ERR_NULL);
     cr_assert_eq(sdpa_convert(NULL, SDPA_F16, NULL, SDPA_F32, 0), SDPA_OK);
-    cr_assert_eq(sdpa_convert(h, (sdpa_dtype)3, f, SDPA_F32, 1), SDPA_ERR_ARG);
+    cr_assert_eq(sdpa_convert(h, (sdpa_dtype)5, f, SDPA_F32, 1), SDPA_ERR_ARG);
     cr_assert_eq(sdpa_convert(h, SDPA_F16, f, (sdpa_dtype)-1, 1), SDPA_ERR_ARG);
     cr_assert_eq(sdpa_convert(h, (sdpa_dtype)7, f, SDPA_F32, 0), SDPA_ERR_ARG);
     cr_assert_eq(sdpa_convert(h, SDPA_F16, f, SDPA_F32, SIZE_MAX / 2), SDPA_ERR_SIZE);
@@ -249,6 +249,6 @@ Test(convert, errors) {
     cr_assert_eq(f[0], 1.5f);
     /* nothing written on error */
     h[0] = 0x1234;
-    cr_assert_eq(sdpa_convert(h, (sdpa_dtype)3, f, SDPA_F32, 1), SDPA_ERR_ARG);
+    cr_assert_eq(sdpa_convert(h, (sdpa_dtype)5, f, SDPA_F32, 1), SDPA_ERR_ARG);
     cr_assert_eq(h[0], 0x1234);
 }

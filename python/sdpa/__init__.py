@@ -26,8 +26,10 @@ MAX_THREADS = 1024  # sdpa_set_num_threads's limit (sdpa.h)
 __version__ = _api.version().decode()
 
 
-def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", return_lse=False):
-    """Scaled dot-product attention, out = softmax(scale * q k^T + mask) v.
+def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", return_lse=False,
+              window=None, softcap=None, sinks=None, alibi_slopes=None, segments=None):
+    """Scaled dot-product attention, out = softmax(scale * q k^T + mask) v, with optional score
+    modifiers (sliding window, softcap, ALiBi, sinks, segments).
 
     q, k, v: 4-d arrays (batch, heads, len, d) for layout "bhsd", or (batch, len, heads, d)
         for "bshd"; or 2-d (len, d) for one head. q has heads_q heads and k and v heads_kv,
@@ -44,8 +46,23 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
         or overflow in float32, such as 1e-50 or 1e39).
     layout: "bhsd" or "bshd" (ignored for 2-d inputs).
     return_lse: also return lse, float32 of shape (batch, heads_q, len_q) ((len_q,) for 2-d):
-        the natural log of the softmax denominator of each query row, -inf for a row that
-        sees no key.
+        the natural log of the softmax denominator of each query row (the sink included), -inf
+        for a row that sees no key and no sink.
+
+    Score modifiers (sdpa.h's sdpa_score_mods), each off by default. Query row i sits at key
+    position p_i = i + len_kv - len_q (bottom-right, as causal). In this order: s = scale q.k;
+    s = softcap * tanh(s / softcap); s += slope[h] * (j - p_i); s += mask; the pairs outside
+    causality, the window or the segment get weight exactly 0; the softmax over the row, with
+    e^sinks[h] in its denominator and no value.
+    window: (left, right): row i sees key j only if p_i - left <= j <= p_i + right; a side of
+        None or -1 is unbounded. Mistral's or transformers' sliding_window W is (W - 1, 0) with
+        causal=True.
+    softcap: a finite float > 0 (Gemma 2's attn_logit_softcapping); None or 0: none.
+    alibi_slopes, sinks: one float per query head (heads_q,), arrays or tensors (copied to
+        float32). A sink of -inf adds nothing.
+    segments: (q_segment, k_segment), integers of shape (batch, len_q) and (batch, len_kv), or
+        (len_q,) and (len_kv,) for every batch entry: row i sees key j only if their segments
+        are equal (documents packed in one sequence).
 
     Returns out, shaped like q with d_v as its last axis, of q's dtype and kind, dense in q's
     layout; or (out, lse).
@@ -60,7 +77,8 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     float32 mask of its own shape first. out and lse are new arrays.
 
     For torch tensors that require grad (with grad mode on), this calls
-    ``sdpa.torch.attention``, so gradients flow.
+    ``sdpa.torch.attention``, so gradients flow. The library's backward does not take score
+    modifiers yet: a backward through a call with any of them raises NotImplementedError.
 
     Raises TypeError for a dtype sdpa does not take, mixed kinds of arrays or a sparse tensor,
     ValueError for shapes that do not match (naming the sizes), a bad layout or scale, or any
@@ -68,14 +86,20 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     the argument); all before any work. Under torch.jit.trace it raises NotImplementedError:
     the tracer cannot record the library's call.
     """
+    mods = (window, softcap, sinks, alibi_slopes, segments)
+    if all(x is None for x in mods):
+        mods = None
     if _core.is_tensor(q):
         torch = _core.torch_module()
-        if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+        if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False)
+                                           for x in (q, k, v, sinks)):
             from . import torch as sdpa_torch
 
             return sdpa_torch.attention(q, k, v, causal=causal, mask=mask, scale=scale,
-                                        layout=layout, return_lse=return_lse)
-    out, lse, _ = _core.forward(q, k, v, causal, mask, scale, layout, return_lse)
+                                        layout=layout, return_lse=return_lse, window=window,
+                                        softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+                                        segments=segments)
+    out, lse, _ = _core.forward(q, k, v, causal, mask, scale, layout, return_lse, mods)
     return (out, lse) if return_lse else out
 
 

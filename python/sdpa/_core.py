@@ -175,9 +175,105 @@ def mask_arg(mask, q, k, layout, tensor):
     return m, m
 
 
-def forward(q, k, v, causal, mask, scale, layout, want_lse):
+def _window_side(x, name):
+    """One side of a window as the library takes it: -1 (None) for unbounded, else an int >= 0."""
+    if x is None:
+        return -1
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"window: {name} must be an int or None, not {type(x).__name__}")
+    if x < -1 or x > 2**63 - 1:
+        raise ValueError(f"window: {name} ({x}) must be -1 or None (unbounded) or at least 0")
+    return int(x)
+
+
+def _per_head(x, name, heads_q):
+    """A [heads_q] float vector (sinks, ALiBi slopes) as a contiguous float32 NumPy array."""
+    if is_tensor(x):
+        x = x.detach().to(device="cpu", dtype=sys.modules["torch"].float32).numpy()
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    if a.shape != (heads_q,):
+        raise ValueError(f"{name} must have one value per query head, shape ({heads_q},); got "
+                         f"shape {a.shape}")
+    return a
+
+
+def _segment(x, name, batch, length, two_d):
+    """A segment array as contiguous int32 and its batch stride in elements: shape (length,),
+    shared by every batch entry (stride 0), or (batch, length)."""
+    if is_tensor(x):
+        x = x.detach().cpu().numpy()
+    given = np.asarray(x)
+    if given.dtype.kind not in "iu":
+        raise TypeError(f"segments: {name} must hold integers, not {given.dtype}")
+    a = np.ascontiguousarray(given, dtype=np.int32)
+    if not np.array_equal(a, given):
+        raise ValueError(f"segments: {name} has values that do not fit in int32")
+    if a.shape == (length,):
+        return a, 0
+    if not two_d and a.shape == (batch, length):
+        return a, length
+    want = f"({length},)" if two_d else f"({length},) or ({batch}, {length})"
+    raise ValueError(f"segments: {name} must have shape {want}; got {a.shape}")
+
+
+def mods_arg(mods, q, k, layout):
+    """The score modifiers (window, softcap, sinks, alibi_slopes, segments) of sdpa.attention as
+    an sdpa_score_mods (None when none is set) and the arrays it points into, which must live
+    through the call. Sizes are checked here: the library cannot see an array's length."""
+    rows = rows_shape(q, layout)
+    two_d = len(rows) == 1
+    batch, heads_q, len_q = (1, 1, rows[0]) if two_d else rows
+    len_kv = k.shape[0] if two_d else k.shape[1 if layout == "bshd" else 2]
+    return score_mods(mods, heads_q, (batch, len_q, len_kv, two_d))
+
+
+def score_mods(mods, heads_q, segment_shape=None):
+    """(sdpa_score_mods, the arrays it points into) of the tuple (window, softcap, sinks,
+    alibi_slopes, segments); segment_shape (batch, len_q, len_kv, two_d) sizes the segments."""
+    window, softcap, sinks, alibi_slopes, segments = mods
+    m = _lib.ScoreMods(struct_size=ctypes.sizeof(_lib.ScoreMods), window_left=-1,
+                       window_right=-1)
+    keep = []
+    if window is not None:
+        try:
+            left, right = window
+        except (TypeError, ValueError):
+            raise TypeError("window must be a pair (left, right) of ints or None") from None
+        m.window_left = _window_side(left, "left")
+        m.window_right = _window_side(right, "right")
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+            raise TypeError(f"softcap must be a real number or None, not {type(softcap).__name__}")
+        with np.errstate(over="ignore"):
+            cap = float(np.float32(softcap))
+        if not math.isfinite(cap) or cap < 0:
+            raise ValueError(f"softcap ({softcap!r}) must be finite in float32 and not negative "
+                             "(0 or None: no cap)")
+        m.softcap = cap
+    for field, x in (("sinks", sinks), ("alibi_slopes", alibi_slopes)):
+        if x is not None:
+            a = _per_head(x, field, heads_q)
+            keep.append(a)
+            setattr(m, field, a.ctypes.data)
+    if segments is not None:
+        try:
+            q_seg, k_seg = segments
+        except (TypeError, ValueError):
+            raise TypeError("segments must be a pair (q_segment, k_segment) of integer arrays") \
+                from None
+        batch, len_q, len_kv, two_d = segment_shape
+        qs, m.q_segment_stride = _segment(q_seg, "q_segment", batch, len_q, two_d)
+        ks, m.k_segment_stride = _segment(k_seg, "k_segment", batch, len_kv, two_d)
+        keep += [qs, ks]
+        m.q_segment, m.k_segment = qs.ctypes.data, ks.ctypes.data
+    return m, keep
+
+
+def forward(q, k, v, causal, mask, scale, layout, want_lse, mods=None):
+
     """Checks, allocates and runs the forward call: (out, lse or None, the arrays the call read:
-    q, k, v and the float32 mask or None)."""
+    q, k, v and the float32 mask or None). mods: None, or the tuple (window, softcap, sinks,
+    alibi_slopes, segments) mods_arg takes."""
     flags = _lib.CAUSAL if causal else 0
     scale = scale_arg(scale)
     check_layout(layout)
@@ -194,12 +290,14 @@ def forward(q, k, v, causal, mask, scale, layout, want_lse):
         if q.dim() != k.dim() or q.dim() != v.dim():
             raise ValueError(_ndim_message(q, k, v))
         m, ma = (None, None) if mask is None else mask_arg(mask, q, k, layout, True)
+        sm, keep = (None, None) if mods is None else mods_arg(mods, q, k, layout)
         # new_empty and plain tuples: torch.empty and torch.Size slicing cost microseconds
         out = q.new_empty(tuple(q.shape)[:-1] + (v.shape[-1],))
         lse = q.new_empty(rows_shape(q, layout), dtype=torch.float32) if want_lse else None
         _ext.mha(qa, ka, va, (out.data_ptr(), out.shape, out.stride(), _torch_types[q.dtype]),
                  None if lse is None else (lse.data_ptr(), lse.shape, lse.stride(), _lib.F32),
-                 ma, flags, scale, layout == "bshd", None)
+                 ma, flags, scale, layout == "bshd", None,
+                 None if sm is None else ctypes.addressof(sm))
         return out, lse, (q, k, v, m)
     q = np_arg(q, "q", layout)
     k = np_arg(k, "k", layout)
@@ -207,9 +305,11 @@ def forward(q, k, v, causal, mask, scale, layout, want_lse):
     if q.ndim != k.ndim or q.ndim != v.ndim:
         raise ValueError(_ndim_message(q, k, v))
     m = None if mask is None else mask_arg(mask, q, k, layout, False)[0]
+    sm, keep = (None, None) if mods is None else mods_arg(mods, q, k, layout)
     out = np.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
     lse = np.empty(rows_shape(q, layout), dtype=np.float32) if want_lse else None
-    _ext.mha(q, k, v, out, lse, m, flags, scale, layout == "bshd", None)
+    _ext.mha(q, k, v, out, lse, m, flags, scale, layout == "bshd", None,
+             None if sm is None else ctypes.addressof(sm))
     return out, lse, (q, k, v, m)
 
 
@@ -227,4 +327,4 @@ def backward(q, k, v, out, lse, mask, dout, dq, dk, dv, causal, scale, layout):
 
     _ext.mha(spec(q), spec(k), spec(v), spec(out), spec(lse),
              None if mask is None else spec(mask), _lib.CAUSAL if causal else 0,
-             scale_arg(scale), layout == "bshd", (spec(dout), spec(dq), spec(dk), spec(dv)))
+             scale_arg(scale), layout == "bshd", (spec(dout), spec(dq), spec(dk), spec(dv)), None)

@@ -145,17 +145,18 @@ static int same4(const size_t a[4], const size_t b[4]) {
     return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
 }
 
-/* mha(q, k, v, out, lse, mask, flags, scale, bshd, grads): the forward call, out and lse
+/* mha(q, k, v, out, lse, mask, flags, scale, bshd, grads, mods): the forward call, out and lse
  * (None for none) written; or, with grads = (dout, dq, dk, dv), the backward call, out and lse
- * read. */
+ * read. mods is None or the address of an sdpa_score_mods the caller keeps alive, whose arrays
+ * it has checked against the shapes (the library cannot see their lengths). */
 static PyObject *mha(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (api == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "sdpa._ext.init was not called");
         return NULL;
     }
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "mha takes 10 arguments");
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "mha takes 11 arguments");
         return NULL;
     }
     PyObject *grads = args[9];
@@ -167,6 +168,8 @@ static PyObject *mha(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     unsigned long flags = PyLong_AsUnsignedLong(args[6]);
     double scale = PyFloat_AsDouble(args[7]);
     int bshd = PyObject_IsTrue(args[8]);
+    const sdpa_score_mods *mods = NULL;
+    if (args[10] != Py_None) mods = PyLong_AsVoidPtr(args[10]);
     if (PyErr_Occurred() || bshd < 0) return NULL;
 
     enum { Q, K, V, OUT, LSE, MASK, DOUT, DQ, DK, DV, N_VIEWS };
@@ -261,6 +264,19 @@ static PyObject *mha(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (nd == 4) {
             d.lse_stride[0] = (size_t)l->strides[0];
             d.lse_stride[1] = (size_t)l->strides[1];
+        }
+    }
+    if (mods != NULL) {
+        if (!SDPA_API_HAS(api, mha_desc_set_mods)) {
+            PyErr_SetString(PyExc_NotImplementedError,
+                            "score modifiers need sdpa_mha_desc_set_mods, which is not in the "
+                            "loaded library (ABI 1.4 or later has it)");
+            goto done;
+        }
+        sdpa_status ms = api->mha_desc_set_mods(&d, mods);
+        if (ms) {
+            status_error("sdpa_mha_desc_set_mods", ms);
+            goto done;
         }
     }
 

@@ -48,6 +48,25 @@ class MhaDesc(ctypes.Structure):
     ]
 
 
+class ScoreMods(ctypes.Structure):
+    """sdpa_score_mods, as include/sdpa.h declares it (ABI 1.4)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+        ("softcap", ctypes.c_float),
+        ("reserved2", ctypes.c_float),
+        ("alibi_slopes", _vp),
+        ("sinks", _vp),
+        ("q_segment", _vp),
+        ("k_segment", _vp),
+        ("q_segment_stride", _size),
+        ("k_segment_stride", _size),
+    ]
+
+
 _status = ctypes.c_int
 _str = ctypes.c_char_p
 # (field of sdpa_api, C name, restype, argtypes), in the table's order. Pointers are passed as

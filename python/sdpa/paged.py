@@ -124,7 +124,7 @@ def _int32(x, name, ndim):
 
 
 def attention_paged(q, k_pool, v_pool, block_table, q_start, kv_len, causal=False, scale=None,
-                    return_lse=False):
+                    return_lse=False, window=None, softcap=None, sinks=None, alibi_slopes=None):
     """Attention of a batch of sequences over a paged K/V cache, in one call.
 
     q: (tokens, heads_q, d_k), the batch's new tokens packed one sequence after the other.
@@ -137,6 +137,9 @@ def attention_paged(q, k_pool, v_pool, block_table, q_start, kv_len, causal=Fals
         the cache, its new tokens included.
     causal: bottom-right within each sequence (then kv_len[s] >= its rows).
     scale: None for 1/sqrt(d_k), else a finite float.
+    window, softcap, sinks, alibi_slopes: the score modifiers of ``sdpa.attention``, within each
+        sequence (its query row i at key position i + kv_len[s] - its rows). No segments: the
+        sequences are the segments. No autograd here.
     All NumPy arrays (float32 or float16) or all CPU torch tensors (float32, float16 or
     bfloat16) for q and the pools, the pools of one dtype; integers as arrays, lists or tensors.
 
@@ -185,6 +188,10 @@ def attention_paged(q, k_pool, v_pool, block_table, q_start, kv_len, causal=Fals
                   kv_len=lens.ctypes.data,
                   scale=_lib.DEFAULT_SCALE if scale is None else float(scale),
                   q_type=q_type, out_type=q_type, lse=lse.ctypes.data if return_lse else None)
+    mods = (window, softcap, sinks, alibi_slopes, None)
+    if any(x is not None for x in mods):
+        sm, keep = _core.score_mods(mods, heads_q)
+        batch.mods = ctypes.addressof(sm)
     batch.q_stride[:] = q_st[:2]
     batch.out_stride[:] = (heads_q * d_v, d_v)
     if return_lse:

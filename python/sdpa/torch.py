@@ -16,10 +16,13 @@ __all__ = ["attention", "scaled_dot_product_attention"]
 
 
 class _Attention(_torch.autograd.Function):
+    # sinks is an input of its own (also inside mods) so that a sinks tensor that requires grad
+    # reaches backward, which must refuse rather than leave its gradient silently absent
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal, scale, layout):
-        out, lse, (qr, kr, vr, m) = _core.forward(q, k, v, causal, mask, scale, layout, True)
-        ctx.causal, ctx.scale, ctx.layout = causal, scale, layout
+    def forward(ctx, q, k, v, mask, causal, scale, layout, mods=None, sinks=None):
+        out, lse, (qr, kr, vr, m) = _core.forward(q, k, v, causal, mask, scale, layout, True,
+                                                  mods)
+        ctx.causal, ctx.scale, ctx.layout, ctx.mods = causal, scale, layout, mods is not None
         ctx.save_for_backward(qr, kr, vr, out, lse, m)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -27,13 +30,19 @@ class _Attention(_torch.autograd.Function):
     @staticmethod
     @_torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
+        if ctx.mods:
+            raise NotImplementedError(
+                "sdpa: score modifiers in the backward are not supported yet: libsdpa's "
+                "sdpa_mha_backward_f32 takes no window, softcap, sinks, ALiBi or segments, and a "
+                "gradient without them would be wrong (the forward with modifiers works; call it "
+                "under torch.no_grad() or on tensors that do not require grad)")
         q, k, v, out, lse, m = ctx.saved_tensors
         types = (q.dtype, k.dtype, v.dtype)
         if out.numel() == 0:
             # no query row (len_q or batch 0): no key is seen, every gradient is 0 (dout may
             # then be an expanded empty tensor whose strides no call would take)
             return (_torch.zeros(q.shape, dtype=types[0]), _torch.zeros(k.shape, dtype=types[1]),
-                    _torch.zeros(v.shape, dtype=types[2]), None, None, None, None)
+                    _torch.zeros(v.shape, dtype=types[2]), None, None, None, None, None, None)
         # The C backward is float32: 16-bit views are widened (exactly) for it, and the
         # gradients rounded back to their inputs' types.
         q, k, v, out = (_dense_f32(t) for t in (q, k, v, out))
@@ -42,7 +51,8 @@ class _Attention(_torch.autograd.Function):
         dk = _torch.empty(k.shape, dtype=_torch.float32)
         dv = _torch.empty(v.shape, dtype=_torch.float32)
         _core.backward(q, k, v, out, lse, m, dout, dq, dk, dv, ctx.causal, ctx.scale, ctx.layout)
-        return dq.to(types[0]), dk.to(types[1]), dv.to(types[2]), None, None, None, None
+        return (dq.to(types[0]), dk.to(types[1]), dv.to(types[2]), None, None, None, None, None,
+                None)
 
 
 def _dense_f32(t):
@@ -56,7 +66,8 @@ def _dense_f32(t):
     return t
 
 
-def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", return_lse=False):
+def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", return_lse=False,
+              window=None, softcap=None, sinks=None, alibi_slopes=None, segments=None):
     """``sdpa.attention`` as a torch.autograd.Function: gradients flow to q, k and v.
 
     Arguments, shapes, copies and errors are those of ``sdpa.attention`` (CPU tensors, float32,
@@ -67,8 +78,17 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     float32, rounded to the inputs' dtypes; for 16-bit inputs, q, k, v, out and the upstream
     gradient are widened to float32 first. dk and dv sum over the query heads of a group (GQA).
     The backward is not itself differentiable (no double backward).
+
+    Score modifiers (window, softcap, sinks, alibi_slopes, segments) are those of
+    ``sdpa.attention``, in the forward only for now: libsdpa's backward does not take them, so
+    the backward through such a call raises NotImplementedError naming "score modifiers in the
+    backward" (never a gradient computed without them).
     """
-    out, lse = _Attention.apply(q, k, v, mask, causal, scale, layout)
+    mods = (window, softcap, sinks, alibi_slopes, segments)
+    if all(x is None for x in mods):
+        mods = None
+    sink_input = sinks if isinstance(sinks, _torch.Tensor) else None
+    out, lse = _Attention.apply(q, k, v, mask, causal, scale, layout, mods, sink_input)
     return (out, lse) if return_lse else out
 
 

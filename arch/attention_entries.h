@@ -11,9 +11,12 @@
  *   ISA_EXP_TILE            defined, to give the table exp_tile: where one call a tile measured
  *                           faster than the driver's exp_sum row by row
  *   ISA_TYPED_LOADS         defined, to give the table scores_tile_typed and pv_tile_typed
- *                           (attention_tiles.h: the backend then has fv_count) */
+ *                           (attention_tiles.h: the backend then has vpart_count)
+ *   ISA_SCORES_TILE         defined, where the backend gives ISA_NAME(scores_tile) itself */
 #ifndef SDPA_ARCH_ATTENTION_ENTRIES_H
 #define SDPA_ARCH_ATTENTION_ENTRIES_H
+
+#ifndef ISA_SCORES_TILE
 
 /* kernels.h's scores_tile with k rows of type kt (attention_tiles.h) for several rows: blocks
  * of mr, then the rows left over one query each. */
@@ -54,6 +57,7 @@ static void ISA_NAME(scores_tile)(float *s, size_t ld_s, const float *q, size_t 
     scores_tile_as(s, ld_s, q, q_stride, nq, k, k_stride, SDPA_TYPE_F32, nk, d, scale,
                    ISA_NAME(scores_rows));
 }
+#endif
 
 static void ISA_NAME(pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
                               size_t nk, const float *v, size_t v_stride, size_t d_v) {

@@ -12,7 +12,8 @@
  *                           faster than the driver's exp_sum row by row
  *   ISA_TYPED_LOADS         defined, to give the table scores_tile_typed and pv_tile_typed
  *                           (attention_tiles.h: the backend then has vpart_count)
- *   ISA_SCORES_TILE         defined, where the backend gives ISA_NAME(scores_tile) itself */
+ *   ISA_SCORES_TILE, ISA_PV_TILE_T  defined, where the backend gives ISA_NAME(scores_tile) or
+ *                           ISA_NAME(pv_tile_t) itself */
 #ifndef SDPA_ARCH_ATTENTION_ENTRIES_H
 #define SDPA_ARCH_ATTENTION_ENTRIES_H
 
@@ -111,6 +112,7 @@ static void ISA_NAME(pv_tile_f16)(float *acc, size_t ld_acc, const float *p, siz
 /* pv_tile_t's keys a pass: the rows of v of one pass (16 KiB at d_v = 128) stay in L1 while every
  * block of acc rows runs over them; over all nk keys at once, each block of rows would read v's
  * rows again from L2 (the backward's dQ += dS K: 128 keys of 128 floats, 64 KiB) */
+#ifndef ISA_PV_TILE_T
 #define PV_T_KEYS 32
 
 static void ISA_NAME(pv_tile_t)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
@@ -122,6 +124,7 @@ static void ISA_NAME(pv_tile_t)(float *acc, size_t ld_acc, const float *p, size_
         isa_pv(&o, SDPA_TYPE_F32);
     }
 }
+#endif
 
 #ifdef SDPA_ARCH_ATTENTION_PACKED_H
 

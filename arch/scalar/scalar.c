@@ -172,6 +172,25 @@ ALWAYS_INLINE void vf_store4(float *p, vf x, int c) { (void)c, vf_store(p, x); }
 /* the scores keep dot_scalar's order (lanes in blocks along d), which a register block's one
  * chain a dot would not give */
 #define ISA_SCORES_TILE 1
+/* pv_tile_t keeps its own loops, a row over all its keys, two a pass: the templates' passes of
+ * PV_T_KEYS keys measured slower here in the backward of a single query */
+#define ISA_PV_TILE_T 1
+static void pv_tile_t_scalar(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                             size_t nk, const float *v, size_t v_stride, size_t d_v) {
+    for (size_t i = 0; i < nq; i++) {
+        float *o = acc + i * ld_acc;
+        size_t j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            const float p0 = p[j * ld_p + i], p1 = p[(j + 1) * ld_p + i];
+            const float *v0 = v + j * v_stride, *v1 = v0 + v_stride;
+            for (size_t c = 0; c < d_v; c++) o[c] = (o[c] + p0 * v0[c]) + p1 * v1[c];
+        }
+        if (j < nk) {
+            const float p0 = p[j * ld_p + i], *v0 = v + j * v_stride;
+            for (size_t c = 0; c < d_v; c++) o[c] += p0 * v0[c];
+        }
+    }
+}
 
 #include "attention_tiles.h"
 

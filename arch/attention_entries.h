@@ -11,13 +11,9 @@
  *   ISA_EXP_TILE            defined, to give the table exp_tile: where one call a tile measured
  *                           faster than the driver's exp_sum row by row
  *   ISA_TYPED_LOADS         defined, to give the table scores_tile_typed and pv_tile_typed
- *                           (attention_tiles.h: the backend then has vpart_count)
- *   ISA_SCORES_TILE, ISA_PV_TILE_T  defined, where the backend gives ISA_NAME(scores_tile) or
- *                           ISA_NAME(pv_tile_t) itself */
+ *                           (attention_tiles.h: the backend then has vpart_count) */
 #ifndef SDPA_ARCH_ATTENTION_ENTRIES_H
 #define SDPA_ARCH_ATTENTION_ENTRIES_H
-
-#ifndef ISA_SCORES_TILE
 
 /* kernels.h's scores_tile with k rows of type kt (attention_tiles.h) for several rows: blocks
  * of mr, then the rows left over one query each. */
@@ -58,7 +54,6 @@ static void ISA_NAME(scores_tile)(float *s, size_t ld_s, const float *q, size_t 
     scores_tile_as(s, ld_s, q, q_stride, nq, k, k_stride, SDPA_TYPE_F32, nk, d, scale,
                    ISA_NAME(scores_rows));
 }
-#endif
 
 static void ISA_NAME(pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
                               size_t nk, const float *v, size_t v_stride, size_t d_v) {
@@ -112,7 +107,6 @@ static void ISA_NAME(pv_tile_f16)(float *acc, size_t ld_acc, const float *p, siz
 /* pv_tile_t's keys a pass: the rows of v of one pass (16 KiB at d_v = 128) stay in L1 while every
  * block of acc rows runs over them; over all nk keys at once, each block of rows would read v's
  * rows again from L2 (the backward's dQ += dS K: 128 keys of 128 floats, 64 KiB) */
-#ifndef ISA_PV_TILE_T
 #define PV_T_KEYS 32
 
 static void ISA_NAME(pv_tile_t)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
@@ -124,7 +118,6 @@ static void ISA_NAME(pv_tile_t)(float *acc, size_t ld_acc, const float *p, size_
         isa_pv(&o, SDPA_TYPE_F32);
     }
 }
-#endif
 
 #ifdef SDPA_ARCH_ATTENTION_PACKED_H
 

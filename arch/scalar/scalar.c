@@ -134,47 +134,37 @@ static void narrow_bf16_scalar(void *dst, const f32_any *src, size_t n) {
     for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
 }
 
-/* ---- Attention microkernels: arch/attention_tiles.h over the compiler's vectors ---- */
+/* ---- Attention microkernels (the driver is src/attention.c) ---- */
 
-/* The vector vocabulary (docs/porting.md) in portable C: GCC's vectors of 4 floats, which the
- * compiler maps to the baseline's SIMD registers (SSE2, Advanced SIMD) or, on a target without
- * them, to four floats. A multiply-add is a product rounded, then a sum (no FMA in the baseline);
- * a partial vector is loaded and stored element by element. */
-#define W             4
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-typedef float vf __attribute__((vector_size(4 * W)));
-typedef float vf_any __attribute__((vector_size(4 * W), aligned(1)));
-typedef size_t vpart;
-#define VF_MASKED        0
-#define vf_load(p)       (*(const vf_any *)(const void *)(p))
-#define vf_store(p, v)   (*(vf_any *)(void *)(p) = (v))
-#define vpart_first(len) (len)
-ALWAYS_INLINE vf vf_zero(void) { return (vf){0.0f, 0.0f, 0.0f, 0.0f}; }
-ALWAYS_INLINE vf vf_set1(float x) { return (vf){x, x, x, x}; }
-ALWAYS_INLINE vf vf_bcast(const float *p) { return vf_set1(load_f32(p)); }
-ALWAYS_INLINE vf vf_madd(vf a, vf b, vf c) { return c + a * b; }
-ALWAYS_INLINE void vf_pin(vf *x) { (void)x; }
-ALWAYS_INLINE vf vf_load_part(const f32_any *p, vpart n) {
-    return (vf){p[0], n > 1 ? p[1] : 0.0f, n > 2 ? p[2] : 0.0f, 0.0f};
+static void scores_tile_scalar(f32_any *s, size_t ld_s, const f32_any *q, size_t q_stride,
+                               size_t nq, const f32_any *k, size_t k_stride, size_t nk, size_t d,
+                               float scale) {
+    for (size_t i = 0; i < nq; i++)
+        for (size_t j = 0; j < nk; j++)
+            s[i * ld_s + j] = scale * dot_scalar(q + i * q_stride, k + j * k_stride, d);
 }
-ALWAYS_INLINE void vf_store_part(f32_any *p, vpart n, vf x) {
-    for (size_t i = 0; i < n; i++) p[i] = x[i];
-}
-/* lane i: the sum of the lanes of a[i] */
-ALWAYS_INLINE vf vf_hsums(const vf *a) {
-    vf r;
-    for (int i = 0; i < W; i++) r[i] = (a[i][0] + a[i][1]) + (a[i][2] + a[i][3]);
-    return r;
-}
-ALWAYS_INLINE void vf_store4(float *p, vf x, int c) { (void)c, vf_store(p, x); }
 
-#define ISA_NAME(f) f##_scalar
-/* the scores keep dot_scalar's order (lanes in blocks along d), which a register block's one
- * chain a dot would not give */
-#define ISA_SCORES_TILE 1
-/* pv_tile_t keeps its own loops, a row over all its keys, two a pass: the templates' passes of
- * PV_T_KEYS keys measured slower here in the backward of a single query */
-#define ISA_PV_TILE_T 1
+/* Two keys per pass over an output row halve its loads and stores. */
+static void pv_tile_scalar(f32_any *acc, size_t ld_acc, const f32_any *p, size_t ld_p, size_t nq,
+                           size_t nk, const f32_any *v, size_t v_stride, size_t d_v) {
+    for (size_t i = 0; i < nq; i++) {
+        f32_any *o = acc + i * ld_acc;
+        const f32_any *pi = p + i * ld_p;
+        size_t j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            const float p0 = pi[j], p1 = pi[j + 1];
+            const f32_any *v0 = v + j * v_stride, *v1 = v0 + v_stride;
+            for (size_t c = 0; c < d_v; c++) o[c] = (o[c] + p0 * v0[c]) + p1 * v1[c];
+        }
+        if (j < nk) {
+            const float p0 = pi[j];
+            const f32_any *v0 = v + j * v_stride;
+            for (size_t c = 0; c < d_v; c++) o[c] += p0 * v0[c];
+        }
+    }
+}
+
+/* The same with p[j * ld_p + i]: a key's row of v against every output row, two keys a pass. */
 static void pv_tile_t_scalar(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
                              size_t nk, const float *v, size_t v_stride, size_t d_v) {
     for (size_t i = 0; i < nq; i++) {
@@ -192,27 +182,13 @@ static void pv_tile_t_scalar(float *acc, size_t ld_acc, const float *p, size_t l
     }
 }
 
-#include "attention_tiles.h"
-
-enum { BLOCK_Q = 16, BLOCK_KV = 64 };
-
-ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) {
-    return dot_scalar(a, b, n);
-}
-
-/* P V: a row at a time, 16 columns in registers, a key a step: each column one chain of
- * products and sums in key order, the order of the scalar backend's loops before it */
-ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) { pv_tile_loops(o, vt, 1, 4, 0, 0, 1, 1); }
-
-static void scores_tile_scalar(f32_any *s, size_t ld_s, const f32_any *q, size_t q_stride,
-                               size_t nq, const f32_any *k, size_t k_stride, size_t nk, size_t d,
-                               float scale) {
-    for (size_t i = 0; i < nq; i++)
-        for (size_t j = 0; j < nk; j++)
-            s[i * ld_s + j] = scale * dot_scalar(q + i * q_stride, k + j * k_stride, d);
-}
-
-#include "attention_entries.h"
+static const sdpa_attention_kernels attention_scalar = {
+    .block_q = 16,
+    .block_kv = 64,
+    .scores_tile = scores_tile_scalar,
+    .pv_tile = pv_tile_scalar,
+    .pv_tile_t = pv_tile_t_scalar,
+};
 
 const sdpa_kernels sdpa_kernels_scalar = {
     .name = SDPA_BACKEND_NAME,
@@ -227,5 +203,5 @@ const sdpa_kernels sdpa_kernels_scalar = {
     .exp = {exp_fast_array_scalar, exp_sleef_array_scalar},
     .widen = {NULL, widen_f16_scalar, widen_bf16_scalar},
     .narrow = {NULL, narrow_f16_scalar, narrow_bf16_scalar},
-    .attention = &sdpa_attention_kernels_scalar,
+    .attention = &attention_scalar,
 };

@@ -11,11 +11,11 @@
 #define QT_LD SDPA_ATTN_MAX_BLOCK_Q /* floats from one row of qt or st to the next */
 
 /* st's vector at s, first scaled in place where scale is not NULL */
-ALWAYS_INLINE fv keymajor_scaled(float *s, const fv *scale) {
-    fv x = fv_load_aligned(s);
+ALWAYS_INLINE vf keymajor_scaled(float *s, const vf *scale) {
+    vf x = vf_load_aligned(s);
     if (scale) {
-        x = fv_mul(x, *scale);
-        fv_store_aligned(s, x);
+        x = x * *scale;
+        vf_store_aligned(s, x);
     }
     return x;
 }
@@ -24,17 +24,17 @@ ALWAYS_INLINE fv keymajor_scaled(float *s, const fv *scale) {
  * with tile_max, tile_max[i] = max_j st[j][i] (after the scaling), in the same pass; two keys a
  * step for two chains */
 ALWAYS_INLINE void keymajor_scale_max(float *tile_max, float *st, size_t nq, size_t nk,
-                                      const fv *scale) {
-    const fv ninf = fv_set1(-INFINITY);
+                                      const vf *scale) {
+    const vf ninf = vf_set1(-INFINITY);
     for (size_t h = 0; h * W < nq; h++) {
-        fv mx0 = ninf, mx1 = ninf;
+        vf mx0 = ninf, mx1 = ninf;
         size_t j = 0;
         for (; j + 2 <= nk; j += 2) {
-            mx0 = fv_max(keymajor_scaled(st + j * QT_LD + h * W, scale), mx0);
-            mx1 = fv_max(keymajor_scaled(st + (j + 1) * QT_LD + h * W, scale), mx1);
+            mx0 = vf_max(keymajor_scaled(st + j * QT_LD + h * W, scale), mx0);
+            mx1 = vf_max(keymajor_scaled(st + (j + 1) * QT_LD + h * W, scale), mx1);
         }
-        if (j < nk) mx0 = fv_max(keymajor_scaled(st + j * QT_LD + h * W, scale), mx0);
-        if (tile_max) fv_store(tile_max + h * W, fv_max(mx0, mx1));
+        if (j < nk) mx0 = vf_max(keymajor_scaled(st + j * QT_LD + h * W, scale), mx0);
+        if (tile_max) vf_store(tile_max + h * W, vf_max(mx0, mx1));
     }
 }
 
@@ -47,14 +47,14 @@ ALWAYS_INLINE void keymajor_max(float *tile_max, const float *st, size_t nq, siz
 ALWAYS_INLINE void keymajor_to_rows(float *s, size_t ld_s, const float *st, size_t nq, size_t nk) {
     for (size_t j0 = 0; j0 < nk; j0 += W) {
         const size_t nj = nk - j0 < W ? nk - j0 : W;
-        const fv_lanes m = fv_first(nj);
+        const vpart m = vpart_first(nj);
         for (size_t i0 = 0; i0 < nq; i0 += W) {
-            fv r[W];
+            vf r[W];
             for (size_t t = 0; t < W; t++)
-                r[t] = t < nj ? fv_load_aligned(st + (j0 + t) * QT_LD + i0) : fv_zero();
-            fv_transpose(r);
+                r[t] = t < nj ? vf_load_aligned(st + (j0 + t) * QT_LD + i0) : vf_zero();
+            vf_transpose(r);
             for (size_t t = 0; t < W && i0 + t < nq; t++)
-                fv_store_upto(s + (i0 + t) * ld_s + j0, r[t], nj, m);
+                vf_store_upto(s + (i0 + t) * ld_s + j0, r[t], nj, m);
         }
     }
 }

@@ -20,15 +20,15 @@
 static void ISA_NAME(scores_keymajor)(float *st, const float *qt, const float *k, size_t k_stride,
                                       size_t nk, size_t d, size_t nq, float scale);
 /* the constants of the exps (the fast exp's table), loaded once a call */
-ALWAYS_INLINE fv isa_exp_table(void);
+ALWAYS_INLINE vf isa_exp_table(void);
 /* x[u] = exp(x[u]) for u < n (the exps side by side, as far as that helps), the exp of kind
  * (enum sdpa_exp_kind), for arguments <= 0: no upper clamp, and results below FLT_MIN may stay
  * below it (kernels.h, exp_tile) */
-ALWAYS_INLINE void isa_exps(fv *x, int n, fv table, int kind);
+ALWAYS_INLINE void isa_exps(vf *x, int n, vf table, int kind);
 
-/* fv_load_upto with fill in the lanes past n */
-ALWAYS_INLINE fv fv_load_upto_or(const float *p, size_t n, fv_lanes m, float fill) {
-    return FV_MASKED || n < W ? fv_load_part_or(p, m, fill) : fv_load(p);
+/* vf_load_upto with fill in the lanes past n */
+ALWAYS_INLINE vf vf_load_upto_or(const float *p, size_t n, vpart m, float fill) {
+    return VF_MASKED || n < W ? vf_load_part_or(p, m, fill) : vf_load(p);
 }
 
 /* kernels.h's pack_q: qt[p][i] = q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q,
@@ -36,13 +36,13 @@ ALWAYS_INLINE fv fv_load_upto_or(const float *p, size_t n, fv_lanes m, float fil
 ALWAYS_INLINE void pack_q_loops(float *qt, const float *q, size_t q_stride, size_t nq, size_t d) {
     for (size_t p0 = 0; p0 < d; p0 += W) {
         const size_t np = d - p0 < W ? d - p0 : W;
-        const fv_lanes m = fv_first(np);
+        const vpart m = vpart_first(np);
         for (size_t i0 = 0; i0 < QT_LD; i0 += W) {
-            fv r[W];
+            vf r[W];
             for (size_t t = 0; t < W; t++)
-                r[t] = i0 + t < nq ? fv_load_upto(q + (i0 + t) * q_stride + p0, np, m) : fv_zero();
-            fv_transpose(r);
-            for (size_t t = 0; t < np; t++) fv_store(qt + (p0 + t) * QT_LD + i0, r[t]);
+                r[t] = i0 + t < nq ? vf_load_upto(q + (i0 + t) * q_stride + p0, np, m) : vf_zero();
+            vf_transpose(r);
+            for (size_t t = 0; t < np; t++) vf_store(qt + (p0 + t) * QT_LD + i0, r[t]);
         }
     }
 }
@@ -51,7 +51,7 @@ ALWAYS_INLINE void pack_q_loops(float *qt, const float *q, size_t q_stride, size
  * all SDPA_ATTN_MAX_BLOCK_Q queries), keys j.. while whole blocks are left; returns the first
  * key not done. */
 ALWAYS_INLINE size_t keymajor_blocks(float *st, const float *qt, const float *k, size_t k_stride,
-                                     size_t j, size_t nk, size_t d, fv vscale, int nkeys, int nv) {
+                                     size_t j, size_t nk, size_t d, vf vscale, int nkeys, int nv) {
     for (; j + nkeys <= nk; j += nkeys)
         for (size_t h = 0; h < QT_LD; h += nv * W)
             bcast_block(st + j * QT_LD + h, QT_LD, k + j * k_stride, k_stride, 1, qt + h, QT_LD,
@@ -77,10 +77,10 @@ ALWAYS_INLINE void scores_max_loops(float *st, float *tile_max, const float *qt,
 }
 
 /* one key's W weights of a key-major tile, p = exp(s - mx) in place; returns them */
-ALWAYS_INLINE fv exp_in_place(float *p, fv mx, fv table, int kind) {
-    fv e = fv_sub(fv_load_aligned(p), mx);
+ALWAYS_INLINE vf exp_in_place(float *p, vf mx, vf table, int kind) {
+    vf e = vf_load_aligned(p) - mx;
     isa_exps(&e, 1, table, kind);
-    fv_store_aligned(p, e);
+    vf_store_aligned(p, e);
     return e;
 }
 
@@ -90,34 +90,38 @@ ALWAYS_INLINE fv exp_in_place(float *p, fv mx, fv table, int kind) {
 ALWAYS_INLINE void exp_pv_loops(float *acc, size_t ld_acc, float *st, const float *m,
                                 const float *m_new, float *alpha, float *sums, size_t nq, size_t nk,
                                 const float *v, size_t v_stride, size_t d_v, int kind, int u) {
-    const fv table = isa_exp_table();
+    const vf table = isa_exp_table();
     for (size_t h = 0; h * W < nq; h++) {
         const size_t n = nq - h * W < W ? nq - h * W : W;
-        const fv_lanes valid = fv_first(n);
+        const vpart valid = vpart_first(n);
         /* rows past nq (zero queries, scores 0): shift 0, alpha exp(-inf) = 0, both unused */
-        const fv mx = fv_load_upto_or(m_new + h * W, n, valid, 0.0f);
-        fv a = fv_sub(fv_load_upto_or(m + h * W, n, valid, -INFINITY), mx);
+        const vf mx = vf_load_upto_or(m_new + h * W, n, valid, 0.0f);
+        vf a = vf_load_upto_or(m + h * W, n, valid, -INFINITY) - mx;
         /* exp(0) is exactly 1: a row whose max did not move is not rescaled at all */
         isa_exps(&a, 1, table, kind);
-        fv_store(alpha + h * W, a);
-        fv s0 = fv_zero(), s1 = s0;
+        vf_store(alpha + h * W, a);
+        vf s0 = vf_zero(), s1 = s0;
         size_t j = 0;
         for (; j + u <= nk; j += u) {
             float *p = st + j * QT_LD + h * W;
-            fv e[4];
-            for (int x = 0; x < u; x++) e[x] = fv_sub(fv_load_aligned(p + x * QT_LD), mx);
+            vf e[4];
+            for (int x = 0; x < u; x++) e[x] = vf_load_aligned(p + x * QT_LD) - mx;
             isa_exps(e, u, table, kind);
-            for (int x = 0; x < u; x++) fv_store_aligned(p + x * QT_LD, e[x]);
-            s0 = fv_add(s0, u == 4 ? fv_add(e[0], e[2]) : e[0]);
-            s1 = fv_add(s1, u == 4 ? fv_add(e[1], e[3]) : e[1]);
+            for (int x = 0; x < u; x++) vf_store_aligned(p + x * QT_LD, e[x]);
+            if (u == 4) {
+                s0 = s0 + (e[0] + e[2]);
+                s1 = s1 + (e[1] + e[3]);
+            } else {
+                s0 = s0 + e[0];
+                s1 = s1 + e[1];
+            }
         }
         if (u == 2) {
-            if (j < nk) s0 = fv_add(s0, exp_in_place(st + j * QT_LD + h * W, mx, table, kind));
+            if (j < nk) s0 = s0 + exp_in_place(st + j * QT_LD + h * W, mx, table, kind);
         } else {
-            for (; j < nk; j++)
-                s0 = fv_add(s0, exp_in_place(st + j * QT_LD + h * W, mx, table, kind));
+            for (; j < nk; j++) s0 = s0 + exp_in_place(st + j * QT_LD + h * W, mx, table, kind);
         }
-        fv_store(sums + h * W, fv_add(s0, s1));
+        vf_store(sums + h * W, s0 + s1);
     }
     const pv_operands o = {acc, ld_acc, st, 1, QT_LD, alpha, nq, nk, v, v_stride, d_v};
     isa_pv(&o, SDPA_TYPE_F32);
@@ -127,28 +131,32 @@ ALWAYS_INLINE void exp_pv_loops(float *acc, size_t ld_acc, float *st, const floa
  * so that the exps' dependency chains overlap. */
 ALWAYS_INLINE void exp_tile_loops(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift,
                                   float *sums, int kind) {
-    const fv table = isa_exp_table();
+    const vf table = isa_exp_table();
     for (size_t i = 0; i < nq; i++) {
         float *row = s + i * ld_s;
-        const fv vshift = fv_set1(shift[i]);
-        fv t[4], e[4];
-        for (int x = 0; x < 4; x++) t[x] = fv_zero();
+        const vf vshift = vf_set1(shift[i]);
+        vf t[4], e[4];
+        for (int x = 0; x < 4; x++) t[x] = vf_zero();
         size_t j = 0;
         for (; j + 4 * W <= nk; j += 4 * W) {
-            for (int x = 0; x < 4; x++) e[x] = fv_sub(fv_load(row + j + x * W), vshift);
+            for (int x = 0; x < 4; x++) e[x] = vf_load(row + j + x * W) - vshift;
             isa_exps(e, 4, table, kind);
-            for (int x = 0; x < 4; x++) fv_store(row + j + x * W, e[x]);
-            for (int x = 0; x < 4; x++) t[x] = fv_add(t[x], e[x]);
+            for (int x = 0; x < 4; x++) vf_store(row + j + x * W, e[x]);
+            for (int x = 0; x < 4; x++) t[x] = t[x] + e[x];
         }
         for (; j < nk; j += W) {
             const size_t n = nk - j < W ? nk - j : W;
-            const fv_lanes m = fv_first(n);
-            e[0] = fv_sub(fv_load_upto(row + j, n, m), vshift);
+            const vpart m = vpart_first(n);
+            e[0] = vf_load_upto(row + j, n, m) - vshift;
             isa_exps(e, 1, table, kind);
-            fv_store_upto(row + j, e[0], n, m);
-            t[0] = FV_MASKED || n < W ? fv_add_part(t[0], e[0], m) : fv_add(t[0], e[0]);
+            vf_store_upto(row + j, e[0], n, m);
+            if (VF_MASKED || n < W)
+                t[0] = vf_add_part(t[0], m, e[0]);
+            else
+                t[0] = t[0] + e[0];
         }
-        sums[i] = fv_reduce_add(fv_add(fv_add(t[0], t[1]), fv_add(t[2], t[3])));
+        const vf late = t[2] + t[3]; /* first: the registers of the measured code */
+        sums[i] = vf_hsum((t[0] + t[1]) + late);
     }
 }
 

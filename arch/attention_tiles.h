@@ -1,10 +1,10 @@
-/* The attention microkernels' algorithms, written once over a backend's vector operations (the
- * block "vector operations for the attention templates" of arch/x86/<isa>.h and arch/arm/neon.h)
+/* The attention microkernels' algorithms, written once over a backend's vector vocabulary (the
+ * blocks "the vector vocabulary" of arch/x86/<isa>.h and arch/arm/neon.h; docs/porting.md)
  * and compiled into each <isa>_attention.c with its vector width W a constant: the register blocks
  * of scores_tile and pv_tile and the loops around them (BLIS's microkernel and its loops). Every
  * function is inlined, and its int parameters (block shapes, keys a step) are constants at every
  * call, so that each call compiles to straight-line code for its shape. What a backend supplies
- * besides its vector operations is declared below ("the backend's part"); arch/attention_entries.h
+ * besides its vocabulary is declared below ("the backend's part"); arch/attention_entries.h
  * turns it all into the backend's entries. */
 #ifndef SDPA_ARCH_ATTENTION_TILES_H
 #define SDPA_ARCH_ATTENTION_TILES_H
@@ -42,8 +42,8 @@ ALWAYS_INLINE void isa_pv(const pv_operands *o, int v_type);
  * sdpa_type), widened to float as each vector is loaded; the type is a constant at every call,
  * so the float instances compile as if it were not there. TILE_F16_EXACT is f16 through
  * convert_rows.h's integer widening, for a caller's DAZ under which the ISA's conversion would
- * read subnormals as 0. Only a backend that defines ISA_TYPED_LOADS (with fv_count, the lanes of
- * an fv_lanes) has the 16-bit loads. */
+ * read subnormals as 0. Only a backend that defines ISA_TYPED_LOADS (with vpart_count, the lanes of
+ * an vpart) has the 16-bit loads. */
 #define TILE_F16_EXACT SDPA_TYPES
 
 ALWAYS_INLINE const void *elem_at(const void *p, size_t i, int type) {
@@ -55,11 +55,11 @@ ALWAYS_INLINE const void *elem_at(const void *p, size_t i, int type) {
  * signaling (widen quiets it): every use is an FMA or a multiply, which returns its first NaN
  * operand quieted whichever kind it is, so the results are widen's bit for bit, for two
  * instructions fewer a vector. */
-ALWAYS_INLINE fv widen_as(const uint16_t *p, int type) {
+ALWAYS_INLINE vf widen_as(const uint16_t *p, int type) {
     if (type == SDPA_TYPE_BF16) {
         vu16_ raw;
         memcpy(&raw, p, sizeof raw);
-        return (fv)(__builtin_convertvector(raw, vu32_) << 16);
+        return (vf)(__builtin_convertvector(raw, vu32_) << 16);
     }
     return widen_vector(p, SDPA_TYPE_F16, type == TILE_F16_EXACT);
 }
@@ -68,12 +68,12 @@ ALWAYS_INLINE fv widen_as(const uint16_t *p, int type) {
 /* tile_load of a vector of the given type: a full one (m NULL) or the lanes m of one, read
  * without touching an element past them (no 16-bit masked loads in AVX-512F: a partial vector
  * goes through a zeroed copy on the stack, as the float one loads 0 in the other lanes) */
-ALWAYS_INLINE fv tile_load_as(const void *p, int type, const fv_lanes *m) {
+ALWAYS_INLINE vf tile_load_as(const void *p, int type, const vpart *m) {
 #ifdef ISA_TYPED_LOADS
     if (type != SDPA_TYPE_F32) {
         if (!m) return widen_as(p, type);
         uint16_t part[W] = {0};
-        memcpy(part, p, fv_count(*m) * sizeof(uint16_t));
+        memcpy(part, p, vpart_count(*m) * sizeof(uint16_t));
         return widen_as(part, type);
     }
 #endif
@@ -119,51 +119,51 @@ ALWAYS_INLINE void prefetch_row(const void *x, size_t row, size_t stride, size_t
  * m) of d. keywise: each key's vector is loaded and used against every query before the next is
  * loaded, for few registers (16-register ISAs; and a single query, whose keys are then read
  * straight into their FMAs); else every vector is loaded first and kept in a register. */
-ALWAYS_INLINE void scores_step(fv *a, const float *q, size_t q_stride, const void *k,
+ALWAYS_INLINE void scores_step(vf *a, const float *q, size_t q_stride, const void *k,
                                size_t k_stride, int kt, int mr, int nr, int keywise,
-                               const fv_lanes *m) {
-    fv vq[SCORES_MAX_SUMS], vk[SCORES_MAX_SUMS];
+                               const vpart *m) {
+    vf vq[SCORES_MAX_SUMS], vk[SCORES_MAX_SUMS];
     for (int r = 0; r < mr; r++) vq[r] = tile_load(q + r * q_stride, m);
     if (keywise) {
         for (int c = 0; c < nr; c++) {
-            const fv kc = tile_load_as(elem_at(k, c * k_stride, kt), kt, m);
-            for (int r = 0; r < mr; r++) a[r * nr + c] = fv_madd(vq[r], kc, a[r * nr + c]);
+            const vf kc = tile_load_as(elem_at(k, c * k_stride, kt), kt, m);
+            for (int r = 0; r < mr; r++) a[r * nr + c] = vf_madd(vq[r], kc, a[r * nr + c]);
         }
         return;
     }
     for (int c = 0; c < nr; c++) vk[c] = tile_load_as(elem_at(k, c * k_stride, kt), kt, m);
-    for (int r = 0; r < mr; r++) fv_pin(&vq[r]);
-    for (int c = 0; c < nr; c++) fv_pin(&vk[c]);
+    for (int r = 0; r < mr; r++) vf_pin(&vq[r]);
+    for (int c = 0; c < nr; c++) vf_pin(&vk[c]);
     for (int r = 0; r < mr; r++)
-        for (int c = 0; c < nr; c++) a[r * nr + c] = fv_madd(vq[r], vk[c], a[r * nr + c]);
+        for (int c = 0; c < nr; c++) a[r * nr + c] = vf_madd(vq[r], vk[c], a[r * nr + c]);
 }
 
 /* s[r * ld_s + c] = scale * the sum of the lanes of a[r * nr + c], for the dots of scores_block,
- * reduced W at a time (fv_hsums) */
-ALWAYS_INLINE void scores_store(float *s, size_t ld_s, const fv *a, fv vscale, int mr, int nr) {
+ * reduced W at a time (vf_hsums) */
+ALWAYS_INLINE void scores_store(float *s, size_t ld_s, const vf *a, vf vscale, int mr, int nr) {
     for (int g = 0; g < mr * nr / W; g++) {
-        const fv sum = fv_mul(fv_hsums(a + g * W), vscale);
+        const vf sum = vf_hsums(a + g * W) * vscale;
         const int r = g * W / nr;
         if (nr >= W)
-            fv_store(s + r * ld_s + g * W % nr, sum);
+            vf_store(s + r * ld_s + g * W % nr, sum);
         else
-            for (int h = 0; h < W / 4; h++) fv_store4(s + (r + h) * ld_s, sum, h);
+            for (int h = 0; h < W / 4; h++) vf_store4(s + (r + h) * ld_s, sum, h);
     }
 }
 
 /* s[r * ld_s + c] = scale * dot(q_r, k_c) for r < mr queries and c < nr keys: mr * nr dots in
- * registers for all of d, then reduced W at a time (fv_hsums), which takes mr * nr a multiple
+ * registers for all of d, then reduced W at a time (vf_hsums), which takes mr * nr a multiple
  * of W, and nr a multiple of W or 4 (a reduced vector then spans W / 4 rows). */
 ALWAYS_INLINE void scores_block(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                const void *k, size_t k_stride, int kt, size_t d, fv vscale, int mr,
+                                const void *k, size_t k_stride, int kt, size_t d, vf vscale, int mr,
                                 int nr, int keywise) {
-    fv a[SCORES_MAX_SUMS];
-    for (int t = 0; t < mr * nr; t++) a[t] = fv_zero();
+    vf a[SCORES_MAX_SUMS];
+    for (int t = 0; t < mr * nr; t++) a[t] = vf_zero();
     size_t p = 0;
     for (; p + W <= d; p += W)
         scores_step(a, q + p, q_stride, elem_at(k, p, kt), k_stride, kt, mr, nr, keywise, NULL);
     if (p < d) {
-        const fv_lanes m = fv_first(d - p);
+        const vpart m = vpart_first(d - p);
         scores_step(a, q + p, q_stride, elem_at(k, p, kt), k_stride, kt, mr, nr, keywise, &m);
     }
     scores_store(s, ld_s, a, vscale, mr, nr);
@@ -175,7 +175,7 @@ ALWAYS_INLINE void scores_block(float *s, size_t ld_s, const float *q, size_t q_
 ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, size_t q_stride,
                                        size_t nq, const void *k, size_t k_stride, int kt, size_t nk,
                                        size_t d, float scale, int mr, int nr, int keywise) {
-    const fv vscale = fv_set1(scale);
+    const vf vscale = vf_set1(scale);
     size_t i = 0;
     for (; i + mr <= nq; i += mr) {
         const float *qi = q + i * q_stride;
@@ -206,20 +206,20 @@ ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, si
  * from L2 or beyond, then comes in as one stream, not row_nr of a line each, and the loads are
  * half as many. */
 ALWAYS_INLINE size_t scores_query_held(float *s, const float *q, const float *k, size_t k_stride,
-                                       size_t nk, size_t d, fv vscale, int row_nr, int nv) {
-    fv vq[SCORES_HELD_MAX_V];
+                                       size_t nk, size_t d, vf vscale, int row_nr, int nv) {
+    vf vq[SCORES_HELD_MAX_V];
     const size_t n_last = d - (size_t)(nv - 1) * W;
-    const fv_lanes last = fv_first(n_last);
-    for (int t = 0; t + 1 < nv; t++) vq[t] = fv_load(q + t * W);
-    vq[nv - 1] = fv_load_upto(q + (nv - 1) * W, n_last, last);
+    const vpart last = vpart_first(n_last);
+    for (int t = 0; t + 1 < nv; t++) vq[t] = vf_load(q + t * W);
+    vq[nv - 1] = vf_load_upto(q + (nv - 1) * W, n_last, last);
     size_t j = 0;
     for (; j + row_nr <= nk; j += row_nr) {
-        fv a[SCORES_MAX_SUMS];
+        vf a[SCORES_MAX_SUMS];
         for (int c = 0; c < row_nr; c++) {
             const float *kc = k + (j + c) * k_stride;
-            fv x = fv_zero();
-            for (int t = 0; t + 1 < nv; t++) x = fv_madd(vq[t], fv_load(kc + t * W), x);
-            a[c] = fv_madd(vq[nv - 1], fv_load_upto(kc + (nv - 1) * W, n_last, last), x);
+            vf x = vf_zero();
+            for (int t = 0; t + 1 < nv; t++) x = vf_madd(vq[t], vf_load(kc + t * W), x);
+            a[c] = vf_madd(vq[nv - 1], vf_load_upto(kc + (nv - 1) * W, n_last, last), x);
         }
         scores_store(s + j, 0, a, vscale, 1, row_nr);
     }
@@ -231,7 +231,7 @@ ALWAYS_INLINE size_t scores_query_held(float *s, const float *q, const float *k,
  * scores_query_held, for d up to SCORES_HELD_MAX_V vectors), then a dot each */
 ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t k_stride, int kt,
                                 size_t nk, size_t d, float scale, int row_nr) {
-    const fv vscale = fv_set1(scale);
+    const vf vscale = vf_set1(scale);
     size_t j = 0;
 #ifdef ISA_SCORES_HELD
     /* nv a constant in each case, for vq and the chains in registers */
@@ -265,15 +265,15 @@ ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t 
 /* One value of kk: ch[r * nv + t] += A(r, kk) B[kk][t] for r < mr, t < nv vectors, from a =
  * &A(0, kk) (rows a_row apart) and b = B[kk] (of type bt). B's vectors are loaded once for all mr
  * rows. */
-ALWAYS_INLINE void block_step(fv *ch, const float *a, size_t a_row, const void *b, int bt, int mr,
-                              int nv, const fv_lanes *m) {
-    fv bv[8]; /* nv <= 8 */
+ALWAYS_INLINE void block_step(vf *ch, const float *a, size_t a_row, const void *b, int bt, int mr,
+                              int nv, const vpart *m) {
+    vf bv[8]; /* nv <= 8 */
     for (int t = 0; t < nv; t++) bv[t] = tile_load_as(elem_at(b, t * W, bt), bt, m);
     if (mr > 1)
-        for (int t = 0; t < nv; t++) fv_pin(&bv[t]);
+        for (int t = 0; t < nv; t++) vf_pin(&bv[t]);
     for (int r = 0; r < mr; r++) {
-        const fv w = fv_bcast(a + r * a_row);
-        for (int t = 0; t < nv; t++) ch[r * nv + t] = fv_madd(w, bv[t], ch[r * nv + t]);
+        const vf w = vf_bcast(a + r * a_row);
+        for (int t = 0; t < nv; t++) ch[r * nv + t] = vf_madd(w, bv[t], ch[r * nv + t]);
     }
 }
 
@@ -287,18 +287,18 @@ ALWAYS_INLINE void block_step(fv *ch, const float *a, size_t a_row, const void *
  * BLOCK_MAX_CHAINS. */
 ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_row, size_t a_col,
                                const void *b, size_t ldb, int bt, size_t kn, int mr, int nv, int u,
-                               const float *alpha, const fv *scale, const fv_lanes *m) {
+                               const float *alpha, const vf *scale, const vpart *m) {
     const int n = mr * nv;
     float *row[BLOCK_MAX_CHAINS];
-    fv ch[BLOCK_MAX_CHAINS];
+    vf ch[BLOCK_MAX_CHAINS];
     for (int r = 0; r < mr; r++) row[r] = c + r * ldc;
     for (int x = 0; x < u; x++)
         for (int r = 0; r < mr; r++)
             for (int t = 0; t < nv; t++) {
-                fv c0 = fv_zero();
+                vf c0 = vf_zero();
                 if (!scale && x == 0) {
                     c0 = tile_load(row[r] + t * W, m);
-                    if (alpha) c0 = fv_mul(c0, fv_bcast(alpha + r));
+                    if (alpha) c0 = c0 * vf_bcast(alpha + r);
                 }
                 ch[x * n + r * nv + t] = c0;
             }
@@ -322,10 +322,14 @@ ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_ro
     for (int r = 0; r < mr; r++)
         for (int t = 0; t < nv; t++) {
             const int i = r * nv + t;
-            fv sum = ch[i];
-            if (u == 2) sum = fv_add(sum, ch[n + i]);
-            if (u == 4) sum = fv_add(fv_add(sum, ch[n + i]), fv_add(ch[2 * n + i], ch[3 * n + i]));
-            if (scale) sum = fv_mul(sum, *scale);
+            vf sum = ch[i];
+            if (u == 2) sum = sum + ch[n + i];
+            if (u == 4) {
+                /* the later pair formed first: the registers of the measured code */
+                const vf late = ch[2 * n + i] + ch[3 * n + i];
+                sum = (sum + ch[n + i]) + late;
+            }
+            if (scale) sum = sum * *scale;
             tile_store(row[r] + t * W, sum, m);
         }
 }
@@ -333,7 +337,7 @@ ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_ro
 /* the partial vector of columns at c (the lanes m, or a whole vector for m NULL) of mr rows from
  * row i, u keys a step; v of type vt */
 ALWAYS_INLINE void pv_vector(const pv_operands *o, int vt, size_t i, size_t c, int mr, int u,
-                             const fv_lanes *m) {
+                             const vpart *m) {
     bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row, o->p_key,
                 elem_at(o->v, c, vt), o->v_stride, vt, o->nk, mr, 1, u,
                 o->alpha ? o->alpha + i : NULL, NULL, m);
@@ -364,12 +368,12 @@ ALWAYS_INLINE size_t pv_rows(const pv_operands *o, int vt, size_t i, int mr, int
         }
         for (; c < o->d_v; c += W) {
             const size_t n = o->d_v - c < W ? o->d_v - c : W;
-            const fv_lanes m = fv_first(n);
-            if (FV_MASKED && mr <= tail_rows)
+            const vpart m = vpart_first(n);
+            if (VF_MASKED && mr <= tail_rows)
                 pv_vector(o, vt, i, c, mr, mr > 1 ? 2 : tail_keys, &m);
             else
                 for (int r = 0; r < mr; r++) {
-                    if (FV_MASKED)
+                    if (VF_MASKED)
                         pv_vector(o, vt, i + r, c, 1, tail_keys, &m);
                     else if (n == W)
                         pv_vector(o, vt, i + r, c, 1, tail_keys, NULL);

@@ -9,7 +9,8 @@
  * change (scale and normalize, element by element, and the max, which is exact) take a head to
  * a line boundary on avx512 (vf_lead).
  *
- * Vector operations (arch/x86/<isa>.h, arch/arm/neon.c), + - * being the compiler's operators:
+ * What they use of the vector vocabulary (arch/x86/<isa>.h, arch/arm/neon.h; all of it in
+ * docs/porting.md), + - * being the compiler's operators:
  *   vf, W       a vector of W floats
  *   vf_load, vf_store, vf_set1, vf_first (lane 0), vf_max and vf_min (b where either is NaN, on
  *               x86), vf_hsum and vf_hmax (across the lanes)

@@ -16,14 +16,10 @@
 
 #define W 8
 
-/* ---- vector operations for the row templates ---- */
-/* What arch/row_kernels.h and arch/softmax_passes.h ask of an ISA, beyond + - * on its vector
- * type (the compiler's vector operators, the intrinsics' own instructions). Macros over the
- * intrinsics where one does, so that the templates compile to what the intrinsics written out
- * give: even an always_inline wrapper is inlined at another point, after which gcc picks other
- * registers and another loop layout, and a short call shows it. An `acc` is a variable. */
+/* ---- the vector vocabulary (docs/porting.md; avx512.h says why macros) ---- */
 typedef __m256 vf;
-typedef __m256i vpart; /* the lanes of a row's last, partial vector */
+typedef __m256i vpart;           /* the lanes of a partial vector */
+#define VF_MASKED              1 /* through maskload and maskstore, which never touch the lanes outside */
 #define vf_load(p)             _mm256_loadu_ps(p)
 #define vf_store(p, v)         _mm256_storeu_ps(p, v)
 #define vf_set1(a)             _mm256_set1_ps(a)
@@ -99,80 +95,27 @@ static inline float hmax(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static inline float dot_avx2(const float *a, const float *b, size_t n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
-           acc3 = _mm256_setzero_ps(), acc4 = _mm256_setzero_ps(), acc5 = _mm256_setzero_ps(),
-           acc6 = _mm256_setzero_ps(), acc7 = _mm256_setzero_ps();
-    size_t i = 0;
-    /* no head to reach alignment: the order of the sum follows n, never a's address */
-    for (; i + 8 * W <= n; i += 8 * W) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + W), _mm256_loadu_ps(b + i + W), acc1);
-        acc2 =
-            _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 2 * W), _mm256_loadu_ps(b + i + 2 * W), acc2);
-        acc3 =
-            _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 3 * W), _mm256_loadu_ps(b + i + 3 * W), acc3);
-        acc4 =
-            _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 4 * W), _mm256_loadu_ps(b + i + 4 * W), acc4);
-        acc5 =
-            _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 5 * W), _mm256_loadu_ps(b + i + 5 * W), acc5);
-        acc6 =
-            _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 6 * W), _mm256_loadu_ps(b + i + 6 * W), acc6);
-        acc7 =
-            _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 7 * W), _mm256_loadu_ps(b + i + 7 * W), acc7);
-    }
-    for (; i + W <= n; i += W)
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    if (i < n) {
-        __m256i m = tail_mask(n - i);
-        acc1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), acc1);
-    }
-    acc0 = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
-    acc4 = _mm256_add_ps(_mm256_add_ps(acc4, acc5), _mm256_add_ps(acc6, acc7));
-    return hsum(_mm256_add_ps(acc0, acc4));
-}
-
-/* ---- vector operations for the attention templates ---- */
-/* The vocabulary that arch/attention_tiles.h and arch/attention_packed.h are written in (avx512.h
- * says what each operation does). Partial vectors go through maskload and maskstore, which
- * never touch the lanes outside the mask. */
-typedef __m256 fv;
-typedef __m256i fv_lanes;
-#define FV_MASKED 1
-ALWAYS_INLINE fv fv_zero(void) { return _mm256_setzero_ps(); }
-ALWAYS_INLINE fv fv_set1(float x) { return _mm256_set1_ps(x); }
-ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm256_broadcast_ss(p); }
-ALWAYS_INLINE fv fv_load(const float *p) { return _mm256_loadu_ps(p); }
-ALWAYS_INLINE fv fv_load_aligned(const float *p) { return _mm256_load_ps(p); } /* 32 bytes */
-ALWAYS_INLINE void fv_store(float *p, fv x) { _mm256_storeu_ps(p, x); }
-ALWAYS_INLINE void fv_store_aligned(float *p, fv x) { _mm256_store_ps(p, x); }
-ALWAYS_INLINE fv fv_add(fv a, fv b) { return _mm256_add_ps(a, b); }
-ALWAYS_INLINE fv fv_sub(fv a, fv b) { return _mm256_sub_ps(a, b); }
-ALWAYS_INLINE fv fv_mul(fv a, fv b) { return _mm256_mul_ps(a, b); }
-ALWAYS_INLINE fv fv_max(fv a, fv b) { return _mm256_max_ps(a, b); }
-ALWAYS_INLINE fv fv_madd(fv a, fv b, fv c) { return _mm256_fmadd_ps(a, b, c); }
-ALWAYS_INLINE float fv_reduce_add(fv x) { return hsum(x); }
+/* ---- the vector vocabulary, continued: what the attention templates add ---- */
+ALWAYS_INLINE vf vf_zero(void) { return _mm256_setzero_ps(); }
+ALWAYS_INLINE vf vf_bcast(const float *p) { return _mm256_broadcast_ss(p); }
+ALWAYS_INLINE vf vf_load_aligned(const float *p) { return _mm256_load_ps(p); } /* 32 bytes */
+ALWAYS_INLINE void vf_store_aligned(float *p, vf x) { _mm256_store_ps(p, x); }
+ALWAYS_INLINE vf vf_madd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 /* An empty asm that takes x in a register: folded into its uses as a memory operand (what GCC
  * does otherwise), a vector loaded for several FMAs is loaded again for each, and with two
  * loads a cycle the loop becomes load-bound. */
-ALWAYS_INLINE void fv_pin(fv *x) { __asm__("" : "+x"(*x)); }
+ALWAYS_INLINE void vf_pin(vf *x) { __asm__("" : "+x"(*x)); }
 
-ALWAYS_INLINE fv_lanes fv_first(size_t n) { return tail_mask(n); }
-ALWAYS_INLINE size_t fv_count(fv_lanes m) { /* n */
+ALWAYS_INLINE size_t vpart_count(vpart m) {
     return (size_t)__builtin_popcount(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
 }
-ALWAYS_INLINE fv fv_load_part(const float *p, fv_lanes m) { return _mm256_maskload_ps(p, m); }
-ALWAYS_INLINE fv fv_load_part_or(const float *p, fv_lanes m, float fill) {
+ALWAYS_INLINE vf vf_load_part_or(const float *p, vpart m, float fill) {
     return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
-}
-ALWAYS_INLINE void fv_store_part(float *p, fv x, fv_lanes m) { _mm256_maskstore_ps(p, m, x); }
-ALWAYS_INLINE fv fv_add_part(fv a, fv b, fv_lanes m) {
-    return _mm256_add_ps(a, _mm256_and_ps(b, _mm256_castsi256_ps(m)));
 }
 
 /* lane i: the sum of the lanes of a[i], for i < W (hadd twice: each 128-bit half holds the
  * half-sums of four inputs) */
-ALWAYS_INLINE fv fv_hsums(const fv *a) {
+ALWAYS_INLINE vf vf_hsums(const vf *a) {
     __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
     __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
@@ -180,12 +123,12 @@ ALWAYS_INLINE fv fv_hsums(const fv *a) {
 }
 
 /* lanes [4c, 4c + 4) of x to p */
-ALWAYS_INLINE void fv_store4(float *p, fv x, int c) {
+ALWAYS_INLINE void vf_store4(float *p, vf x, int c) {
     _mm_storeu_ps(p, c == 0 ? _mm256_castps256_ps128(x) : _mm256_extractf128_ps(x, 1));
 }
 
 /* r[i] lane j <- r[j] lane i for i, j < W: unpack, shuffle, then swap 128-bit halves */
-ALWAYS_INLINE void fv_transpose(fv *r) {
+ALWAYS_INLINE void vf_transpose(vf *r) {
     __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
     __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
     __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
@@ -198,6 +141,11 @@ ALWAYS_INLINE void fv_transpose(fv *r) {
     r[1] = _mm256_permute2f128_ps(u1, u5, 0x20), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
     r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
     r[3] = _mm256_permute2f128_ps(u3, u7, 0x20), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+#include "dot_lanes.h"
+static inline float dot_avx2(const float *a, const float *b, size_t n) {
+    return dot_lanes(a, b, n);
 }
 
 #endif

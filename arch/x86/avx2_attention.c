@@ -1,7 +1,7 @@
 /* AVX2 + FMA attention microkernels (the tiling driver is src/attention.c); avx2.c's table points
  * at sdpa_attention_kernels_avx2. The algorithms are arch/attention_tiles.h's and
  * arch/attention_packed.h's; this file gives them avx2's register blocks and exps. With 16
- * registers, a block's shared operands are pinned in registers (fv_pin) so that each is loaded
+ * registers, a block's shared operands are pinned in registers (vf_pin) so that each is loaded
  * once for all its FMAs. */
 #include "avx2_exp.h"
 
@@ -12,7 +12,7 @@
 
 enum { BLOCK_Q = 32, BLOCK_KV = 64 };
 /* Scores: 2 x 4 blocks, 6 loads for 8 FMAs (16 registers hold no more) and the 8 dots reduced by
- * one fv_hsums; a single query against 8 keys at a time. */
+ * one vf_hsums; a single query against 8 keys at a time. */
 enum { SCORES_MR = 2, SCORES_NR = 4, SCORES_KEYWISE = 0, SCORES_ROW_NR = 8 };
 enum { EXP_PV_KEYS = 2 }; /* as on avx512 */
 
@@ -29,14 +29,14 @@ ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) { pv_tile_loops(o, vt, 6
 static void ISA_NAME(scores_keymajor)(float *st, const float *qt, const float *k, size_t k_stride,
                                       size_t nk, size_t d, size_t nq, float scale) {
     (void)nq;
-    const fv vscale = fv_set1(scale);
+    const vf vscale = vf_set1(scale);
     size_t j = keymajor_blocks(st, qt, k, k_stride, 0, nk, d, vscale, 6, 2);
     j = keymajor_blocks(st, qt, k, k_stride, j, nk, d, vscale, 2, 4);
     keymajor_blocks(st, qt, k, k_stride, j, nk, d, vscale, 1, 4);
 }
 
-ALWAYS_INLINE fv isa_exp_table(void) { return exp_table_avx2(); }
-ALWAYS_INLINE void isa_exps(fv *x, int n, fv table, int kind) {
+ALWAYS_INLINE vf isa_exp_table(void) { return exp_table_avx2(); }
+ALWAYS_INLINE void isa_exps(vf *x, int n, vf table, int kind) {
     for (int u = 0; u < n; u++)
         x[u] =
             kind == SDPA_EXP_FAST ? exp_fast_avx2(x[u], table, 0) : exp_sleef_avx2(x[u], table, 0);

@@ -15,14 +15,20 @@
 
 #define W 16
 
-/* ---- vector operations for the row templates ---- */
-/* What arch/row_kernels.h and arch/softmax_passes.h ask of an ISA, beyond + - * on its vector
- * type (the compiler's vector operators, the intrinsics' own instructions). Macros over the
- * intrinsics where one does, so that the templates compile to what the intrinsics written out
- * give: even an always_inline wrapper is inlined at another point, after which gcc picks other
- * registers and another loop layout, and a short call shows it. An `acc` is a variable. */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* ---- the vector vocabulary (docs/porting.md) ---- */
+/* What the templates (arch/row_kernels.h, arch/softmax_passes.h, arch/attention_tiles.h, ...) are
+ * written in, beyond + - * on vf (the compiler's vector operators, the intrinsics' own
+ * instructions). Macros over the intrinsics where one does, so that the row templates compile to
+ * what the intrinsics written out give: even an always_inline wrapper is inlined at another
+ * point, after which gcc picks other registers and another loop layout, and a short call shows
+ * it. An `acc` is a variable. vpart names the real lanes of a partial vector: a mask here, a
+ * count where an ISA has no masked loads and stores. VF_MASKED: the partial operations also take
+ * all W lanes, so that a loop need not tell its last vector apart. */
 typedef __m512 vf;
-typedef __mmask16 vpart; /* the lanes of a row's last, partial vector */
+typedef __mmask16 vpart;
+#define VF_MASKED              1
 #define vf_load(p)             _mm512_loadu_ps(p)
 #define vf_store(p, v)         _mm512_storeu_ps(p, v)
 #define vf_set1(a)             _mm512_set1_ps(a)
@@ -86,8 +92,6 @@ static inline __attribute__((always_inline)) void vf_narrow_bf16(uint16_t *p, vf
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
 }
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-
 /* lanes [0, remaining) set, for remaining <= W */
 static inline __mmask16 tail_mask(size_t remaining) { return (__mmask16)((1u << remaining) - 1u); }
 
@@ -148,40 +152,20 @@ static inline float dot_avx512(const float *a, const float *b, size_t n) {
     return hsum_avx512(_mm512_add_ps(acc0, acc1));
 }
 
-/* ---- vector operations for the attention templates ---- */
-/* The vocabulary that arch/attention_tiles.h and arch/attention_packed.h are written in, one
- * definition per ISA. fv holds W floats; fv_lanes names the real lanes of a partial vector: a
- * mask here, a count where an ISA has no masked loads and stores. FV_MASKED: the partial
- * operations also take all W lanes, so that a loop need not tell its last vector apart. */
-typedef __m512 fv;
-typedef __mmask16 fv_lanes;
-#define FV_MASKED 1
-ALWAYS_INLINE fv fv_zero(void) { return _mm512_setzero_ps(); }
-ALWAYS_INLINE fv fv_set1(float x) { return _mm512_set1_ps(x); }
-ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm512_set1_ps(load_f32(p)); }
-ALWAYS_INLINE fv fv_load(const float *p) { return _mm512_loadu_ps(p); }
-ALWAYS_INLINE fv fv_load_aligned(const float *p) { return _mm512_load_ps(p); } /* 64 bytes */
-ALWAYS_INLINE void fv_store(float *p, fv x) { _mm512_storeu_ps(p, x); }
-ALWAYS_INLINE void fv_store_aligned(float *p, fv x) { _mm512_store_ps(p, x); }
-ALWAYS_INLINE fv fv_add(fv a, fv b) { return _mm512_add_ps(a, b); }
-ALWAYS_INLINE fv fv_sub(fv a, fv b) { return _mm512_sub_ps(a, b); }
-ALWAYS_INLINE fv fv_mul(fv a, fv b) { return _mm512_mul_ps(a, b); }
-ALWAYS_INLINE fv fv_max(fv a, fv b) { return _mm512_max_ps(a, b); }
-ALWAYS_INLINE fv fv_madd(fv a, fv b, fv c) { return _mm512_fmadd_ps(a, b, c); } /* a b + c */
-ALWAYS_INLINE float fv_reduce_add(fv x) { return _mm512_reduce_add_ps(x); }
+/* ---- the vector vocabulary, continued: what the attention templates add ---- */
+ALWAYS_INLINE vf vf_zero(void) { return _mm512_setzero_ps(); }
+ALWAYS_INLINE vf vf_bcast(const float *p) { return _mm512_set1_ps(load_f32(p)); }
+ALWAYS_INLINE vf vf_load_aligned(const float *p) { return _mm512_load_ps(p); } /* 64 bytes */
+ALWAYS_INLINE void vf_store_aligned(float *p, vf x) { _mm512_store_ps(p, x); }
+ALWAYS_INLINE vf vf_madd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); } /* a b + c */
 /* keep x in a register, not folded into its uses as a memory operand: nothing to do here */
-ALWAYS_INLINE void fv_pin(fv *x) { (void)x; }
-
-/* lanes [0, n) of a partial vector, 1 <= n <= W (n < W where !FV_MASKED); the _part operations
- * leave the other lanes of memory alone, load them as 0 (or fill) and add nothing to them */
-ALWAYS_INLINE fv_lanes fv_first(size_t n) { return tail_mask(n); }
-ALWAYS_INLINE size_t fv_count(fv_lanes m) { return (size_t)__builtin_popcount(m); } /* n */
-ALWAYS_INLINE fv fv_load_part(const float *p, fv_lanes m) { return _mm512_maskz_loadu_ps(m, p); }
-ALWAYS_INLINE fv fv_load_part_or(const float *p, fv_lanes m, float fill) {
+ALWAYS_INLINE void vf_pin(vf *x) { (void)x; }
+/* the lanes of m, n of vpart_first(n) */
+ALWAYS_INLINE size_t vpart_count(vpart m) { return (size_t)__builtin_popcount(m); }
+/* vf_load_part with fill in the other lanes */
+ALWAYS_INLINE vf vf_load_part_or(const float *p, vpart m, float fill) {
     return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), m, p);
 }
-ALWAYS_INLINE void fv_store_part(float *p, fv x, fv_lanes m) { _mm512_mask_storeu_ps(p, m, x); }
-ALWAYS_INLINE fv fv_add_part(fv a, fv b, fv_lanes m) { return _mm512_mask_add_ps(a, m, a, b); }
 
 /* Two 128-bit-chunked partial sums of four vectors: chunk k of the result holds, in lane i,
  * the sum over chunk k of the lanes of the i-th input. */
@@ -193,7 +177,7 @@ ALWAYS_INLINE __m512 hsum4_chunks_avx512(__m512 a, __m512 b, __m512 c, __m512 d)
 
 /* lane i: the sum of the lanes of a[i], for i < W. A transpose-and-add tree, 15 adds for 16
  * sums instead of 16 separate reductions. */
-ALWAYS_INLINE fv fv_hsums(const fv *a) {
+ALWAYS_INLINE vf vf_hsums(const vf *a) {
     __m512 x0 = hsum4_chunks_avx512(a[0], a[1], a[2], a[3]);
     __m512 x1 = hsum4_chunks_avx512(a[4], a[5], a[6], a[7]);
     __m512 x2 = hsum4_chunks_avx512(a[8], a[9], a[10], a[11]);
@@ -207,7 +191,7 @@ ALWAYS_INLINE fv fv_hsums(const fv *a) {
 }
 
 /* lanes [4c, 4c + 4) of x to p (the immediate must be a literal) */
-ALWAYS_INLINE void fv_store4(float *p, fv x, int c) {
+ALWAYS_INLINE void vf_store4(float *p, vf x, int c) {
     _mm_storeu_ps(p, c == 0   ? _mm512_extractf32x4_ps(x, 0)
                      : c == 1 ? _mm512_extractf32x4_ps(x, 1)
                      : c == 2 ? _mm512_extractf32x4_ps(x, 2)
@@ -215,7 +199,7 @@ ALWAYS_INLINE void fv_store4(float *p, fv x, int c) {
 }
 
 /* r[i] lane j <- r[j] lane i for i, j < W: three rounds of unpack and lane shuffles */
-ALWAYS_INLINE void fv_transpose(fv *r) {
+ALWAYS_INLINE void vf_transpose(vf *r) {
     __m512 t[16], u[16];
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);

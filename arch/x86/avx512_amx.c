@@ -162,7 +162,7 @@ ALWAYS_INLINE void keymajor_tile(float *st, float *tile_max, const uint32_t *qt,
     else
         tiles_keymajor_nv(st, qt, k, k_stride, nk, d, tail, 0);
     _tile_release();
-    const fv vscale = fv_set1(scale);
+    const vf vscale = vf_set1(scale);
     keymajor_scale_max(tile_max, st, nq, nk, &vscale);
 }
 

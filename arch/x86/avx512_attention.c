@@ -10,7 +10,7 @@
 #include "attention_packed.h"
 
 enum { BLOCK_Q = 32, BLOCK_KV = 64 };
-/* Scores: 4 x 4 blocks, 8 loads for 16 FMAs and the 16 dots reduced by one fv_hsums; a single
+/* Scores: 4 x 4 blocks, 8 loads for 16 FMAs and the 16 dots reduced by one vf_hsums; a single
  * query against 16 keys at a time. */
 enum { SCORES_MR = 4, SCORES_NR = 4, SCORES_KEYWISE = 0, SCORES_ROW_NR = 16 };
 /* exp_pv two keys a step: two exps side by side already keep the pipes busy */
@@ -62,14 +62,14 @@ ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) {
 static void ISA_NAME(scores_keymajor)(float *st, const float *qt, const float *k, size_t k_stride,
                                       size_t nk, size_t d, size_t nq, float scale) {
     (void)nq;
-    const fv vscale = fv_set1(scale);
+    const vf vscale = vf_set1(scale);
     const size_t j = keymajor_blocks(st, qt, k, k_stride, 0, nk, d, vscale, 8, 2);
     keymajor_blocks(st, qt, k, k_stride, j, nk, d, vscale, 1, 2);
 }
 
 /* the exps of scores minus their row's max, <= 0: exp_sum's light form */
-ALWAYS_INLINE fv isa_exp_table(void) { return exp_table_avx512(); }
-ALWAYS_INLINE void isa_exps(fv *x, int n, fv table, int kind) {
+ALWAYS_INLINE vf isa_exp_table(void) { return exp_table_avx512(); }
+ALWAYS_INLINE void isa_exps(vf *x, int n, vf table, int kind) {
     for (int u = 0; u < n; u++)
         x[u] = kind == SDPA_EXP_FAST ? exp_fast_avx512(x[u], table, 0)
                                      : exp_sleef_avx512(x[u], table, 0);

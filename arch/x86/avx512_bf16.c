@@ -20,7 +20,7 @@ ALWAYS_INLINE __m512bh k_pair(const uint16_t *p, int last) {
 }
 
 /* one pair step of an nkeys x nv block: acc[c * nv + t] += q pairs of vector t . k_c's pair */
-ALWAYS_INLINE void pairs_step(fv *acc, const uint32_t *qt_row, const uint16_t *k, size_t k_stride,
+ALWAYS_INLINE void pairs_step(vf *acc, const uint32_t *qt_row, const uint16_t *k, size_t k_stride,
                               int nkeys, int nv, int last) {
     __m512bh qv[2];
     for (int t = 0; t < nv; t++) qv[t] = (__m512bh)_mm512_loadu_si512(qt_row + t * W);
@@ -33,16 +33,16 @@ ALWAYS_INLINE void pairs_step(fv *acc, const uint32_t *qt_row, const uint16_t *k
 /* st[j][i] = scale * dot(q_i, k_j) for the keys j0..j0 + nkeys and nv vectors of queries, every
  * dot in registers for all of d (nkeys * nv accumulators, independent chains) */
 ALWAYS_INLINE void pairs_block(float *st, const uint32_t *qt, const uint16_t *k, size_t k_stride,
-                               size_t d, fv vscale, int nkeys, int nv) {
-    fv acc[16];
-    for (int x = 0; x < nkeys * nv; x++) acc[x] = fv_zero();
+                               size_t d, vf vscale, int nkeys, int nv) {
+    vf acc[16];
+    for (int x = 0; x < nkeys * nv; x++) acc[x] = vf_zero();
     const size_t whole = d / 2;
     for (size_t p = 0; p < whole; p++)
         pairs_step(acc, qt + p * QT_LD, k + 2 * p, k_stride, nkeys, nv, 0);
     if (d % 2) pairs_step(acc, qt + whole * QT_LD, k + 2 * whole, k_stride, nkeys, nv, 1);
     for (int c = 0; c < nkeys; c++)
         for (int t = 0; t < nv; t++)
-            fv_store_aligned(st + c * QT_LD + t * W, fv_mul(acc[c * nv + t], vscale));
+            vf_store_aligned(st + c * QT_LD + t * W, acc[c * nv + t] * vscale);
 }
 
 /* The key-major tile for the queries that hold nq (one vector of them or two): 8 keys a block,
@@ -50,7 +50,7 @@ ALWAYS_INLINE void pairs_block(float *st, const uint32_t *qt, const uint16_t *k,
  * time. */
 ALWAYS_INLINE void pairs_keymajor_nv(float *st, const uint32_t *qt, const uint16_t *k,
                                      size_t k_stride, size_t nk, size_t d, float scale, int nv) {
-    const fv vscale = fv_set1(scale);
+    const vf vscale = vf_set1(scale);
     size_t j = 0;
     for (; j + 8 <= nk; j += 8)
         pairs_block(st + j * QT_LD, qt, k + j * k_stride, k_stride, d, vscale, 8, nv);

@@ -25,14 +25,14 @@ static void pack_q_avx512_bf16(uint32_t *qt, const uint16_t *q, size_t q_stride,
         const size_t ne = d - p0 < 2 * W ? d - p0 : 2 * W, np = (ne + 1) / 2;
         const __mmask32 m = (__mmask32)((1ull << ne) - 1);
         for (size_t i0 = 0; i0 < QT_LD; i0 += W) {
-            fv r[W];
+            vf r[W];
             for (size_t t = 0; t < W; t++)
                 r[t] = i0 + t < nq ? _mm512_castsi512_ps(
                                          _mm512_maskz_loadu_epi16(m, q + (i0 + t) * q_stride + p0))
-                                   : fv_zero();
-            fv_transpose(r);
+                                   : vf_zero();
+            vf_transpose(r);
             for (size_t t = 0; t < np; t++)
-                fv_store((float *)(qt + (p0 / 2 + t) * QT_LD + i0), r[t]);
+                vf_store((float *)(qt + (p0 / 2 + t) * QT_LD + i0), r[t]);
         }
     }
 }

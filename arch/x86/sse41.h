@@ -16,14 +16,10 @@
 
 #define W 4
 
-/* ---- vector operations for the row templates ---- */
-/* What arch/row_kernels.h asks of an ISA, beyond + - * on its vector
- * type (the compiler's vector operators, the intrinsics' own instructions). Macros over the
- * intrinsics where one does, so that the templates compile to what the intrinsics written out
- * give: even an always_inline wrapper is inlined at another point, after which gcc picks other
- * registers and another loop layout, and a short call shows it. An `acc` is a variable. */
+/* ---- the vector vocabulary (docs/porting.md; avx512.h says why macros) ---- */
 typedef __m128 vf;
-typedef size_t vpart; /* the length of a row's last, partial vector */
+typedef size_t vpart;              /* the length of a partial vector, < W */
+#define VF_MASKED                0 /* no masked loads: element by element (load_partial) */
 #define vf_load(p)               _mm_loadu_ps(p)
 #define vf_store(p, v)           _mm_storeu_ps(p, v)
 #define vf_set1(a)               _mm_set1_ps(a)
@@ -101,78 +97,30 @@ static inline void vf_narrow_bf16(uint16_t *p, __m128 x) {
     _mm_storel_epi64((__m128i *)p, _mm_packus_epi32(q, q));
 }
 
-static inline float dot_sse41(const float *a, const float *b, size_t n) {
-    __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps(), acc2 = _mm_setzero_ps(),
-           acc3 = _mm_setzero_ps(), acc4 = _mm_setzero_ps(), acc5 = _mm_setzero_ps(),
-           acc6 = _mm_setzero_ps(), acc7 = _mm_setzero_ps();
-    size_t i = 0;
-    for (; i + 8 * W <= n; i += 8 * W) {
-        acc0 = _mm_add_ps(acc0, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
-        acc1 = _mm_add_ps(acc1, _mm_mul_ps(_mm_loadu_ps(a + i + W), _mm_loadu_ps(b + i + W)));
-        acc2 =
-            _mm_add_ps(acc2, _mm_mul_ps(_mm_loadu_ps(a + i + 2 * W), _mm_loadu_ps(b + i + 2 * W)));
-        acc3 =
-            _mm_add_ps(acc3, _mm_mul_ps(_mm_loadu_ps(a + i + 3 * W), _mm_loadu_ps(b + i + 3 * W)));
-        acc4 =
-            _mm_add_ps(acc4, _mm_mul_ps(_mm_loadu_ps(a + i + 4 * W), _mm_loadu_ps(b + i + 4 * W)));
-        acc5 =
-            _mm_add_ps(acc5, _mm_mul_ps(_mm_loadu_ps(a + i + 5 * W), _mm_loadu_ps(b + i + 5 * W)));
-        acc6 =
-            _mm_add_ps(acc6, _mm_mul_ps(_mm_loadu_ps(a + i + 6 * W), _mm_loadu_ps(b + i + 6 * W)));
-        acc7 =
-            _mm_add_ps(acc7, _mm_mul_ps(_mm_loadu_ps(a + i + 7 * W), _mm_loadu_ps(b + i + 7 * W)));
-    }
-    for (; i + W <= n; i += W)
-        acc0 = _mm_add_ps(acc0, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
-    if (i < n)
-        acc1 = _mm_add_ps(
-            acc1, _mm_mul_ps(load_partial(a + i, n - i, 0.0f), load_partial(b + i, n - i, 0.0f)));
-    acc0 = _mm_add_ps(_mm_add_ps(acc0, acc1), _mm_add_ps(acc2, acc3));
-    acc4 = _mm_add_ps(_mm_add_ps(acc4, acc5), _mm_add_ps(acc6, acc7));
-    return hsum(_mm_add_ps(acc0, acc4));
-}
-
-/* ---- vector operations for the attention templates ---- */
-/* The vocabulary that arch/attention_tiles.h and arch/attention_packed.h are written in (avx512.h
- * says what each operation does). No masked loads: a partial vector's lanes are a count, loaded
- * and stored element by element (load_partial), and only for fewer than W of them. */
-typedef __m128 fv;
-typedef size_t fv_lanes;
-#define FV_MASKED 0
-ALWAYS_INLINE fv fv_zero(void) { return _mm_setzero_ps(); }
-ALWAYS_INLINE fv fv_set1(float x) { return _mm_set1_ps(x); }
-ALWAYS_INLINE fv fv_bcast(const float *p) { return _mm_set1_ps(load_f32(p)); }
-ALWAYS_INLINE fv fv_load(const float *p) { return _mm_loadu_ps(p); }
-ALWAYS_INLINE fv fv_load_aligned(const float *p) { return _mm_load_ps(p); } /* 16 bytes */
-ALWAYS_INLINE void fv_store(float *p, fv x) { _mm_storeu_ps(p, x); }
-ALWAYS_INLINE void fv_store_aligned(float *p, fv x) { _mm_store_ps(p, x); }
-ALWAYS_INLINE fv fv_add(fv a, fv b) { return _mm_add_ps(a, b); }
-ALWAYS_INLINE fv fv_sub(fv a, fv b) { return _mm_sub_ps(a, b); }
-ALWAYS_INLINE fv fv_mul(fv a, fv b) { return _mm_mul_ps(a, b); }
-ALWAYS_INLINE fv fv_max(fv a, fv b) { return _mm_max_ps(a, b); }
-ALWAYS_INLINE fv fv_madd(fv a, fv b, fv c) { return _mm_add_ps(c, _mm_mul_ps(a, b)); }
-ALWAYS_INLINE float fv_reduce_add(fv x) { return hsum(x); }
-ALWAYS_INLINE void fv_pin(fv *x) { (void)x; }
-
-ALWAYS_INLINE fv_lanes fv_first(size_t n) { return n; }
-ALWAYS_INLINE fv fv_load_part(const float *p, fv_lanes n) { return load_partial(p, n, 0.0f); }
-ALWAYS_INLINE fv fv_load_part_or(const float *p, fv_lanes n, float fill) {
+/* ---- the vector vocabulary, continued: what the attention templates add ---- */
+ALWAYS_INLINE vf vf_zero(void) { return _mm_setzero_ps(); }
+ALWAYS_INLINE vf vf_bcast(const float *p) { return _mm_set1_ps(load_f32(p)); }
+ALWAYS_INLINE vf vf_load_aligned(const float *p) { return _mm_load_ps(p); } /* 16 bytes */
+ALWAYS_INLINE void vf_store_aligned(float *p, vf x) { _mm_store_ps(p, x); }
+ALWAYS_INLINE vf vf_madd(vf a, vf b, vf c) { return _mm_add_ps(c, _mm_mul_ps(a, b)); }
+ALWAYS_INLINE void vf_pin(vf *x) { (void)x; }
+ALWAYS_INLINE vf vf_load_part_or(const float *p, vpart n, float fill) {
     return load_partial(p, n, fill);
-}
-ALWAYS_INLINE void fv_store_part(float *p, fv x, fv_lanes n) { store_partial(p, x, n); }
-ALWAYS_INLINE fv fv_add_part(fv a, fv b, fv_lanes n) {
-    const __m128i below = _mm_cmpgt_epi32(_mm_set1_epi32((int)n), _mm_setr_epi32(0, 1, 2, 3));
-    return _mm_add_ps(a, _mm_and_ps(b, _mm_castsi128_ps(below)));
 }
 
 /* lane i: the sum of the lanes of a[i], for i < W */
-ALWAYS_INLINE fv fv_hsums(const fv *a) {
+ALWAYS_INLINE vf vf_hsums(const vf *a) {
     return _mm_hadd_ps(_mm_hadd_ps(a[0], a[1]), _mm_hadd_ps(a[2], a[3]));
 }
-ALWAYS_INLINE void fv_store4(float *p, fv x, int c) {
+ALWAYS_INLINE void vf_store4(float *p, vf x, int c) {
     (void)c;
     _mm_storeu_ps(p, x);
 }
-ALWAYS_INLINE void fv_transpose(fv *r) { _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]); }
+ALWAYS_INLINE void vf_transpose(vf *r) { _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]); }
+
+#include "dot_lanes.h"
+static inline float dot_sse41(const float *a, const float *b, size_t n) {
+    return dot_lanes(a, b, n);
+}
 
 #endif

@@ -19,8 +19,8 @@ enum { EXP_PV_KEYS = 4 };
 
 ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) { return dot_sse41(a, b, n); }
 
-ALWAYS_INLINE fv isa_exp_table(void) { return fv_zero(); }
-ALWAYS_INLINE void isa_exps(fv *x, int n, fv table, int kind) {
+ALWAYS_INLINE vf isa_exp_table(void) { return vf_zero(); }
+ALWAYS_INLINE void isa_exps(vf *x, int n, vf table, int kind) {
     (void)table;
     if (kind == SDPA_EXP_FAST)
         exp_fast_body(x, n, 0);
@@ -52,8 +52,8 @@ ALWAYS_INLINE __m128 bcast_aligned(const float *p, int lane) {
 
 /* c[t] += row[t W ..] b for t < nv: one broadcast against nv vectors loaded straight into the
  * products' registers */
-ALWAYS_INLINE void madd_row(fv *c, fv b, const float *row, int nv) {
-    for (int t = 0; t < nv; t++) c[t] = fv_madd(fv_load(row + t * W), b, c[t]);
+ALWAYS_INLINE void madd_row(vf *c, vf b, const float *row, int nv) {
+    for (int t = 0; t < nv; t++) c[t] = vf_madd(vf_load(row + t * W), b, c[t]);
 }
 
 /* The P V microkernels (pv_operands in attention_tiles.h; the key-major weights of exp_pv are
@@ -103,7 +103,7 @@ static void pv_row_partial_sse41(float *acc, const float *alpha, const float *pw
     __m128 c = load_partial(acc, len, 0.0f);
     if (alpha) c = _mm_mul_ps(c, _mm_set1_ps(*alpha));
     for (size_t j = 0; j < nk; j++)
-        c = fv_madd(_mm_set1_ps(pw[j * p_key]), load_partial(v + j * v_stride, len, 0.0f), c);
+        c = vf_madd(_mm_set1_ps(pw[j * p_key]), load_partial(v + j * v_stride, len, 0.0f), c);
     store_partial(acc, c, len);
 }
 

@@ -116,71 +116,74 @@ static int rows_finite(const float *x, size_t n, size_t stride, size_t row) {
     return !(bad >> 31);
 }
 
+/* One tile: nq query rows from q0 of head h against the first nk keys of block kb, with their
+ * views at the tile's first row and each row's lse (INFINITY for a row that saw no key) and D. */
+typedef struct tile {
+    const head *h;
+    key_block *kb;
+    size_t q0, nq, nk;
+    const float *q, *dout;
+    float *dq;
+    float lse[QT], dd[QT];
+    size_t live; /* rows that saw a key */
+} tile;
+
 /* Pair (row i, key j) of the tile counts: seen (vis), by a live row, not removed by the mask. */
-static inline int pair_counts(const attention_problem *p, const visibility *vis, const head *h,
-                              size_t q0, size_t k0, size_t i, size_t j) {
-    if (k0 + j >= visibility_row_end(vis, q0 + i) || h->lse[q0 + i] == -INFINITY) return 0;
-    return !p->mask || h->mask[(q0 + i) * p->mask_stride[2] + k0 + j] != -INFINITY;
+static inline int pair_counts(const attention_problem *p, const visibility *vis, const tile *x,
+                              size_t i, size_t j) {
+    const size_t r = x->q0 + i, k0 = x->kb->k0;
+    if (k0 + j >= visibility_row_end(vis, r) || x->h->lse[r] == -INFINITY) return 0;
+    return !p->mask || x->h->mask[r * p->mask_stride[2] + k0 + j] != -INFINITY;
 }
 
-/* The tile of nq query rows from q0 of head h against key block kb; 0 if no pair of it counts
- * (nothing added anywhere). */
-static int backward_tile(const backward_run *run, tiles *t, const head *h, key_block *kb, size_t q0,
-                         size_t nq) {
+/* The tile's rows: lse and D of each (zeros past nq), and how many saw a key. */
+static void tile_rows(const backward_run *run, tile *x) {
+    const attention_problem *p = &run->bp->fwd;
+    const size_t os = p->out_stride[2], dos = run->bp->dout_stride[2];
+    x->live = 0;
+    for (size_t i = 0; i < QT; i++) {
+        x->lse[i] = 0.0f;
+        x->dd[i] = 0.0f;
+        if (i >= x->nq) continue;
+        x->lse[i] = x->h->lse[x->q0 + i];
+        if (x->lse[i] == -INFINITY) { /* exp(s - inf) = 0; the pair is zeroed anyway */
+            x->lse[i] = INFINITY;
+            continue;
+        }
+        x->live++;
+        x->dd[i] = run->k->dot(x->dout + i * dos, x->h->out + (x->q0 + i) * os, p->d_v);
+    }
+}
+
+/* Every pair counts: all rows live, all seen, no mask entry of -inf. */
+static int tile_clean(const backward_run *run, const tile *x) {
+    const attention_problem *p = &run->bp->fwd;
+    if (x->live != x->nq || visibility_block(&run->vis, x->q0, x->nq, x->kb->k0, x->nk) != VIS_ALL)
+        return 0;
+    for (size_t i = 0; p->mask && i < x->nq; i++) {
+        const float *mr = x->h->mask + (x->q0 + i) * p->mask_stride[2] + x->kb->k0;
+        for (size_t j = 0; j < x->nk; j++)
+            if (mr[j] == -INFINITY) return 0;
+    }
+    return 1;
+}
+
+/* S^T (plus the mask) and dP^T, key-major; columns past nq hold zeros. */
+static void tile_scores(const backward_run *run, tiles *t, const tile *x) {
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
     const sdpa_attention_kernels *a = run->a;
-    const size_t d_k = p->d_k, d_v = p->d_v;
-    const size_t qs = p->q_stride[2], os = p->out_stride[2], dos = bp->dout_stride[2];
-    const size_t ks = p->k_stride[2], vs = p->v_stride[2];
-    const float *q = h->q + q0 * qs, *dout = h->dout + q0 * dos;
-    float *dq = h->dq + (q0 - h->dq_first) * h->dq_row;
-    float lse[QT], dd[QT], zero[SDPA_ATTN_MAX_BLOCK_KV];
-
-    /* the keys past what the last row sees are left out of the tile */
-    const visibility *vis = &run->vis;
-    if (visibility_block(vis, q0, nq, kb->k0, kb->nk) == VIS_NONE) return 0;
-    const size_t last_end = visibility_row_end(vis, q0 + nq - 1) - kb->k0;
-    const size_t nk = last_end < kb->nk ? last_end : kb->nk;
-
-    /* the rows: a row whose lse is -inf saw no key and counts nowhere */
-    size_t live = 0;
-    for (size_t i = 0; i < QT; i++) {
-        lse[i] = 0.0f;
-        dd[i] = 0.0f;
-        if (i >= nq) continue;
-        lse[i] = h->lse[q0 + i];
-        if (lse[i] == -INFINITY) { /* exp(s - inf) = 0; the pair is zeroed below anyway */
-            lse[i] = INFINITY;
-            continue;
-        }
-        live++;
-        dd[i] = run->k->dot(dout + i * dos, h->out + (q0 + i) * os, d_v);
-    }
-    if (!live) return 0;
-
-    /* which pairs count: all, unless visibility, the mask or a dead row says not */
-    int clean = live == nq && visibility_block(vis, q0, nq, kb->k0, nk) == VIS_ALL;
-    if (p->mask)
-        for (size_t i = 0; i < nq && clean; i++) {
-            const float *mr = h->mask + (q0 + i) * p->mask_stride[2] + kb->k0;
-            for (size_t j = 0; j < nk; j++)
-                if (mr[j] == -INFINITY) {
-                    clean = 0;
-                    break;
-                }
-        }
-
-    /* S^T and dP^T, key-major; columns past nq hold zeros */
+    const size_t qs = p->q_stride[2], dos = bp->dout_stride[2], nq = x->nq, nk = x->nk;
+    const key_block *kb = x->kb;
     if (run->packed) {
         float tile_max[QT];
-        a->pack_q(t->qt, q, qs, nq, d_k);
-        a->scores_max(t->s, tile_max, t->qt, nq, kb->k, ks, nk, d_k, p->scale);
-        a->pack_q(t->qt, dout, dos, nq, d_v);
-        a->scores_max(t->ds, tile_max, t->qt, nq, kb->v, vs, nk, d_v, 1.0f);
+        a->pack_q(t->qt, x->q, qs, nq, p->d_k);
+        a->scores_max(t->s, tile_max, t->qt, nq, kb->k, p->k_stride[2], nk, p->d_k, p->scale);
+        a->pack_q(t->qt, x->dout, dos, nq, p->d_v);
+        a->scores_max(t->ds, tile_max, t->qt, nq, kb->v, p->v_stride[2], nk, p->d_v, 1.0f);
     } else {
-        a->scores_tile(t->s, QT, kb->k, ks, nk, q, qs, nq, d_k, p->scale);
-        a->scores_tile(t->ds, QT, kb->v, vs, nk, dout, dos, nq, d_v, 1.0f);
+        a->scores_tile(t->s, QT, kb->k, p->k_stride[2], nk, x->q, qs, nq, p->d_k, p->scale);
+        a->scores_tile(t->ds, QT, kb->v, p->v_stride[2], nk, x->dout, dos, nq, p->d_v, 1.0f);
     }
     if (nq < QT)
         for (size_t j = 0; j < nk; j++) {
@@ -189,81 +192,132 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
         }
     if (p->mask)
         for (size_t i = 0; i < nq; i++) {
-            const float *mr = h->mask + (q0 + i) * p->mask_stride[2] + kb->k0;
+            const float *mr = x->h->mask + (x->q0 + i) * p->mask_stride[2] + kb->k0;
             for (size_t j = 0; j < nk; j++) t->s[j * QT + i] += mr[j];
         }
+}
 
-    /* P^T = exp(S^T - lse), each difference rounded to float as the forward's */
+/* P^T = exp(S^T - lse), each difference rounded to float as the forward's, and
+   dS^T = scale P^T (dP^T - D). */
+static void tile_grads(const backward_run *run, tiles *t, const tile *x) {
+    const size_t nk = x->nk;
     for (size_t j = 0; j < nk; j++) {
         float *sj = t->s + j * QT;
-        for (size_t i = 0; i < QT; i++) sj[i] -= lse[i];
+        for (size_t i = 0; i < QT; i++) sj[i] -= x->lse[i];
     }
     if (run->exp_tile) {
-        float sums[SDPA_ATTN_MAX_BLOCK_KV];
+        float sums[SDPA_ATTN_MAX_BLOCK_KV], zero[SDPA_ATTN_MAX_BLOCK_KV];
         memset(zero, 0, nk * sizeof(float));
         run->exp_tile(t->s, QT, nk, QT, zero, sums);
     } else {
         for (size_t j = 0; j < nk; j++) run->exp_sum(t->s + j * QT, t->s + j * QT, QT, 1.0f, 0.0f);
     }
-    /* dS^T = scale P^T (dP^T - D) */
-    const float scale = p->scale;
+    const float scale = run->bp->fwd.scale;
     for (size_t j = 0; j < nk; j++) {
         const float *pj = t->s + j * QT;
         float *dj = t->ds + j * QT;
-        for (size_t i = 0; i < QT; i++) dj[i] = scale * (pj[i] * (dj[i] - dd[i]));
+        for (size_t i = 0; i < QT; i++) dj[i] = scale * (pj[i] * (dj[i] - x->dd[i]));
     }
+}
 
-    if (!clean) {
-        /* P = dS = 0 exactly where the pair does not count; under visibility alone, the rows
-           before the first that sees the key */
-        if (!p->mask && live == nq) {
-            for (size_t j = 0; j < nk; j++) {
-                const size_t first = visibility_first_row(vis, kb->k0 + j);
-                const size_t n = first <= q0 ? 0 : first - q0 < nq ? first - q0 : nq;
-                memset(t->s + j * QT, 0, n * sizeof(float));
-                memset(t->ds + j * QT, 0, n * sizeof(float));
-            }
-        } else {
-            for (size_t j = 0; j < nk; j++)
-                for (size_t i = 0; i < nq; i++)
-                    if (!pair_counts(p, vis, h, q0, kb->k0, i, j))
-                        t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
+/* P = dS = 0 exactly where the pair does not count; under visibility alone, the rows before
+   the first that sees the key. */
+static void tile_zero_pairs(const backward_run *run, tiles *t, const tile *x) {
+    const attention_problem *p = &run->bp->fwd;
+    if (!p->mask && x->live == x->nq) {
+        for (size_t j = 0; j < x->nk; j++) {
+            const size_t first = visibility_first_row(&run->vis, x->kb->k0 + j);
+            const size_t n = first <= x->q0 ? 0 : first - x->q0 < x->nq ? first - x->q0 : x->nq;
+            memset(t->s + j * QT, 0, n * sizeof(float));
+            memset(t->ds + j * QT, 0, n * sizeof(float));
         }
+        return;
     }
-    if (!clean && kb->k_finite < 0) kb->k_finite = rows_finite(kb->k, kb->nk, ks, d_k);
-    if (clean || (kb->k_finite && rows_finite(q, nq, qs, d_k) && rows_finite(dout, nq, dos, d_v))) {
-        a->pv_tile(kb->dv_to, kb->dv_row, t->s, QT, nk, nq, dout, dos, d_v);
-        a->pv_tile(kb->dk_to, kb->dk_row, t->ds, QT, nk, nq, q, qs, d_k);
-        a->pv_tile_t(dq, h->dq_row, t->ds, QT, nq, nk, kb->k, ks, d_k);
-        return 1;
-    }
-    /* Non-finite rows: only the runs of pairs that count, along each key's row for dk and dv,
-       down each query's column for dq. */
-    for (size_t j = 0; j < nk; j++)
-        for (size_t i = 0; i < nq;) {
-            if (!pair_counts(p, vis, h, q0, kb->k0, i, j)) {
-                i++;
-                continue;
-            }
-            const size_t i0 = i;
-            while (i < nq && pair_counts(p, vis, h, q0, kb->k0, i, j)) i++;
+    for (size_t j = 0; j < x->nk; j++)
+        for (size_t i = 0; i < x->nq; i++)
+            if (!pair_counts(p, &run->vis, x, i, j)) t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
+}
+
+/* Pair e along key `at` (by_key: e is the row) or along row `at` (e is the key) counts. */
+static inline int counts_along(const backward_run *run, const tile *x, int by_key, size_t at,
+                               size_t e) {
+    const attention_problem *p = &run->bp->fwd;
+    return by_key ? pair_counts(p, &run->vis, x, e, at) : pair_counts(p, &run->vis, x, at, e);
+}
+
+/* The next run [*begin, *end) of pairs that count, from *end on and below n, along key or row
+   `at` (counts_along). 0 when there is none. */
+static int next_run(const backward_run *run, const tile *x, int by_key, size_t at, size_t n,
+                    size_t *begin, size_t *end) {
+    size_t e = *end;
+    while (e < n && !counts_along(run, x, by_key, at, e)) e++;
+    *begin = e;
+    while (e < n && counts_along(run, x, by_key, at, e)) e++;
+    *end = e;
+    return *begin < n;
+}
+
+/* Non-finite rows: dk, dv and dq from the runs of pairs that count alone, along each key's row
+   for dk and dv, down each query's column for dq, so that no removed pair's inf or NaN counts. */
+static void tile_products_runs(const backward_run *run, const tiles *t, const tile *x) {
+    const attention_problem *p = &run->bp->fwd;
+    const sdpa_attention_kernels *a = run->a;
+    const size_t qs = p->q_stride[2], dos = run->bp->dout_stride[2], ks = p->k_stride[2];
+    const key_block *kb = x->kb;
+    for (size_t j = 0; j < x->nk; j++)
+        for (size_t i0, i = 0; next_run(run, x, 1, j, x->nq, &i0, &i);) {
             a->pv_tile(kb->dv_to + j * kb->dv_row, 0, t->s + j * QT + i0, QT, 1, i - i0,
-                       dout + i0 * dos, dos, d_v);
+                       x->dout + i0 * dos, dos, p->d_v);
             a->pv_tile(kb->dk_to + j * kb->dk_row, 0, t->ds + j * QT + i0, QT, 1, i - i0,
-                       q + i0 * qs, qs, d_k);
+                       x->q + i0 * qs, qs, p->d_k);
         }
-    for (size_t i = 0; i < nq; i++) {
+    for (size_t i = 0; i < x->nq; i++) {
         float w[SDPA_ATTN_MAX_BLOCK_KV]; /* the column, as a row: pv_tile_t wants whole tiles */
-        for (size_t j = 0; j < nk; j++) w[j] = t->ds[j * QT + i];
-        for (size_t j = 0; j < nk;) {
-            if (!pair_counts(p, vis, h, q0, kb->k0, i, j)) {
-                j++;
-                continue;
-            }
-            const size_t j0 = j;
-            while (j < nk && pair_counts(p, vis, h, q0, kb->k0, i, j)) j++;
-            a->pv_tile(dq + i * h->dq_row, 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks, d_k);
-        }
+        for (size_t j = 0; j < x->nk; j++) w[j] = t->ds[j * QT + i];
+        for (size_t j0, j = 0; next_run(run, x, 0, i, x->nk, &j0, &j);)
+            a->pv_tile(x->dq + i * x->h->dq_row, 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks,
+                       p->d_k);
+    }
+}
+
+/* The tile of nq query rows from q0 of head h against key block kb; 0 if no pair of it counts
+ * (nothing added anywhere). A tile with pairs that do not count takes the whole-tile products
+ * only when every row it multiplies (q, dout, k) is finite, where 0 * x is 0. */
+static int backward_tile(const backward_run *run, tiles *t, const head *h, key_block *kb, size_t q0,
+                         size_t nq) {
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const size_t qs = p->q_stride[2], dos = bp->dout_stride[2], ks = p->k_stride[2];
+    /* the keys past what the last row sees are left out of the tile */
+    if (visibility_block(&run->vis, q0, nq, kb->k0, kb->nk) == VIS_NONE) return 0;
+    const size_t last_end = visibility_row_end(&run->vis, q0 + nq - 1) - kb->k0;
+    tile x = {h,
+              kb,
+              q0,
+              nq,
+              last_end < kb->nk ? last_end : kb->nk,
+              h->q + q0 * qs,
+              h->dout + q0 * dos,
+              h->dq + (q0 - h->dq_first) * h->dq_row,
+              {0},
+              {0},
+              0};
+    tile_rows(run, &x);
+    if (!x.live) return 0;
+    const int clean = tile_clean(run, &x);
+    tile_scores(run, t, &x);
+    tile_grads(run, t, &x);
+    if (!clean) {
+        tile_zero_pairs(run, t, &x);
+        if (kb->k_finite < 0) kb->k_finite = rows_finite(kb->k, kb->nk, ks, p->d_k);
+    }
+    if (clean || (kb->k_finite && rows_finite(x.q, nq, qs, p->d_k) &&
+                  rows_finite(x.dout, nq, dos, p->d_v))) {
+        run->a->pv_tile(kb->dv_to, kb->dv_row, t->s, QT, x.nk, nq, x.dout, dos, p->d_v);
+        run->a->pv_tile(kb->dk_to, kb->dk_row, t->ds, QT, x.nk, nq, x.q, qs, p->d_k);
+        run->a->pv_tile_t(x.dq, h->dq_row, t->ds, QT, nq, x.nk, kb->k, ks, p->d_k);
+    } else {
+        tile_products_runs(run, t, &x);
     }
     return 1;
 }

@@ -27,7 +27,7 @@ static const void *element(const void *base, size_t index, uint32_t t) {
  * writes, and the chunks' partial results are merged in key order (chunks.h), so the bits never
  * depend on which thread ran what, or how many there were. */
 
-/* A call: its kernels, its plan (plan.h) and the workspace its tasks share. */
+/* A call: its kernels and its plan (plan.h). */
 typedef struct forward_call {
     attention_run run; /* with no wide tiles: a task that needs them makes its own */
     int wide;          /* a view is 16-bit */
@@ -132,8 +132,8 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
 
 /* Unit x's rows over the keys of chunk c, as rows_end leaves a chunk: its rows of acc to out
    (out_row floats apart), each row's max to m[r] and sum to l[r]. */
-static void chunk_run(const attention_run *run, const forward_call *pl, const unit *x, size_t c,
-                      float *out, size_t out_row, float *m, float *l) {
+static void split_rows(const attention_run *run, const forward_call *pl, const unit *x, size_t c,
+                       float *out, size_t out_row, float *m, float *l) {
     const attention_problem *p = pl->p;
     size_t begin, end;
     plan_forward_chunk(&pl->f, p, c, &begin, &end);
@@ -231,9 +231,9 @@ static void split_chunk(const void *ctx, void *scratch, size_t u, size_t c, size
     unit x;
     unit_of(pl, u, &x);
     if (c == 0)
-        chunk_run(scratch, pl, &x, 0, (float *)x.out, x.sub.out_stride[2], m, l);
+        split_rows(scratch, pl, &x, 0, (float *)x.out, x.sub.out_stride[2], m, l);
     else
-        chunk_run(scratch, pl, &x, c, slot, pl->p->d_v, m, l);
+        split_rows(scratch, pl, &x, c, slot, pl->p->d_v, m, l);
 }
 
 static void split_merge(const void *ctx, size_t u, size_t c, size_t part, float *state,

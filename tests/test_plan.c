@@ -6,12 +6,14 @@
  * count, so the order of every sum is the shape's alone; the key-chunk reduction sums in chunk
  * order in both its schedules. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "chunks.h"
 #include "common.h"
 #include "plan.h"
+#include "threads.h"
 #include "visibility.h"
 
 /* sdpa.h's definition, written without the subtraction that can go below 0 */
@@ -294,8 +296,8 @@ Test(plan, backward_covers_every_unit_and_key_once_at_every_thread_count) {
  * A toy reduction whose result shows the order of its sums: chunk c of part p of unit u gives
  * a value of its own (magnitudes 2^-20 to 2^20, so that float sums in another order differ), and
  * the output is chunk 0's value plus each further chunk's, in chunk order. Both schedules, at
- * several thread counts, must give the bits of that sum written out here, run every (unit,
- * chunk, part) once, and merge in chunk order. */
+ * several thread counts and with the workspace held by another call, must give the bits of that
+ * sum written out here, run every (unit, chunk, part) once, and merge in chunk order. */
 
 #define TOY_MAX 64 /* units times parts */
 
@@ -305,6 +307,7 @@ typedef struct toy {
     unsigned char runs[TOY_MAX * 8];
     size_t merged[TOY_MAX]; /* the last chunk merged */
     int bad, finished[TOY_MAX];
+    uintptr_t held_lo, held_hi; /* a workspace another call holds, which no slot may be in */
 } toy;
 
 static float toy_value(size_t u, size_t c, size_t part) {
@@ -323,6 +326,7 @@ static void toy_run(const void *ctx, void *scratch, size_t u, size_t c, size_t p
     const size_t at = u * t->r->n_parts + part;
     if (*(int *)scratch != 12345 || (c == 0 && (slot != NULL) != t->r->state)) t->bad = 1;
     t->runs[at * t->r->n_chunks + c]++;
+    if ((uintptr_t)slot >= t->held_lo && (uintptr_t)slot < t->held_hi) t->bad = 1;
     if (c == 0) {
         t->out[at] = toy_value(u, 0, part);
         if (slot) slot[0] = 0.0f; /* the state: merges so far */
@@ -351,10 +355,14 @@ static void toy_finish(const void *ctx, size_t u, size_t part, float *state) {
     t->finished[at]++;
 }
 
-static void check_toy(const chunk_plan *r, int parallel, size_t threads) {
+static void check_toy(const chunk_plan *r, int parallel, size_t threads, const float *held) {
     static const chunk_ops ops = {toy_with_scratch, toy_run, toy_merge, toy_finish};
     toy *t = calloc(1, sizeof *t);
     t->r = r;
+    if (held) {
+        t->held_lo = (uintptr_t)held;
+        t->held_hi = (uintptr_t)(held + chunk_plan_workspace(r));
+    }
     chunks_run(r, &ops, t, parallel, threads);
     cr_assert(!t->bad, "parallel %d, %zu threads: a slot, a scratch or the order is wrong",
               parallel, threads);
@@ -381,8 +389,13 @@ Test(chunks, both_schedules_sum_in_chunk_order_at_every_thread_count) {
             const chunk_plan r = {shapes[s][0], shapes[s][1], shapes[s][2], 3 + s, state, s & 1};
             cr_assert_leq(r.n_units * r.n_parts, TOY_MAX);
             for (size_t threads = 1; threads <= 4; threads++) {
-                check_toy(&r, 0, threads);
-                check_toy(&r, 1, threads);
+                check_toy(&r, 0, threads, NULL);
+                check_toy(&r, 1, threads, NULL);
             }
+            /* another call holds the workspace: the call runs in order, on its own slots */
+            float *held = sdpa_workspace_acquire(chunk_plan_workspace(&r));
+            cr_assert_not_null(held);
+            check_toy(&r, 1, 2, held);
+            sdpa_workspace_release();
         }
 }

@@ -205,6 +205,14 @@ static void split_finish(const sdpa_kernels *k, const unit *x, float *out, size_
  * Chunk 0 writes the output rows, the others their slot's rows; every chunk's maxima and sums
  * follow its slot's rows (chunk 0's are the state its merges update). */
 
+/* A thread's scratch: the call's kernels with its widening tiles, and the unit it last took
+   (a unit's chunks and merges come one after another). */
+typedef struct split_scratch {
+    const attention_run *run;
+    size_t u; /* SIZE_MAX: none yet */
+    unit x;
+} split_scratch;
+
 typedef struct scratch_call {
     void (*body)(void *arg, void *scratch);
     void *arg;
@@ -212,50 +220,56 @@ typedef struct scratch_call {
 
 static void scratch_run(const attention_run *run, const void *ctx, size_t index) {
     (void)index;
-    const scratch_call *s = ctx;
-    s->body(s->arg, (void *)run);
+    const scratch_call *c = ctx;
+    split_scratch s;
+    s.run = run;
+    s.u = SIZE_MAX;
+    c->body(c->arg, &s);
 }
 
-/* The reduction's scratch: the call's kernels, with this thread's widening tiles. */
 static void split_with_scratch(const void *ctx, void (*body)(void *arg, void *scratch), void *arg) {
     const forward_call *pl = ctx;
-    const scratch_call s = {body, arg};
-    attention_with_tiles(scratch_run, &pl->run, pl->wide, &s, 0);
+    const scratch_call c = {body, arg};
+    attention_with_tiles(scratch_run, &pl->run, pl->wide, &c, 0);
+}
+
+static const unit *split_unit(const forward_call *pl, split_scratch *s, size_t u) {
+    if (s->u != u) unit_of(pl, u, &s->x);
+    s->u = u;
+    return &s->x;
 }
 
 static void split_chunk(const void *ctx, void *scratch, size_t u, size_t c, size_t part,
                         float *slot) {
     (void)part;
     const forward_call *pl = ctx;
+    const unit *x = split_unit(pl, scratch, u);
     float *m = slot + pl->f.block_q * pl->p->d_v, *l = m + pl->f.block_q;
-    unit x;
-    unit_of(pl, u, &x);
+    const attention_run *run = ((split_scratch *)scratch)->run;
     if (c == 0)
-        split_rows(scratch, pl, &x, 0, (float *)x.out, x.sub.out_stride[2], m, l);
+        split_rows(run, pl, x, 0, (float *)x->out, x->sub.out_stride[2], m, l);
     else
-        split_rows(scratch, pl, &x, c, slot, pl->p->d_v, m, l);
+        split_rows(run, pl, x, c, slot, pl->p->d_v, m, l);
 }
 
-static void split_merge(const void *ctx, size_t u, size_t c, size_t part, float *state,
-                        const float *slot) {
+static void split_merge(const void *ctx, void *scratch, size_t u, size_t c, size_t part,
+                        float *state, const float *slot) {
     (void)c;
     (void)part;
     const forward_call *pl = ctx;
+    const unit *x = split_unit(pl, scratch, u);
     const size_t d_v = pl->p->d_v, rows = pl->f.block_q * d_v;
-    unit x;
-    unit_of(pl, u, &x);
-    merge_state(pl->run.k, (float *)x.out, x.sub.out_stride[2], state + rows,
+    merge_state(pl->run.k, (float *)x->out, x->sub.out_stride[2], state + rows,
                 state + rows + pl->f.block_q, slot, d_v, slot + rows, slot + rows + pl->f.block_q,
-                x.nq, d_v);
+                x->nq, d_v);
 }
 
-static void split_done(const void *ctx, size_t u, size_t part, float *state) {
+static void split_done(const void *ctx, void *scratch, size_t u, size_t part, float *state) {
     (void)part;
     const forward_call *pl = ctx;
+    const unit *x = split_unit(pl, scratch, u);
     const size_t rows = pl->f.block_q * pl->p->d_v;
-    unit x;
-    unit_of(pl, u, &x);
-    split_finish(pl->run.k, &x, (float *)x.out, x.sub.out_stride[2], state + rows,
+    split_finish(pl->run.k, x, (float *)x->out, x->sub.out_stride[2], state + rows,
                  state + rows + pl->f.block_q, pl->p->d_v);
 }
 

@@ -515,8 +515,9 @@ static void chunk_part(const void *ctx, void *scratch, size_t u, size_t c, size_
 }
 
 /* Chunk c's slot of a part added to its dq rows, from the first that the chunk reaches. */
-static void chunk_add(const void *ctx, size_t u, size_t c, size_t part, float *state,
+static void chunk_add(const void *ctx, void *scratch, size_t u, size_t c, size_t part, float *state,
                       const float *slot) {
+    (void)scratch;
     (void)state;
     const backward_run *run = ctx;
     const size_t d_k = run->bp->fwd.d_k, first = chunk_first_row(run, c);

@@ -39,14 +39,16 @@ static void task(void *arg, size_t index) {
     x->ops->with_scratch(x->ctx, task_body, &a);
 }
 
-/* Unit u's slots merged in chunk order, part by part. */
-static void merge_unit(const reduction *x, size_t u) {
-    for (size_t part = 0; part < x->r->n_parts; part++) {
-        float *state = slot_of(x, u, 0, part);
-        for (size_t c = 1; c < x->r->n_chunks; c++)
-            x->ops->merge(x->ctx, u, c, part, state, slot_of(x, u, c, part));
-        if (x->ops->finish) x->ops->finish(x->ctx, u, part, state);
-    }
+/* Every unit's slots merged in chunk order, part by part. */
+static void merge_body(void *arg, void *scratch) {
+    const reduction *x = arg;
+    for (size_t u = 0; u < x->r->n_units; u++)
+        for (size_t part = 0; part < x->r->n_parts; part++) {
+            float *state = slot_of(x, u, 0, part);
+            for (size_t c = 1; c < x->r->n_chunks; c++)
+                x->ops->merge(x->ctx, scratch, u, c, part, state, slot_of(x, u, c, part));
+            if (x->ops->finish) x->ops->finish(x->ctx, scratch, u, part, state);
+        }
 }
 
 /* Every unit on this thread, each chunk after chunk 0 into one stack slot, merged at once. */
@@ -60,9 +62,9 @@ static void in_order_body(void *arg, void *scratch) {
             x->ops->run(x->ctx, scratch, u, 0, part, state);
             for (size_t c = 1; c < r->n_chunks; c++) {
                 x->ops->run(x->ctx, scratch, u, c, part, slot);
-                x->ops->merge(x->ctx, u, c, part, state, slot);
+                x->ops->merge(x->ctx, scratch, u, c, part, state, slot);
             }
-            if (x->ops->finish) x->ops->finish(x->ctx, u, part, state);
+            if (x->ops->finish) x->ops->finish(x->ctx, scratch, u, part, state);
         }
 }
 
@@ -71,7 +73,7 @@ void chunks_run(const chunk_plan *r, const chunk_ops *ops, const void *ctx, int 
     reduction x = {r, ops, ctx, NULL};
     if (parallel && (x.workspace = sdpa_workspace_acquire(chunk_plan_workspace(r))) != NULL) {
         sdpa_parallel_run(task, &x, r->n_units * r->n_chunks, threads);
-        for (size_t u = 0; u < r->n_units; u++) merge_unit(&x, u);
+        ops->with_scratch(ctx, merge_body, &x);
         sdpa_workspace_release();
         return;
     }

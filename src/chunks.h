@@ -22,16 +22,16 @@
 
 typedef struct chunk_ops {
     /* Runs body(arg, scratch) with the caller's per-thread scratch (its stack tiles, set up
-       once for the many chunks the body runs). */
+       once for the many chunks and merges the body runs). */
     void (*with_scratch)(const void *ctx, void (*body)(void *arg, void *scratch), void *arg);
     /* Part `part` of unit u over the keys of chunk c: its result to slot (chunk 0: to the
        output, and its state to slot, NULL if the plan keeps none). */
     void (*run)(const void *ctx, void *scratch, size_t u, size_t c, size_t part, float *slot);
     /* Chunk c's slot (c >= 1) merged into the output of the part, and into its state. */
-    void (*merge)(const void *ctx, size_t u, size_t c, size_t part, float *state,
+    void (*merge)(const void *ctx, void *scratch, size_t u, size_t c, size_t part, float *state,
                   const float *slot);
     /* The part after its last merge; NULL if nothing is left to do. */
-    void (*finish)(const void *ctx, size_t u, size_t part, float *state);
+    void (*finish)(const void *ctx, void *scratch, size_t u, size_t part, float *state);
 } chunk_ops;
 
 /* The reduction of plan r (n_chunks >= 2): in tasks on `threads` threads when `parallel` and the

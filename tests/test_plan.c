@@ -335,9 +335,10 @@ static void toy_run(const void *ctx, void *scratch, size_t u, size_t c, size_t p
     for (size_t i = 0; i < t->r->slot; i++) slot[i] = toy_value(u, c, part);
 }
 
-static void toy_merge(const void *ctx, size_t u, size_t c, size_t part, float *state,
+static void toy_merge(const void *ctx, void *scratch, size_t u, size_t c, size_t part, float *state,
                       const float *slot) {
     toy *t = (toy *)ctx;
+    if (*(int *)scratch != 12345) t->bad = 1;
     const size_t at = u * t->r->n_parts + part;
     for (size_t i = 0; i < t->r->slot; i++) /* a slot no other (unit, chunk, part) wrote */
         if (slot[i] != toy_value(u, c, part)) t->bad = 1;
@@ -347,8 +348,9 @@ static void toy_merge(const void *ctx, size_t u, size_t c, size_t part, float *s
     t->out[at] += slot[0];
 }
 
-static void toy_finish(const void *ctx, size_t u, size_t part, float *state) {
+static void toy_finish(const void *ctx, void *scratch, size_t u, size_t part, float *state) {
     toy *t = (toy *)ctx;
+    if (*(int *)scratch != 12345) t->bad = 1;
     const size_t at = u * t->r->n_parts + part;
     if (t->merged[at] + 1 != t->r->n_chunks || (state && state[0] != (float)t->merged[at]))
         t->bad = 1;

@@ -7,8 +7,9 @@
    tasks. */
 #define SPLIT_TASKS 128
 
-/* Backward key chunks: about CHUNK_TASKS tasks, with at most CHUNK_FLOATS of workspace (16
-   MiB), for calls of fewer units than that. */
+/* Backward key chunks: about CHUNK_TASKS tasks, with at most CHUNK_FLOATS of dq partials (16
+   MiB; the workspace rounds each head's rows up to whole bands), for calls of fewer units than
+   that. */
 #define CHUNK_TASKS  16
 #define CHUNK_FLOATS ((size_t)1 << 22)
 

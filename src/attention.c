@@ -7,6 +7,7 @@
 #include "attention.h"
 #include "attention_block.h"
 #include "attention_problem.h"
+#include "chunks.h"
 #include "dispatch.h"
 #include "error.h"
 #include "plan.h"
@@ -23,16 +24,15 @@ static const void *element(const void *base, size_t index, uint32_t t) {
 /* ---- tasks ----
  *
  * A call's work is cut by plan.h, from its shape alone. Every task writes rows no other task
- * writes, and the chunks' partial results are merged in key order on the calling thread, so the
- * bits never depend on which thread ran what, or how many there were. */
+ * writes, and the chunks' partial results are merged in key order (chunks.h), so the bits never
+ * depend on which thread ran what, or how many there were. */
 
-/* A call: its kernels, its plan (plan.h) and the workspace its tasks share. */
+/* A call: its kernels and its plan (plan.h). */
 typedef struct forward_call {
     attention_run run; /* with no wide tiles: a task that needs them makes its own */
     int wide;          /* a view is 16-bit */
     const attention_problem *p;
     forward_plan f;
-    float *workspace; /* the split's partials, f.workspace floats */
 } forward_call;
 
 /* One unit: its rows as attention_block takes them. */
@@ -108,11 +108,10 @@ static void unit_run(const attention_run *run, const void *ctx, size_t u) {
                     x.nq);
 }
 
-static void call_run(block_fn fn, const forward_call *pl, size_t index) {
-    attention_with_tiles(fn, &pl->run, pl->wide, pl, index);
+static void unit_task(void *arg, size_t u) {
+    const forward_call *pl = arg;
+    attention_with_tiles(unit_run, &pl->run, pl->wide, pl, u);
 }
-
-static void unit_task(void *arg, size_t u) { call_run(unit_run, arg, u); }
 
 /* (out, lse) <- the merge of (out, lse) and (b, lse_b), rows x d_v, as sdpa.h states for
    sdpa_attention_merge_f32; lse and lse_b are contiguous. In float with the backend's own
@@ -158,8 +157,8 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
 
 /* Unit x's rows over the keys of chunk c, as rows_end leaves a chunk: its rows of acc to out
    (out_row floats apart), each row's max to m[r] and sum to l[r]. */
-static void chunk_run(const attention_run *run, const forward_call *pl, const unit *x, size_t c,
-                      float *out, size_t out_row, float *m, float *l) {
+static void split_rows(const attention_run *run, const forward_call *pl, const unit *x, size_t c,
+                       float *out, size_t out_row, float *m, float *l) {
     const attention_problem *p = pl->p;
     size_t begin, end;
     plan_forward_chunk(&pl->f, p, c, &begin, &end);
@@ -217,59 +216,80 @@ static void split_finish(const sdpa_kernels *k, const unit *x, float *out, size_
     }
 }
 
-/* The 1-thread split-KV unit: the same chunks and merges as split_task and split_merge, with
-   the partial on the stack. */
-static __attribute__((noinline)) void split_serial_unit(const attention_run *run, const void *ctx,
-                                                        size_t u) {
-    const forward_call *pl = ctx;
-    const size_t d_v = pl->p->d_v;
-    float m[SDPA_ATTN_MAX_BLOCK_Q], l[SDPA_ATTN_MAX_BLOCK_Q];
-    float part_m[SDPA_ATTN_MAX_BLOCK_Q], part_l[SDPA_ATTN_MAX_BLOCK_Q];
-    float part[SDPA_ATTN_MAX_BLOCK_Q * SPLIT_MAX_D_V];
+/* ---- split-KV: a unit's key chunks, reduced by chunks.h ----
+ *
+ * Chunk 0 writes the output rows, the others their slot's rows; every chunk's maxima and sums
+ * follow its slot's rows (chunk 0's are the state its merges update). */
+
+/* A thread's scratch: the call's kernels with its widening tiles, and the unit it last took
+   (a unit's chunks and merges come one after another). */
+typedef struct split_scratch {
+    const attention_run *run;
+    size_t u; /* SIZE_MAX: none yet */
     unit x;
-    unit_of(pl, u, &x);
-    float *out = (float *)x.out;
-    const size_t os = x.sub.out_stride[2];
-    chunk_run(run, pl, &x, 0, out, os, m, l);
-    for (size_t c = 1; c < pl->f.n_chunks; c++) {
-        chunk_run(run, pl, &x, c, part, d_v, part_m, part_l);
-        merge_state(pl->run.k, out, os, m, l, part, d_v, part_m, part_l, x.nq, d_v);
-    }
-    split_finish(pl->run.k, &x, out, os, m, l, d_v);
+} split_scratch;
+
+typedef struct scratch_call {
+    void (*body)(void *arg, void *scratch);
+    void *arg;
+} scratch_call;
+
+static void scratch_run(const attention_run *run, const void *ctx, size_t index) {
+    (void)index;
+    const scratch_call *c = ctx;
+    split_scratch s;
+    s.run = run;
+    s.u = SIZE_MAX;
+    c->body(c->arg, &s);
 }
 
-/* Task t: unit t / n_chunks, its chunks last (longest) first. Chunk 0 writes the output rows,
-   the others their slot's rows; every chunk's maxima and sums go to its slot. */
-static void split_run(const attention_run *run, const void *ctx, size_t t) {
+static void split_with_scratch(const void *ctx, void (*body)(void *arg, void *scratch), void *arg) {
     const forward_call *pl = ctx;
-    const size_t u = t / pl->f.n_chunks, c = pl->f.n_chunks - 1 - t % pl->f.n_chunks;
-    float *slot = pl->workspace + plan_forward_slot(&pl->f, u, c) * pl->f.slot;
+    const scratch_call c = {body, arg};
+    attention_with_tiles(scratch_run, &pl->run, pl->wide, &c, 0);
+}
+
+static const unit *split_unit(const forward_call *pl, split_scratch *s, size_t u) {
+    if (s->u != u) unit_of(pl, u, &s->x);
+    s->u = u;
+    return &s->x;
+}
+
+static void split_chunk(const void *ctx, void *scratch, size_t u, size_t c, size_t part,
+                        float *slot) {
+    (void)part;
+    const forward_call *pl = ctx;
+    const unit *x = split_unit(pl, scratch, u);
     float *m = slot + pl->f.block_q * pl->p->d_v, *l = m + pl->f.block_q;
-    unit x;
-    unit_of(pl, u, &x);
+    const attention_run *run = ((split_scratch *)scratch)->run;
     if (c == 0)
-        chunk_run(run, pl, &x, 0, (float *)x.out, x.sub.out_stride[2], m, l);
+        split_rows(run, pl, x, 0, (float *)x->out, x->sub.out_stride[2], m, l);
     else
-        chunk_run(run, pl, &x, c, slot, pl->p->d_v, m, l);
+        split_rows(run, pl, x, c, slot, pl->p->d_v, m, l);
 }
 
-static void split_task(void *arg, size_t t) { call_run(split_run, arg, t); }
-
-static void split_merge(const forward_call *pl, size_t u) {
-    const size_t d_v = pl->p->d_v, n = pl->f.n_chunks, rows_floats = pl->f.block_q * d_v;
-    unit x;
-    unit_of(pl, u, &x);
-    float *m = pl->workspace + plan_forward_slot(&pl->f, u, 0) * pl->f.slot + rows_floats;
-    float *l = m + pl->f.block_q;
-    float *out = (float *)x.out;
-    const size_t os = x.sub.out_stride[2];
-    for (size_t c = 1; c < n; c++) {
-        const float *s = pl->workspace + plan_forward_slot(&pl->f, u, c) * pl->f.slot;
-        merge_state(pl->run.k, out, os, m, l, s, d_v, s + rows_floats,
-                    s + rows_floats + pl->f.block_q, x.nq, d_v);
-    }
-    split_finish(pl->run.k, &x, out, os, m, l, d_v);
+static void split_merge(const void *ctx, void *scratch, size_t u, size_t c, size_t part,
+                        float *state, const float *slot) {
+    (void)c;
+    (void)part;
+    const forward_call *pl = ctx;
+    const unit *x = split_unit(pl, scratch, u);
+    const size_t d_v = pl->p->d_v, rows = pl->f.block_q * d_v;
+    merge_state(pl->run.k, (float *)x->out, x->sub.out_stride[2], state + rows,
+                state + rows + pl->f.block_q, slot, d_v, slot + rows, slot + rows + pl->f.block_q,
+                x->nq, d_v);
 }
+
+static void split_done(const void *ctx, void *scratch, size_t u, size_t part, float *state) {
+    (void)part;
+    const forward_call *pl = ctx;
+    const unit *x = split_unit(pl, scratch, u);
+    const size_t rows = pl->f.block_q * pl->p->d_v;
+    split_finish(pl->run.k, x, (float *)x->out, x->sub.out_stride[2], state + rows,
+                 state + rows + pl->f.block_q, pl->p->d_v);
+}
+
+static const chunk_ops split_ops = {split_with_scratch, split_chunk, split_merge, split_done};
 
 void attention_run_all(const attention_problem *p) {
     forward_call pl;
@@ -278,24 +298,10 @@ void attention_run_all(const attention_problem *p) {
     const size_t threads = sdpa_threads_for_call();
     plan_forward(&pl.f, p, pl.run.rows_max,
                  pl.run.a->pack_q != NULL && p->d_k <= SDPA_ATTN_PACK_MAX_D, threads);
-    pl.workspace = NULL;
-    if (pl.f.n_chunks == 1) {
-        if (pl.f.parallel && pl.f.n_units > 1) {
-            sdpa_parallel_run(unit_task, &pl, pl.f.n_units, threads);
-            return;
-        }
-        for (size_t u = 0; u < pl.f.n_units; u++) unit_task(&pl, u);
-        return;
-    }
-    const size_t n_tasks = pl.f.n_units * pl.f.n_chunks;
-    if (pl.f.parallel && (pl.workspace = sdpa_workspace_acquire(pl.f.workspace)) != NULL) {
-        sdpa_parallel_run(split_task, &pl, n_tasks, threads);
-        for (size_t u = 0; u < pl.f.n_units; u++) split_merge(&pl, u);
-        sdpa_workspace_release();
-        return;
-    }
-    for (size_t u = 0; u < pl.f.n_units; u++) call_run(split_serial_unit, &pl, u);
+    const chunk_plan r = plan_forward_chunks(&pl.f);
+    work_run(&r, &split_ops, unit_task, &pl, pl.f.parallel, threads);
 }
+
 static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {
     sdpa_status st = sdpa_problem_check(p, flags);
     if (st != SDPA_OK) return st;

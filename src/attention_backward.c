@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "attention_problem.h"
+#include "chunks.h"
 #include "dispatch.h"
 #include "plan.h"
 #include "sdpa.h"
@@ -45,13 +46,10 @@
 
 #define QT SDPA_ATTN_MAX_BLOCK_Q /* queries a tile: the columns of the key-major tiles */
 
-/* A key's dk and dv are summed over run->sum_rows query rows at a time (rows sum_rows r to
- * sum_rows (r + 1) of a head: 256, 128 past d_k 64, 64 past d_k 128, so that a band of
- * chunk_unit_serial holds whole blocks) from 0 in stack tiles, which are then added to the rows:
- * one chain over every row would add len_q roundings, which under a directed rounding mode all
- * err the same way (4096 causal rows missed the bounds by up to 6x). A tile holds a block of
- * keys times d up to SUM_TILE_FLOATS (d <= 128 packed, 512 at 32 keys a block); past it that sum
- * is one chain. The blocks cost about one percent of the backward. */
+/* A key's dk and dv are summed over pl.sum_rows query rows at a time (plan.h) from 0 in stack
+ * tiles, which are then added to the rows. A tile holds a block of keys times d up to
+ * SUM_TILE_FLOATS (d <= 128 packed, 512 at 32 keys a block); past it that sum is one chain. The
+ * blocks cost about one percent of the backward. */
 #define SUM_TILE_FLOATS (SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_PACK_MAX_D)
 
 /* Kernels and constants of one call. */
@@ -66,9 +64,7 @@ typedef struct backward_run {
                     of scores_tile, which here are keys) */
     void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
-    size_t sum_rows;  /* query rows a block of each key's dk and dv sums (above) */
-    backward_plan pl; /* units, key chunks (plan.h) */
-    float *workspace; /* the key chunks' dq partials, pl.workspace floats */
+    backward_plan pl; /* units, key chunks, sum_rows (plan.h) */
 } backward_run;
 
 /* One query head's views; dq is where its dq rows from dq_first on are summed (dq_row floats
@@ -99,6 +95,12 @@ typedef struct tiles {
     _Alignas(64) float dv[SUM_TILE_FLOATS];             /* the same for dv */
 } tiles;
 
+/* The sum tiles start as zeros, and rows_against_keys leaves them so. */
+static void tiles_init(tiles *t) {
+    memset(t->dk, 0, sizeof t->dk);
+    memset(t->dv, 0, sizeof t->dv);
+}
+
 /* No inf or NaN in n rows of `row` floats: the exponent bits of every float, OR-ed (integer
  * operations, which the compiler vectorizes where isfinite would branch per float). */
 static int rows_finite(const float *x, size_t n, size_t stride, size_t row) {
@@ -114,71 +116,74 @@ static int rows_finite(const float *x, size_t n, size_t stride, size_t row) {
     return !(bad >> 31);
 }
 
+/* One tile: nq query rows from q0 of head h against the first nk keys of block kb, with their
+ * views at the tile's first row and each row's lse (INFINITY for a row that saw no key) and D. */
+typedef struct tile {
+    const head *h;
+    key_block *kb;
+    size_t q0, nq, nk;
+    const float *q, *dout;
+    float *dq;
+    float lse[QT], dd[QT];
+    size_t live; /* rows that saw a key */
+} tile;
+
 /* Pair (row i, key j) of the tile counts: seen (vis), by a live row, not removed by the mask. */
-static inline int pair_counts(const attention_problem *p, const visibility *vis, const head *h,
-                              size_t q0, size_t k0, size_t i, size_t j) {
-    if (k0 + j >= visibility_row_end(vis, q0 + i) || h->lse[q0 + i] == -INFINITY) return 0;
-    return !p->mask || h->mask[(q0 + i) * p->mask_stride[2] + k0 + j] != -INFINITY;
+static inline int pair_counts(const attention_problem *p, const visibility *vis, const tile *x,
+                              size_t i, size_t j) {
+    const size_t r = x->q0 + i, k0 = x->kb->k0;
+    if (k0 + j >= visibility_row_end(vis, r) || x->h->lse[r] == -INFINITY) return 0;
+    return !p->mask || x->h->mask[r * p->mask_stride[2] + k0 + j] != -INFINITY;
 }
 
-/* The tile of nq query rows from q0 of head h against key block kb; 0 if no pair of it counts
- * (nothing added anywhere). */
-static int backward_tile(const backward_run *run, tiles *t, const head *h, key_block *kb, size_t q0,
-                         size_t nq) {
+/* The tile's rows: lse and D of each (zeros past nq), and how many saw a key. */
+static void tile_rows(const backward_run *run, tile *x) {
+    const attention_problem *p = &run->bp->fwd;
+    const size_t os = p->out_stride[2], dos = run->bp->dout_stride[2];
+    x->live = 0;
+    for (size_t i = 0; i < QT; i++) {
+        x->lse[i] = 0.0f;
+        x->dd[i] = 0.0f;
+        if (i >= x->nq) continue;
+        x->lse[i] = x->h->lse[x->q0 + i];
+        if (x->lse[i] == -INFINITY) { /* exp(s - inf) = 0; the pair is zeroed anyway */
+            x->lse[i] = INFINITY;
+            continue;
+        }
+        x->live++;
+        x->dd[i] = run->k->dot(x->dout + i * dos, x->h->out + (x->q0 + i) * os, p->d_v);
+    }
+}
+
+/* Every pair counts: all rows live, all seen, no mask entry of -inf. */
+static int tile_clean(const backward_run *run, const tile *x) {
+    const attention_problem *p = &run->bp->fwd;
+    if (x->live != x->nq || visibility_block(&run->vis, x->q0, x->nq, x->kb->k0, x->nk) != VIS_ALL)
+        return 0;
+    for (size_t i = 0; p->mask && i < x->nq; i++) {
+        const float *mr = x->h->mask + (x->q0 + i) * p->mask_stride[2] + x->kb->k0;
+        for (size_t j = 0; j < x->nk; j++)
+            if (mr[j] == -INFINITY) return 0;
+    }
+    return 1;
+}
+
+/* S^T (plus the mask) and dP^T, key-major; columns past nq hold zeros. */
+static void tile_scores(const backward_run *run, tiles *t, const tile *x) {
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
     const sdpa_attention_kernels *a = run->a;
-    const size_t d_k = p->d_k, d_v = p->d_v;
-    const size_t qs = p->q_stride[2], os = p->out_stride[2], dos = bp->dout_stride[2];
-    const size_t ks = p->k_stride[2], vs = p->v_stride[2];
-    const float *q = h->q + q0 * qs, *dout = h->dout + q0 * dos;
-    float *dq = h->dq + (q0 - h->dq_first) * h->dq_row;
-    float lse[QT], dd[QT], zero[SDPA_ATTN_MAX_BLOCK_KV];
-
-    /* the keys past what the last row sees are left out of the tile */
-    const visibility *vis = &run->vis;
-    if (visibility_block(vis, q0, nq, kb->k0, kb->nk) == VIS_NONE) return 0;
-    const size_t last_end = visibility_row_end(vis, q0 + nq - 1) - kb->k0;
-    const size_t nk = last_end < kb->nk ? last_end : kb->nk;
-
-    /* the rows: a row whose lse is -inf saw no key and counts nowhere */
-    size_t live = 0;
-    for (size_t i = 0; i < QT; i++) {
-        lse[i] = 0.0f;
-        dd[i] = 0.0f;
-        if (i >= nq) continue;
-        lse[i] = h->lse[q0 + i];
-        if (lse[i] == -INFINITY) { /* exp(s - inf) = 0; the pair is zeroed below anyway */
-            lse[i] = INFINITY;
-            continue;
-        }
-        live++;
-        dd[i] = run->k->dot(dout + i * dos, h->out + (q0 + i) * os, d_v);
-    }
-    if (!live) return 0;
-
-    /* which pairs count: all, unless visibility, the mask or a dead row says not */
-    int clean = live == nq && visibility_block(vis, q0, nq, kb->k0, nk) == VIS_ALL;
-    if (p->mask)
-        for (size_t i = 0; i < nq && clean; i++) {
-            const float *mr = h->mask + (q0 + i) * p->mask_stride[2] + kb->k0;
-            for (size_t j = 0; j < nk; j++)
-                if (mr[j] == -INFINITY) {
-                    clean = 0;
-                    break;
-                }
-        }
-
-    /* S^T and dP^T, key-major; columns past nq hold zeros */
+    const size_t qs = p->q_stride[2], dos = bp->dout_stride[2], nq = x->nq, nk = x->nk;
+    const key_block *kb = x->kb;
     if (run->packed) {
         float tile_max[QT];
-        a->pack_q(t->qt, q, qs, nq, d_k);
-        a->scores_max(t->s, tile_max, t->qt, nq, kb->k, ks, nk, d_k, p->scale);
-        a->pack_q(t->qt, dout, dos, nq, d_v);
-        a->scores_max(t->ds, tile_max, t->qt, nq, kb->v, vs, nk, d_v, 1.0f);
+        a->pack_q(t->qt, x->q, qs, nq, p->d_k);
+        a->scores_max(t->s, tile_max, t->qt, nq, kb->k, p->k_stride[2], nk, p->d_k, p->scale);
+        a->pack_q(t->qt, x->dout, dos, nq, p->d_v);
+        a->scores_max(t->ds, tile_max, t->qt, nq, kb->v, p->v_stride[2], nk, p->d_v, 1.0f);
     } else {
-        a->scores_tile(t->s, QT, kb->k, ks, nk, q, qs, nq, d_k, p->scale);
-        a->scores_tile(t->ds, QT, kb->v, vs, nk, dout, dos, nq, d_v, 1.0f);
+        a->scores_tile(t->s, QT, kb->k, p->k_stride[2], nk, x->q, qs, nq, p->d_k, p->scale);
+        a->scores_tile(t->ds, QT, kb->v, p->v_stride[2], nk, x->dout, dos, nq, p->d_v, 1.0f);
     }
     if (nq < QT)
         for (size_t j = 0; j < nk; j++) {
@@ -187,81 +192,132 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
         }
     if (p->mask)
         for (size_t i = 0; i < nq; i++) {
-            const float *mr = h->mask + (q0 + i) * p->mask_stride[2] + kb->k0;
+            const float *mr = x->h->mask + (x->q0 + i) * p->mask_stride[2] + kb->k0;
             for (size_t j = 0; j < nk; j++) t->s[j * QT + i] += mr[j];
         }
+}
 
-    /* P^T = exp(S^T - lse), each difference rounded to float as the forward's */
+/* P^T = exp(S^T - lse), each difference rounded to float as the forward's, and
+   dS^T = scale P^T (dP^T - D). */
+static void tile_grads(const backward_run *run, tiles *t, const tile *x) {
+    const size_t nk = x->nk;
     for (size_t j = 0; j < nk; j++) {
         float *sj = t->s + j * QT;
-        for (size_t i = 0; i < QT; i++) sj[i] -= lse[i];
+        for (size_t i = 0; i < QT; i++) sj[i] -= x->lse[i];
     }
     if (run->exp_tile) {
-        float sums[SDPA_ATTN_MAX_BLOCK_KV];
+        float sums[SDPA_ATTN_MAX_BLOCK_KV], zero[SDPA_ATTN_MAX_BLOCK_KV];
         memset(zero, 0, nk * sizeof(float));
         run->exp_tile(t->s, QT, nk, QT, zero, sums);
     } else {
         for (size_t j = 0; j < nk; j++) run->exp_sum(t->s + j * QT, t->s + j * QT, QT, 1.0f, 0.0f);
     }
-    /* dS^T = scale P^T (dP^T - D) */
-    const float scale = p->scale;
+    const float scale = run->bp->fwd.scale;
     for (size_t j = 0; j < nk; j++) {
         const float *pj = t->s + j * QT;
         float *dj = t->ds + j * QT;
-        for (size_t i = 0; i < QT; i++) dj[i] = scale * (pj[i] * (dj[i] - dd[i]));
+        for (size_t i = 0; i < QT; i++) dj[i] = scale * (pj[i] * (dj[i] - x->dd[i]));
     }
+}
 
-    if (!clean) {
-        /* P = dS = 0 exactly where the pair does not count; under visibility alone, the rows
-           before the first that sees the key */
-        if (!p->mask && live == nq) {
-            for (size_t j = 0; j < nk; j++) {
-                const size_t first = visibility_first_row(vis, kb->k0 + j);
-                const size_t n = first <= q0 ? 0 : first - q0 < nq ? first - q0 : nq;
-                memset(t->s + j * QT, 0, n * sizeof(float));
-                memset(t->ds + j * QT, 0, n * sizeof(float));
-            }
-        } else {
-            for (size_t j = 0; j < nk; j++)
-                for (size_t i = 0; i < nq; i++)
-                    if (!pair_counts(p, vis, h, q0, kb->k0, i, j))
-                        t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
+/* P = dS = 0 exactly where the pair does not count; under visibility alone, the rows before
+   the first that sees the key. */
+static void tile_zero_pairs(const backward_run *run, tiles *t, const tile *x) {
+    const attention_problem *p = &run->bp->fwd;
+    if (!p->mask && x->live == x->nq) {
+        for (size_t j = 0; j < x->nk; j++) {
+            const size_t first = visibility_first_row(&run->vis, x->kb->k0 + j);
+            const size_t n = first <= x->q0 ? 0 : first - x->q0 < x->nq ? first - x->q0 : x->nq;
+            memset(t->s + j * QT, 0, n * sizeof(float));
+            memset(t->ds + j * QT, 0, n * sizeof(float));
         }
+        return;
     }
-    if (!clean && kb->k_finite < 0) kb->k_finite = rows_finite(kb->k, kb->nk, ks, d_k);
-    if (clean || (kb->k_finite && rows_finite(q, nq, qs, d_k) && rows_finite(dout, nq, dos, d_v))) {
-        a->pv_tile(kb->dv_to, kb->dv_row, t->s, QT, nk, nq, dout, dos, d_v);
-        a->pv_tile(kb->dk_to, kb->dk_row, t->ds, QT, nk, nq, q, qs, d_k);
-        a->pv_tile_t(dq, h->dq_row, t->ds, QT, nq, nk, kb->k, ks, d_k);
-        return 1;
-    }
-    /* Non-finite rows: only the runs of pairs that count, along each key's row for dk and dv,
-       down each query's column for dq. */
-    for (size_t j = 0; j < nk; j++)
-        for (size_t i = 0; i < nq;) {
-            if (!pair_counts(p, vis, h, q0, kb->k0, i, j)) {
-                i++;
-                continue;
-            }
-            const size_t i0 = i;
-            while (i < nq && pair_counts(p, vis, h, q0, kb->k0, i, j)) i++;
+    for (size_t j = 0; j < x->nk; j++)
+        for (size_t i = 0; i < x->nq; i++)
+            if (!pair_counts(p, &run->vis, x, i, j)) t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
+}
+
+/* Pair e along key `at` (by_key: e is the row) or along row `at` (e is the key) counts. */
+static inline int counts_along(const backward_run *run, const tile *x, int by_key, size_t at,
+                               size_t e) {
+    const attention_problem *p = &run->bp->fwd;
+    return by_key ? pair_counts(p, &run->vis, x, e, at) : pair_counts(p, &run->vis, x, at, e);
+}
+
+/* The next run [*begin, *end) of pairs that count, from *end on and below n, along key or row
+   `at` (counts_along). 0 when there is none. */
+static int next_run(const backward_run *run, const tile *x, int by_key, size_t at, size_t n,
+                    size_t *begin, size_t *end) {
+    size_t e = *end;
+    while (e < n && !counts_along(run, x, by_key, at, e)) e++;
+    *begin = e;
+    while (e < n && counts_along(run, x, by_key, at, e)) e++;
+    *end = e;
+    return *begin < n;
+}
+
+/* Non-finite rows: dk, dv and dq from the runs of pairs that count alone, along each key's row
+   for dk and dv, down each query's column for dq, so that no removed pair's inf or NaN counts. */
+static void tile_products_runs(const backward_run *run, const tiles *t, const tile *x) {
+    const attention_problem *p = &run->bp->fwd;
+    const sdpa_attention_kernels *a = run->a;
+    const size_t qs = p->q_stride[2], dos = run->bp->dout_stride[2], ks = p->k_stride[2];
+    const key_block *kb = x->kb;
+    for (size_t j = 0; j < x->nk; j++)
+        for (size_t i0, i = 0; next_run(run, x, 1, j, x->nq, &i0, &i);) {
             a->pv_tile(kb->dv_to + j * kb->dv_row, 0, t->s + j * QT + i0, QT, 1, i - i0,
-                       dout + i0 * dos, dos, d_v);
+                       x->dout + i0 * dos, dos, p->d_v);
             a->pv_tile(kb->dk_to + j * kb->dk_row, 0, t->ds + j * QT + i0, QT, 1, i - i0,
-                       q + i0 * qs, qs, d_k);
+                       x->q + i0 * qs, qs, p->d_k);
         }
-    for (size_t i = 0; i < nq; i++) {
+    for (size_t i = 0; i < x->nq; i++) {
         float w[SDPA_ATTN_MAX_BLOCK_KV]; /* the column, as a row: pv_tile_t wants whole tiles */
-        for (size_t j = 0; j < nk; j++) w[j] = t->ds[j * QT + i];
-        for (size_t j = 0; j < nk;) {
-            if (!pair_counts(p, vis, h, q0, kb->k0, i, j)) {
-                j++;
-                continue;
-            }
-            const size_t j0 = j;
-            while (j < nk && pair_counts(p, vis, h, q0, kb->k0, i, j)) j++;
-            a->pv_tile(dq + i * h->dq_row, 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks, d_k);
-        }
+        for (size_t j = 0; j < x->nk; j++) w[j] = t->ds[j * QT + i];
+        for (size_t j0, j = 0; next_run(run, x, 0, i, x->nk, &j0, &j);)
+            a->pv_tile(x->dq + i * x->h->dq_row, 0, w + j0, 0, 1, j - j0, kb->k + j0 * ks, ks,
+                       p->d_k);
+    }
+}
+
+/* The tile of nq query rows from q0 of head h against key block kb; 0 if no pair of it counts
+ * (nothing added anywhere). A tile with pairs that do not count takes the whole-tile products
+ * only when every row it multiplies (q, dout, k) is finite, where 0 * x is 0. */
+static int backward_tile(const backward_run *run, tiles *t, const head *h, key_block *kb, size_t q0,
+                         size_t nq) {
+    const backward_problem *bp = run->bp;
+    const attention_problem *p = &bp->fwd;
+    const size_t qs = p->q_stride[2], dos = bp->dout_stride[2], ks = p->k_stride[2];
+    /* the keys past what the last row sees are left out of the tile */
+    if (visibility_block(&run->vis, q0, nq, kb->k0, kb->nk) == VIS_NONE) return 0;
+    const size_t last_end = visibility_row_end(&run->vis, q0 + nq - 1) - kb->k0;
+    tile x = {h,
+              kb,
+              q0,
+              nq,
+              last_end < kb->nk ? last_end : kb->nk,
+              h->q + q0 * qs,
+              h->dout + q0 * dos,
+              h->dq + (q0 - h->dq_first) * h->dq_row,
+              {0},
+              {0},
+              0};
+    tile_rows(run, &x);
+    if (!x.live) return 0;
+    const int clean = tile_clean(run, &x);
+    tile_scores(run, t, &x);
+    tile_grads(run, t, &x);
+    if (!clean) {
+        tile_zero_pairs(run, t, &x);
+        if (kb->k_finite < 0) kb->k_finite = rows_finite(kb->k, kb->nk, ks, p->d_k);
+    }
+    if (clean || (kb->k_finite && rows_finite(x.q, nq, qs, p->d_k) &&
+                  rows_finite(x.dout, nq, dos, p->d_v))) {
+        run->a->pv_tile(kb->dv_to, kb->dv_row, t->s, QT, x.nk, nq, x.dout, dos, p->d_v);
+        run->a->pv_tile(kb->dk_to, kb->dk_row, t->ds, QT, x.nk, nq, x.q, qs, p->d_k);
+        run->a->pv_tile_t(x.dq, h->dq_row, t->ds, QT, nq, x.nk, kb->k, ks, p->d_k);
+    } else {
+        tile_products_runs(run, t, &x);
     }
     return 1;
 }
@@ -289,13 +345,11 @@ static void add_tile_clear(const backward_run *run, float *dst, size_t dst_row, 
 
 /* Rows [r_begin, r_end) of head h (r_begin a multiple of QT) against key block kb, a tile at a
  * time, dk and dv in blocks of sum_rows rows (above; t->dk and t->dv hold zeros on entry, and
- * again on return). A block whose tiles count nowhere adds nothing, so that an order that also
- * visits the tiles before the first row seeing kb (chunk_unit_serial) adds to dk and dv exactly
- * what backward_keys does. */
+ * again on return); a block whose tiles count nowhere adds nothing. */
 static void rows_against_keys(const backward_run *run, tiles *t, const head *h, key_block *kb,
                               size_t r_begin, size_t r_end) {
     const backward_problem *bp = run->bp;
-    const size_t d_k = bp->fwd.d_k, d_v = bp->fwd.d_v, rows = run->sum_rows;
+    const size_t d_k = bp->fwd.d_k, d_v = bp->fwd.d_v, rows = run->pl.sum_rows;
     const int tile_k = kb->nk * d_k <= SUM_TILE_FLOATS, tile_v = kb->nk * d_v <= SUM_TILE_FLOATS;
     if (tile_k) {
         kb->dk_to = t->dk;
@@ -348,13 +402,11 @@ static void key_block_of(const backward_run *run, size_t b, size_t hk, size_t k0
     kb->k_finite = -1;
 }
 
-/* The keys [k_begin, k_end) of kv head hk of batch entry b against every row of its query
- * heads, block of keys by block of keys; the dq rows of query head g go to the output or, with
- * partial, to partial + g len_q d_k (dense rows). */
-static void backward_keys(const backward_run *run, tiles *t, size_t b, size_t hk, size_t k_begin,
-                          size_t k_end, float *partial) {
+/* Every key of kv head hk of batch entry b against every row of its query heads, block of keys
+ * by block of keys, into the output rows. */
+static void backward_keys(const backward_run *run, tiles *t, size_t b, size_t hk) {
     const attention_problem *p = &run->bp->fwd;
-    for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
+    for (size_t k0 = 0; k0 < p->len_kv; k0 += run->keys) {
         key_block kb;
         key_block_of(run, b, hk, k0, &kb);
         const size_t first = visibility_first_row(&run->vis, k0);
@@ -362,10 +414,6 @@ static void backward_keys(const backward_run *run, tiles *t, size_t b, size_t hk
         for (size_t g = 0; g < run->pl.group; g++) {
             head h;
             head_of(run, b, hk, g, &h);
-            if (partial) {
-                h.dq = partial + g * p->len_q * p->d_k;
-                h.dq_row = p->d_k;
-            }
             rows_against_keys(run, t, &h, &kb, first / QT * QT, p->len_q);
         }
     }
@@ -386,8 +434,7 @@ static void backward_task(void *arg, size_t index) {
     const size_t b0 = index / run->pl.tasks_h * run->pl.task_b,
                  h0 = index % run->pl.tasks_h * run->pl.task_h;
     tiles t;
-    memset(t.dk, 0, sizeof t.dk);
-    memset(t.dv, 0, sizeof t.dv);
+    tiles_init(&t);
     for (size_t b = b0; b < b0 + run->pl.task_b; b++)
         for (size_t hk = h0; hk < h0 + run->pl.task_h; hk++) {
             zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
@@ -397,117 +444,92 @@ static void backward_task(void *arg, size_t index) {
         }
     if (!p->len_q || !p->len_kv) return;
     for (size_t b = b0; b < b0 + run->pl.task_b; b++)
-        for (size_t hk = h0; hk < h0 + run->pl.task_h; hk++)
-            backward_keys(run, &t, b, hk, 0, p->len_kv, NULL);
+        for (size_t hk = h0; hk < h0 + run->pl.task_h; hk++) backward_keys(run, &t, b, hk);
 }
 
 /* ---- key chunks ----
  *
  * A call with few (batch, kv head) units (one head, say) also cuts each unit's keys into chunks
- * of whole pieces (plan.h, KEY_PIECE), about 16 tasks in all. Task (unit, chunk c)
- * writes the dk and dv rows of its keys, and its share of dq: chunk 0 into the output rows,
- * chunk c >= 1 into a partial of the workspace; the partials are then added to dq in chunk
- * order. On one thread, or without the workspace (another call holds it), the unit runs on the
- * calling thread in another order with the same sums: each band of query rows takes its chunks
- * in turn, the partials of chunks c >= 1 in a stack tile, added in chunk order. Every dk and dv
- * row gets the same tiles in the same order (query heads, then blocks of rows), and every dq row
- * the same partials, so the bits are those of the parallel path, at any thread count. Units own
- * no summed axis (task_b = task_h = 1, and dq not summed over query heads), and d_k is at most
- * CHUNK_MAX_D (a band of at least sum_rows rows in the stack tile: bands of whole blocks of
- * rows, so that each dk and dv row gets the same block sums in the same order). */
-#define CHUNK_ACC (2 * QT * CHUNK_MAX_D) /* the stack tile of the serial order (64 KiB) */
+ * of whole pieces (plan.h, KEY_PIECE), about 16 tasks in all, and its query rows into parts:
+ * bands of whole blocks of sum_rows rows of one query head. Chunk c of a part writes the dk and
+ * dv rows of its keys (zeroed with the first part), and the part's share of dq: chunk 0 into
+ * the output rows, chunk c >= 1 into a slot, which chunks.h adds to dq in chunk order. Every dk
+ * and dv row gets the same tiles in the same order as in backward_keys (query heads, then
+ * blocks of rows), and every dq row the same slots in the same order, at any thread count and
+ * in either of chunks.h's schedules. Units own no summed axis (task_b = task_h = 1, and dq not
+ * summed over query heads). */
 
-/* The first row of chunk c's dq partial: that of the tile of the first row that sees any of its
- * keys (rows before it see none). Both orders add the partial from there, so that their bits
- * agree. */
+static void chunk_with_scratch(const void *ctx, void (*body)(void *arg, void *scratch), void *arg) {
+    (void)ctx;
+    tiles t;
+    tiles_init(&t);
+    body(arg, &t);
+}
+
+/* Part `part` of unit u: query head g, rows [*r0, *r1); h its views. */
+static void part_of(const backward_run *run, size_t u, size_t part, head *h, size_t *r0,
+                    size_t *r1) {
+    const size_t len_q = run->bp->fwd.len_q;
+    head_of(run, u / run->pl.tasks_h, u % run->pl.tasks_h, part / run->pl.bands, h);
+    *r0 = part % run->pl.bands * run->pl.band;
+    *r1 = len_q - *r0 < run->pl.band ? len_q : *r0 + run->pl.band;
+}
+
+/* The first row of chunk c's share of dq: that of the tile of the first row that sees any of
+ * its keys (rows before it see none). */
 static size_t chunk_first_row(const backward_run *run, size_t c) {
     size_t k_begin, k_end;
     plan_backward_chunk(&run->pl, run->bp->fwd.len_kv, c, &k_begin, &k_end);
     return visibility_first_row(&run->vis, k_begin) / QT * QT;
 }
 
-static void chunk_task(void *arg, size_t index) {
-    const backward_run *run = arg;
+static void chunk_part(const void *ctx, void *scratch, size_t u, size_t c, size_t part,
+                       float *slot) {
+    const backward_run *run = ctx;
     const backward_problem *bp = run->bp;
     const attention_problem *p = &bp->fwd;
-    const size_t u = index / run->pl.n_chunks, c = index % run->pl.n_chunks;
     const size_t b = u / run->pl.tasks_h, hk = u % run->pl.tasks_h;
-    size_t k_begin, k_end;
+    size_t k_begin, k_end, r0, r1;
     plan_backward_chunk(&run->pl, p->len_kv, c, &k_begin, &k_end);
-    float *partial = c ? run->workspace + plan_backward_partial(&run->pl, u, c) : NULL;
-    tiles t;
-    memset(t.dk, 0, sizeof t.dk);
-    memset(t.dv, 0, sizeof t.dv);
-    zero_rows(bp->dk, bp->dk_stride, b, hk, k_begin, k_end - k_begin, p->d_k);
-    zero_rows(bp->dv, bp->dv_stride, b, hk, k_begin, k_end - k_begin, p->d_v);
-    if (partial)
-        memset(partial, 0, run->pl.part * sizeof(float));
-    else
-        for (size_t g = 0; g < run->pl.group; g++)
-            zero_rows(bp->dq, bp->dq_stride, b, hk * run->pl.group + g, 0, p->len_q, p->d_k);
-    backward_keys(run, &t, b, hk, k_begin, k_end, partial);
-}
-
-/* Unit u on the calling thread, a band of query rows at a time (see above): as many rows as
- * the stack tile holds at d_k, so that each pass over the unit's keys (their k, v, dk and dv
- * rows, 2 MiB at 1024 keys and d = 128, more than L2) serves that many rows, not 32. */
-static void chunk_unit_serial(const backward_run *run, size_t u) {
-    const backward_problem *bp = run->bp;
-    const attention_problem *p = &bp->fwd;
-    const size_t b = u / run->pl.tasks_h, hk = u % run->pl.tasks_h;
-    const size_t band = CHUNK_ACC / p->d_k / run->sum_rows * run->sum_rows; /* whole blocks */
-    tiles t;
-    memset(t.dk, 0, sizeof t.dk);
-    memset(t.dv, 0, sizeof t.dv);
-    float acc[CHUNK_ACC];
-    zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
-    zero_rows(bp->dv, bp->dv_stride, b, hk, 0, p->len_kv, p->d_v);
-    for (size_t g = 0; g < run->pl.group; g++) {
-        head h;
-        head_of(run, b, hk, g, &h);
-        zero_rows(bp->dq, bp->dq_stride, b, hk * run->pl.group + g, 0, p->len_q, p->d_k);
-        for (size_t r0 = 0; r0 < p->len_q; r0 += band) {
-            const size_t nr = p->len_q - r0 < band ? p->len_q - r0 : band;
-            for (size_t c = 0; c < run->pl.n_chunks; c++) {
-                size_t k_begin, k_end;
-                plan_backward_chunk(&run->pl, p->len_kv, c, &k_begin, &k_end);
-                const size_t from = chunk_first_row(run, c);
-                if (from >= r0 + nr) continue;
-                const size_t r1 = from > r0 ? from : r0, n1 = r0 + nr - r1;
-                head hc = h;
-                if (c) { /* the chunk's partial of these rows */
-                    memset(acc, 0, n1 * p->d_k * sizeof(float));
-                    hc.dq = acc;
-                    hc.dq_row = p->d_k;
-                    hc.dq_first = r1;
-                }
-                for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
-                    key_block kb;
-                    key_block_of(run, b, hk, k0, &kb);
-                    rows_against_keys(run, &t, &hc, &kb, r1, r0 + nr);
-                }
-                if (c) add_rows(h.dq + r1 * h.dq_row, h.dq_row, acc, p->d_k, n1, p->d_k);
-            }
-        }
+    head h;
+    part_of(run, u, part, &h, &r0, &r1);
+    if (!part) {
+        zero_rows(bp->dk, bp->dk_stride, b, hk, k_begin, k_end - k_begin, p->d_k);
+        zero_rows(bp->dv, bp->dv_stride, b, hk, k_begin, k_end - k_begin, p->d_v);
+    }
+    if (slot) {
+        memset(slot, 0, (r1 - r0) * p->d_k * sizeof(float));
+        h.dq = slot;
+        h.dq_row = p->d_k;
+        h.dq_first = r0;
+    } else {
+        for (size_t r = r0; r < r1; r++) memset(h.dq + r * h.dq_row, 0, p->d_k * sizeof(float));
+    }
+    for (size_t k0 = k_begin; k0 < k_end; k0 += run->keys) {
+        const size_t first = visibility_first_row(&run->vis, k0) / QT * QT;
+        if (first >= r1) break;
+        key_block kb;
+        key_block_of(run, b, hk, k0, &kb);
+        rows_against_keys(run, scratch, &h, &kb, first > r0 ? first : r0, r1);
     }
 }
 
-/* Unit u's dq partials, chunk after chunk, into its dq rows. */
-static void chunk_partials_add(const backward_run *run, size_t u) {
-    const attention_problem *p = &run->bp->fwd;
-    for (size_t g = 0; g < run->pl.group; g++) {
-        head h;
-        head_of(run, u / run->pl.tasks_h, u % run->pl.tasks_h, g, &h);
-        for (size_t c = 1; c < run->pl.n_chunks; c++) {
-            const size_t r1 = chunk_first_row(run, c);
-            if (r1 >= p->len_q) continue;
-            add_rows(h.dq + r1 * h.dq_row, h.dq_row,
-                     run->workspace + plan_backward_partial(&run->pl, u, c) +
-                         (g * p->len_q + r1) * p->d_k,
-                     p->d_k, p->len_q - r1, p->d_k);
-        }
-    }
+/* Chunk c's slot of a part added to its dq rows, from the first that the chunk reaches. */
+static void chunk_add(const void *ctx, void *scratch, size_t u, size_t c, size_t part, float *state,
+                      const float *slot) {
+    (void)scratch;
+    (void)state;
+    const backward_run *run = ctx;
+    const size_t d_k = run->bp->fwd.d_k, first = chunk_first_row(run, c);
+    size_t r0, r1;
+    head h;
+    part_of(run, u, part, &h, &r0, &r1);
+    const size_t from = first > r0 ? first : r0;
+    if (from < r1)
+        add_rows(h.dq + from * h.dq_row, h.dq_row, slot + (from - r0) * d_k, d_k, r1 - from, d_k);
 }
+
+static const chunk_ops chunk_dq_ops = {chunk_with_scratch, chunk_part, chunk_add, NULL};
 
 static void backward_run_all(const backward_problem *bp) {
     const attention_problem *p = &bp->fwd;
@@ -522,26 +544,10 @@ static void backward_run_all(const backward_problem *bp) {
     run.packed = run.a->pack_q && run.a->scores_max && p->d_k <= SDPA_ATTN_PACK_MAX_D &&
                  p->d_v <= SDPA_ATTN_PACK_MAX_D;
     run.keys = run.packed ? SDPA_ATTN_MAX_BLOCK_KV : run.a->block_q;
-    run.sum_rows = p->d_k <= 64 ? 8 * QT : p->d_k <= 128 ? 4 * QT : 2 * QT;
     const size_t threads = sdpa_threads_for_call();
     plan_backward(&run.pl, bp, threads);
-    run.workspace = NULL;
-    const size_t n_units = run.pl.n_units, n_chunks = run.pl.n_chunks;
-    if (n_chunks) {
-        if (run.pl.parallel && (run.workspace = sdpa_workspace_acquire(run.pl.workspace))) {
-            sdpa_parallel_run(chunk_task, &run, n_units * n_chunks, threads);
-            for (size_t u = 0; u < n_units; u++) chunk_partials_add(&run, u);
-            sdpa_workspace_release();
-            return;
-        }
-        for (size_t u = 0; u < n_units; u++) chunk_unit_serial(&run, u);
-        return;
-    }
-    if (run.pl.parallel && n_units > 1) {
-        sdpa_parallel_run(backward_task, &run, n_units, threads);
-        return;
-    }
-    for (size_t i = 0; i < n_units; i++) backward_task(&run, i);
+    const chunk_plan r = plan_backward_chunks(&run.pl);
+    work_run(&r, &chunk_dq_ops, backward_task, &run, run.pl.parallel, threads);
 }
 
 SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa_mha_grads *grads,

@@ -7,8 +7,9 @@
    tasks. */
 #define SPLIT_TASKS 128
 
-/* Backward key chunks: about CHUNK_TASKS tasks, with at most CHUNK_FLOATS of workspace (16
-   MiB), for calls of fewer units than that. */
+/* Backward key chunks: about CHUNK_TASKS tasks, with at most CHUNK_FLOATS of dq partials (16
+   MiB; the workspace rounds each head's rows up to whole bands), for calls of fewer units than
+   that. */
 #define CHUNK_TASKS  16
 #define CHUNK_FLOATS ((size_t)1 << 22)
 
@@ -45,7 +46,8 @@ void plan_forward(forward_plan *pl, const attention_problem *p, size_t block_row
         pl->n_chunks = pl->pieces < want ? pl->pieces : want;
     }
     pl->slot = pl->block_q * (p->d_v + 2);
-    pl->workspace = pl->n_chunks > 1 ? pl->n_units * pl->n_chunks * pl->slot : 0;
+    const chunk_plan r = plan_forward_chunks(pl);
+    pl->workspace = pl->n_chunks > 1 ? chunk_plan_workspace(&r) : 0;
     pl->parallel = threads > 1 && forward_work(p, pl->n_units) >= (double)SDPA_PARALLEL_MIN_WORK;
 }
 
@@ -67,6 +69,11 @@ void plan_forward_unit(const forward_plan *pl, const attention_problem *p, size_
     }
 }
 
+chunk_plan plan_forward_chunks(const forward_plan *pl) {
+    const chunk_plan r = {pl->n_units, pl->n_chunks, 1, pl->slot, 1, 1};
+    return r;
+}
+
 void plan_forward_chunk(const forward_plan *pl, const attention_problem *p, size_t c, size_t *begin,
                         size_t *end) {
     *begin = KEY_PIECE * (c * pl->pieces / pl->n_chunks);
@@ -76,15 +83,16 @@ void plan_forward_chunk(const forward_plan *pl, const attention_problem *p, size
 /* The backward's key chunks of a call with few units, or 0 (none). */
 static size_t backward_chunks(const backward_plan *pl, const backward_problem *bp) {
     const attention_problem *p = &bp->fwd;
+    const size_t dq_floats = pl->group * p->len_q * p->d_k; /* a unit's, which the cap counts */
     const size_t pieces = (p->len_kv + KEY_PIECE - 1) / KEY_PIECE;
-    /* a unit's dq rows summed over its query heads (a head stride of 0) would take every
-       head's partials in another order on the two paths */
+    /* dq rows summed over the query heads (a head stride of 0) would be shared by the parts
+       of several heads, which each start their rows from 0 */
     if (!p->len_q || pl->task_b != 1 || pl->task_h != 1 || (p->heads_q > 1 && !bp->dq_stride[1]) ||
         p->d_k > CHUNK_MAX_D || pieces < 2 || pl->n_units >= CHUNK_TASKS)
         return 0;
     size_t n = (CHUNK_TASKS + pl->n_units - 1) / pl->n_units;
     if (n > pieces) n = pieces;
-    while (n > 1 && (n - 1) * pl->n_units > CHUNK_FLOATS / pl->part) n--;
+    while (n > 1 && (n - 1) * pl->n_units > CHUNK_FLOATS / dq_floats) n--;
     return n > 1 ? n : 0;
 }
 
@@ -104,15 +112,25 @@ void plan_backward(backward_plan *pl, const backward_problem *bp, size_t threads
     const double work = (double)p->batch * (double)p->heads_q * (double)p->len_q *
                         (double)p->len_kv * (double)(2 * p->d_k + 3 * p->d_v);
     pl->parallel = threads > 1 && work >= (double)SDPA_PARALLEL_MIN_WORK;
-    pl->part = pl->group * p->len_q * p->d_k;
+    const size_t tile = SDPA_ATTN_MAX_BLOCK_Q;
+    pl->sum_rows = p->d_k <= 64 ? 8 * tile : p->d_k <= 128 ? 4 * tile : 2 * tile;
     pl->n_chunks = backward_chunks(pl, bp);
-    pl->chunk_keys = 0;
-    pl->workspace = 0;
+    pl->chunk_keys = pl->band = pl->bands = pl->slot = pl->workspace = 0;
     if (pl->n_chunks) {
         const size_t pieces = (p->len_kv + KEY_PIECE - 1) / KEY_PIECE;
         pl->chunk_keys = (pieces + pl->n_chunks - 1) / pl->n_chunks * KEY_PIECE;
-        pl->workspace = pl->n_units * (pl->n_chunks - 1) * pl->part;
+        /* as many whole blocks as a stack slot holds (d_k <= CHUNK_MAX_D: at least one) */
+        pl->band = CHUNK_STACK_FLOATS / p->d_k / pl->sum_rows * pl->sum_rows;
+        pl->bands = (p->len_q + pl->band - 1) / pl->band;
+        pl->slot = pl->band * p->d_k;
+        const chunk_plan r = plan_backward_chunks(pl);
+        pl->workspace = chunk_plan_workspace(&r);
     }
+}
+
+chunk_plan plan_backward_chunks(const backward_plan *pl) {
+    const chunk_plan r = {pl->n_units, pl->n_chunks, pl->group * pl->bands, pl->slot, 0, 0};
+    return r;
 }
 
 void plan_backward_chunk(const backward_plan *pl, size_t len_kv, size_t c, size_t *begin,

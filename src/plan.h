@@ -5,18 +5,19 @@
  *
  * Forward: a unit is (batch, query head, block of block_q rows), or for decode with grouped
  * heads (batch, kv head, block of block_q of its query heads). Split-KV also cuts each unit's
- * keys into n_chunks chunks; task t is unit t / n_chunks, chunk n_chunks - 1 - t % n_chunks
- * (the longest, last, first), with slot t of the workspace; chunk 0 writes the output rows, and
- * chunks 1, 2, ... are merged into them in that order.
+ * keys into n_chunks chunks, reduced by chunks.h: chunk 0 writes the output rows, and chunks 1,
+ * 2, ... are merged into them in that order.
  * Backward: a unit is (batch, kv head), or the whole axis a gradient sums (a stride of 0). Key
- * chunks cut a unit's keys likewise; chunk c >= 1 sums its share of dq into a partial, and the
- * partials are added to dq in chunk order. */
+ * chunks cut a unit's keys likewise, and its query rows into parts (a band of rows of one query
+ * head); chunk c >= 1 sums its share of a part's dq into a slot, and the slots are added to dq
+ * in chunk order. */
 #ifndef SDPA_SRC_PLAN_H
 #define SDPA_SRC_PLAN_H
 
 #include <stddef.h>
 
 #include "attention_problem.h"
+#include "kernels.h"
 
 /* Keys of a piece: every chunk, forward or backward, is whole pieces (the last one may take
    the remainder). A multiple of every backend's block of keys, so a chunk's blocks are those of
@@ -35,8 +36,28 @@
 #define SPLIT_MAX_Q   16
 #define SPLIT_MAX_D_V 256
 
-/* Backward key chunks apply to d_k <= CHUNK_MAX_D (the serial order's stack tile). */
+/* Backward key chunks apply to d_k <= CHUNK_MAX_D, so that a band of whole blocks of sum_rows
+   rows fits a stack slot. */
 #define CHUNK_MAX_D 256
+
+/* Floats of the stack slots of a reduction run in order (chunks.h): a slot and a state of a
+   forward unit (block_q rows of d_v + 2), or a slot of a backward band (band rows of d_k). */
+#define CHUNK_STACK_FLOATS (2 * SDPA_ATTN_MAX_BLOCK_Q * (SPLIT_MAX_D_V + 2))
+
+/* A key-chunk reduction, as chunks.h runs it: n_units units, each of n_parts parts over n_chunks
+   chunks of keys. */
+typedef struct chunk_plan {
+    size_t n_units, n_chunks, n_parts;
+    size_t slot;    /* floats of one (unit, chunk, part) result; (state + 1) slots fit
+                       CHUNK_STACK_FLOATS */
+    int state;      /* chunk 0 keeps a slot too: the state its merges update */
+    int last_first; /* a unit's tasks take its chunks last first (the last is the longest) */
+} chunk_plan;
+
+/* Floats of the workspace of the tasks' schedule: a slot a (unit, part, chunk that keeps one). */
+static inline size_t chunk_plan_workspace(const chunk_plan *r) {
+    return r->n_units * (r->n_chunks - !r->state) * r->n_parts * r->slot;
+}
 
 typedef struct forward_plan {
     int grouped;            /* decode with grouped heads: a unit's rows are query heads */
@@ -69,32 +90,37 @@ void plan_forward_unit(const forward_plan *pl, const attention_problem *p, size_
 void plan_forward_chunk(const forward_plan *pl, const attention_problem *p, size_t c, size_t *begin,
                         size_t *end);
 
-/* The workspace slot (in slots) of unit u's chunk c: that of its task. */
-static inline size_t plan_forward_slot(const forward_plan *pl, size_t u, size_t c) {
-    return u * pl->n_chunks + pl->n_chunks - 1 - c;
-}
+/* The units and the split's reduction (chunks.h; one when n_chunks >= 2): a part a unit, and
+   chunk 0's maxima and sums its state. */
+chunk_plan plan_forward_chunks(const forward_plan *pl);
 
 typedef struct backward_plan {
     size_t group;            /* query heads per kv head */
     size_t task_b, task_h;   /* batch entries and kv heads a unit owns: 1, or the whole axis */
     size_t tasks_b, tasks_h; /* units along each axis */
     size_t n_units;          /* unit u is batch entries from u / tasks_h, kv heads u % tasks_h */
+    size_t sum_rows;         /* query rows a block of a key's dk and dv sums (below) */
     size_t n_chunks;         /* key chunks a unit; 0: none */
     size_t chunk_keys;       /* keys of a chunk: whole pieces */
-    size_t part;             /* floats of one (unit, chunk >= 1) dq partial */
+    size_t band, bands;      /* a part: band rows of a query head (whole blocks of sum_rows) */
+    size_t slot;             /* floats of one part's dq partial: band rows of d_k */
     size_t workspace;        /* floats of the partials, or 0 */
     int parallel;            /* worth more than one thread */
 } backward_plan;
 
+/* A key's dk and dv are summed over sum_rows query rows at a time (rows sum_rows r to sum_rows
+   (r + 1) of a head: 8 tiles of SDPA_ATTN_MAX_BLOCK_Q rows, 4 past d_k 64, 2 past d_k 128), from
+   0 in stack tiles which are then added to the rows: one chain over every row would add len_q
+   roundings, which under a directed rounding mode all err the same way. */
 void plan_backward(backward_plan *pl, const backward_problem *bp, size_t threads);
 
 /* The keys [*begin, *end) of key chunk c (< n_chunks) of a problem of len_kv keys. */
 void plan_backward_chunk(const backward_plan *pl, size_t len_kv, size_t c, size_t *begin,
                          size_t *end);
 
-/* Where unit u's dq partial of chunk c >= 1 starts in the workspace, in floats. */
-static inline size_t plan_backward_partial(const backward_plan *pl, size_t u, size_t c) {
-    return (u * (pl->n_chunks - 1) + c - 1) * pl->part;
-}
+/* The units and the key chunks' reduction (chunks.h; one when n_chunks >= 2): part g bands + b
+   is rows [b band, (b + 1) band) of query head g of the unit; chunk 0 adds into dq itself and
+   keeps no state. */
+chunk_plan plan_backward_chunks(const backward_plan *pl);
 
 #endif

@@ -3,12 +3,17 @@
  * Contract: the visibility rule is the causal one of sdpa.h (row i sees key j when
  * j <= i + len_kv - len_q), checked pair by pair against that definition; a plan covers every
  * row and every key exactly once, and nothing in it but "parallel" depends on the thread
- * count, so the order of every sum is the shape's alone. */
+ * count, so the order of every sum is the shape's alone; the key-chunk reduction sums in chunk
+ * order in both its schedules. */
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "chunks.h"
 #include "common.h"
 #include "plan.h"
+#include "threads.h"
 #include "visibility.h"
 
 /* sdpa.h's definition, written without the subtraction that can go below 0 */
@@ -148,8 +153,8 @@ static void check_forward_units(const forward_plan *pl, const attention_problem 
     free(seen);
 }
 
-/* The chunks are whole pieces, in key order, covering [0, len_kv) once; each (unit, chunk) has
-   a slot of its own, that of its task (task t: unit t / n, chunk n - 1 - t % n). */
+/* The chunks are whole pieces, in key order, covering [0, len_kv) once; the reduction keeps
+   one part a unit, chunk 0's state, and a slot and a state fit the in-order schedule's stack. */
 static void check_forward_chunks(const forward_plan *pl, const attention_problem *p) {
     size_t next = 0;
     for (size_t c = 0; c < pl->n_chunks; c++) {
@@ -165,12 +170,12 @@ static void check_forward_chunks(const forward_plan *pl, const attention_problem
         cr_assert_eq(pl->workspace, 0);
         return;
     }
+    const chunk_plan r = plan_forward_chunks(pl);
+    cr_assert(r.n_units == pl->n_units && r.n_chunks == pl->n_chunks && r.n_parts == 1);
+    cr_assert(r.state && r.last_first);
     cr_assert_eq(pl->workspace, pl->n_units * pl->n_chunks * pl->slot);
     cr_assert_geq(pl->slot, pl->block_q * (p->d_v + 2), "a slot holds rows, maxima and sums");
-    for (size_t t = 0; t < pl->n_units * pl->n_chunks; t++) {
-        const size_t u = t / pl->n_chunks, c = pl->n_chunks - 1 - t % pl->n_chunks;
-        cr_assert_eq(plan_forward_slot(pl, u, c), t, "unit %zu chunk %zu", u, c);
-    }
+    cr_assert_leq(2 * r.slot, CHUNK_STACK_FLOATS, "a slot and a state fit the stack");
 }
 
 Test(plan, forward_covers_every_row_and_key_once_at_every_thread_count) {
@@ -242,11 +247,15 @@ static void check_backward(const backward_problem *bp) {
     cr_assert_eq(next, pl.n_chunks ? p->len_kv : 0);
     if (pl.n_chunks) {
         cr_assert(pl.n_chunks >= 2 && pl.task_b == 1 && pl.task_h == 1);
-        cr_assert_eq(pl.workspace, pl.n_units * (pl.n_chunks - 1) * pl.part);
-        for (size_t u = 0; u < pl.n_units; u++)
-            for (size_t c = 1; c < pl.n_chunks; c++)
-                cr_assert_eq(plan_backward_partial(&pl, u, c),
-                             (u * (pl.n_chunks - 1) + c - 1) * pl.part);
+        /* parts: bands of whole blocks of sum_rows rows, covering each head's rows once */
+        cr_assert(pl.band >= pl.sum_rows && pl.band % pl.sum_rows == 0, "band %zu", pl.band);
+        cr_assert(pl.bands * pl.band >= p->len_q && (pl.bands - 1) * pl.band < p->len_q);
+        cr_assert_eq(pl.slot, pl.band * p->d_k);
+        cr_assert_leq(pl.slot, CHUNK_STACK_FLOATS, "a band's slot fits the stack");
+        const chunk_plan r = plan_backward_chunks(&pl);
+        cr_assert(r.n_units == pl.n_units && r.n_chunks == pl.n_chunks && !r.state);
+        cr_assert_eq(r.n_parts, pl.group * pl.bands);
+        cr_assert_eq(pl.workspace, pl.n_units * (pl.n_chunks - 1) * r.n_parts * pl.slot);
     } else {
         cr_assert_eq(pl.workspace, 0);
     }
@@ -255,7 +264,8 @@ static void check_backward(const backward_problem *bp) {
         plan_backward(&many, bp, threads);
         cr_assert(many.group == pl.group && many.task_b == pl.task_b && many.task_h == pl.task_h &&
                       many.n_units == pl.n_units && many.n_chunks == pl.n_chunks &&
-                      many.chunk_keys == pl.chunk_keys && many.part == pl.part &&
+                      many.chunk_keys == pl.chunk_keys && many.sum_rows == pl.sum_rows &&
+                      many.band == pl.band && many.slot == pl.slot &&
                       many.workspace == pl.workspace,
                   "the backward plan changes at %zu threads", threads);
     }
@@ -280,4 +290,114 @@ Test(plan, backward_covers_every_unit_and_key_once_at_every_thread_count) {
                     if (s == 1) bp.dq_stride[0] = 0; /* dq summed over the batch */
                     check_backward(&bp);
                 }
+}
+
+/* ---- the key-chunk reduction (src/chunks.h) ----
+ * A toy reduction whose result shows the order of its sums: chunk c of part p of unit u gives
+ * a value of its own (magnitudes 2^-20 to 2^20, so that float sums in another order differ), and
+ * the output is chunk 0's value plus each further chunk's, in chunk order. Both schedules, at
+ * several thread counts and with the workspace held by another call, must give the bits of that
+ * sum written out here, run every (unit, chunk, part) once, and merge in chunk order. */
+
+#define TOY_MAX 64 /* units times parts */
+
+typedef struct toy {
+    const chunk_plan *r;
+    float out[TOY_MAX];
+    unsigned char runs[TOY_MAX * 8];
+    size_t merged[TOY_MAX]; /* the last chunk merged */
+    int bad, finished[TOY_MAX];
+    uintptr_t held_lo, held_hi; /* a workspace another call holds, which no slot may be in */
+} toy;
+
+static float toy_value(size_t u, size_t c, size_t part) {
+    const unsigned h = (unsigned)(u * 2654435761u + c * 40503u + part * 97u);
+    return ldexpf(1.0f + (float)(h % 1000) / 1000.0f, (int)(h >> 8) % 41 - 20);
+}
+
+static void toy_with_scratch(const void *ctx, void (*body)(void *, void *), void *arg) {
+    (void)ctx;
+    int magic = 12345;
+    body(arg, &magic);
+}
+
+static void toy_run(const void *ctx, void *scratch, size_t u, size_t c, size_t part, float *slot) {
+    toy *t = (toy *)ctx;
+    const size_t at = u * t->r->n_parts + part;
+    if (*(int *)scratch != 12345 || (c == 0 && (slot != NULL) != t->r->state)) t->bad = 1;
+    t->runs[at * t->r->n_chunks + c]++;
+    if ((uintptr_t)slot >= t->held_lo && (uintptr_t)slot < t->held_hi) t->bad = 1;
+    if (c == 0) {
+        t->out[at] = toy_value(u, 0, part);
+        if (slot) slot[0] = 0.0f; /* the state: merges so far */
+        return;
+    }
+    for (size_t i = 0; i < t->r->slot; i++) slot[i] = toy_value(u, c, part);
+}
+
+static void toy_merge(const void *ctx, void *scratch, size_t u, size_t c, size_t part, float *state,
+                      const float *slot) {
+    toy *t = (toy *)ctx;
+    if (*(int *)scratch != 12345) t->bad = 1;
+    const size_t at = u * t->r->n_parts + part;
+    for (size_t i = 0; i < t->r->slot; i++) /* a slot no other (unit, chunk, part) wrote */
+        if (slot[i] != toy_value(u, c, part)) t->bad = 1;
+    if (c != t->merged[at] + 1 || (state && state[0] != (float)(c - 1))) t->bad = 1;
+    if (state) state[0] = (float)c;
+    t->merged[at] = c;
+    t->out[at] += slot[0];
+}
+
+static void toy_finish(const void *ctx, void *scratch, size_t u, size_t part, float *state) {
+    toy *t = (toy *)ctx;
+    if (*(int *)scratch != 12345) t->bad = 1;
+    const size_t at = u * t->r->n_parts + part;
+    if (t->merged[at] + 1 != t->r->n_chunks || (state && state[0] != (float)t->merged[at]))
+        t->bad = 1;
+    t->finished[at]++;
+}
+
+static void check_toy(const chunk_plan *r, int parallel, size_t threads, const float *held) {
+    static const chunk_ops ops = {toy_with_scratch, toy_run, toy_merge, toy_finish};
+    toy *t = calloc(1, sizeof *t);
+    t->r = r;
+    if (held) {
+        t->held_lo = (uintptr_t)held;
+        t->held_hi = (uintptr_t)(held + chunk_plan_workspace(r));
+    }
+    chunks_run(r, &ops, t, parallel, threads);
+    cr_assert(!t->bad, "parallel %d, %zu threads: a slot, a scratch or the order is wrong",
+              parallel, threads);
+    for (size_t u = 0; u < r->n_units; u++)
+        for (size_t part = 0; part < r->n_parts; part++) {
+            const size_t at = u * r->n_parts + part;
+            float want = toy_value(u, 0, part);
+            for (size_t c = 1; c < r->n_chunks; c++) want += toy_value(u, c, part);
+            cr_assert(t->out[at] == want,
+                      "unit %zu part %zu: %a, not %a (parallel %d, %zu threads)", u, part,
+                      (double)t->out[at], (double)want, parallel, threads);
+            cr_assert_eq(t->finished[at], 1);
+            for (size_t c = 0; c < r->n_chunks; c++)
+                cr_assert_eq(t->runs[at * r->n_chunks + c], 1, "unit %zu chunk %zu part %zu", u, c,
+                             part);
+        }
+    free(t);
+}
+
+Test(chunks, both_schedules_sum_in_chunk_order_at_every_thread_count) {
+    static const size_t shapes[][3] = {{1, 2, 1}, {1, 8, 1}, {3, 5, 4}, {16, 2, 3}, {2, 8, 1}};
+    for (size_t s = 0; s < 5; s++)
+        for (int state = 0; state < 2; state++) {
+            const chunk_plan r = {shapes[s][0], shapes[s][1], shapes[s][2], 3 + s, state, s & 1};
+            cr_assert_leq(r.n_units * r.n_parts, TOY_MAX);
+            for (size_t threads = 1; threads <= 4; threads++) {
+                check_toy(&r, 0, threads, NULL);
+                check_toy(&r, 1, threads, NULL);
+            }
+            /* another call holds the workspace: the call runs in order, on its own slots */
+            float *held = sdpa_workspace_acquire(chunk_plan_workspace(&r));
+            cr_assert_not_null(held);
+            check_toy(&r, 1, 2, held);
+            sdpa_workspace_release();
+        }
 }

@@ -149,17 +149,22 @@ static double pairs_of(const att_shape *s) {
     return pairs;
 }
 
+/* A shape's score modifiers, and the slopes and sinks they point at */
+typedef struct bench_mods {
+    sdpa_score_mods m;
+    float *slopes, *sinks;
+} bench_mods;
+
 typedef struct att_state {
     const att_shape *shape;
     sdpa_mha_desc desc;
     float *q, *k, *v, *scores; /* scores: the OpenBLAS composite's len_q x len_kv matrix */
     void *q16, *k16, *v16;     /* the views sdpa gets: q, k, v converted to the shape's types */
     float *peer_out;           /* the peer's float out, before it is rounded to a 16-bit out */
-    sdpa_score_mods mods;      /* the shape's modifiers, when it has some */
-    float *slopes, *sinks;
-    sdpa_mha_desc desc_f32; /* desc with every view f32: the "vs f32" row (KIND_F32) */
-    float *out_f32;         /* that row's out */
-    int f32_last;           /* the last run was that row's: its out is in out_f32 */
+    bench_mods mods;           /* the shape's modifiers, when it has some */
+    sdpa_mha_desc desc_f32;    /* desc with every view f32: the "vs f32" row (KIND_F32) */
+    float *out_f32;            /* that row's out */
+    int f32_last;              /* the last run was that row's: its out is in out_f32 */
     size_t n_out;
     double pairs; /* (query, key) pairs computed, per head: causal skips the rest */
 } att_state;
@@ -183,20 +188,22 @@ static void widen_in_place(float *y, size_t n, sdpa_dtype t) {
 }
 
 /* The shape's modifiers into st->desc */
-static void set_mods(att_state *st, const att_shape *s) {
-    memset(&st->mods, 0, sizeof st->mods);
-    st->mods.struct_size = sizeof st->mods;
-    st->mods.window_left = s->windowed ? s->window : -1;
-    st->mods.window_right = -1;
-    st->mods.softcap = s->softcap;
-    st->slopes = xalloc(s->heads_q), st->sinks = xalloc(s->heads_q);
+
+/* The shape's modifiers into bm and desc (a v3 descriptor then) */
+static void set_mods(bench_mods *bm, sdpa_mha_desc *desc, const att_shape *s) {
+    memset(&bm->m, 0, sizeof bm->m);
+    bm->m.struct_size = sizeof bm->m;
+    bm->m.window_left = s->windowed ? s->window : -1;
+    bm->m.window_right = -1;
+    bm->m.softcap = s->softcap;
+    bm->slopes = xalloc(s->heads_q), bm->sinks = xalloc(s->heads_q);
     for (size_t h = 0; h < s->heads_q; h++) {
-        st->slopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)s->heads_q);
-        st->sinks[h] = 0.0f;
+        bm->slopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)s->heads_q);
+        bm->sinks[h] = 0.0f;
     }
-    if (s->alibi) st->mods.alibi_slopes = st->slopes;
-    if (s->sink) st->mods.sinks = st->sinks;
-    sdpa_mha_desc_set_mods(&st->desc, &st->mods);
+    if (s->alibi) bm->m.alibi_slopes = bm->slopes;
+    if (s->sink) bm->m.sinks = bm->sinks;
+    sdpa_mha_desc_set_mods(desc, &bm->m);
 }
 
 static void attention_prepare(job *j) {
@@ -222,7 +229,7 @@ static void attention_prepare(job *j) {
     j->y = xalloc(nq), j->ref = xalloc(nq), j->y_len = nq;
     sdpa_mha_desc_dense(&st->desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->d,
                         s->d, SDPA_DEFAULT_SCALE, s->flags);
-    if (attention_has_mods(s)) set_mods(st, s);
+    if (attention_has_mods(s)) set_mods(&st->mods, &st->desc, s);
     st->desc_f32 = st->desc;
     st->desc.q_type = s->q_type, st->desc.kv_type = s->kv_type, st->desc.out_type = s->out_type;
     st->pairs = pairs_of(s);
@@ -301,15 +308,11 @@ static void attention_release(job *j) {
     att_state *st = j->extra;
     free(st->q), free(st->k), free(st->v), free(st->scores);
     free(st->q16), free(st->k16), free(st->v16), free(st->peer_out), free(st->out_f32);
-    free(st->slopes), free(st->sinks), free(st);
+    free(st->mods.slopes), free(st->mods.sinks), free(st);
 }
 
 int attention_modified(const job *j) {
     return attention_has_mods(((const att_state *)j->extra)->shape);
-}
-
-int attention_shape_modified(size_t index) {
-    return index >= 1 && index <= MAX_SHAPES && attention_has_mods(&attention_shapes[index - 1]);
 }
 
 int attention_typed(const job *j) {
@@ -350,6 +353,8 @@ typedef struct bwd_state {
     size_t n_q, n_kv;
     double pairs;
     float ref_max; /* max |reference gradient| */
+    bench_mods mods;
+    float dsinks[64]; /* the sinks' gradient, for shapes of up to 64 heads with sinks */
 } bwd_state;
 
 static void backward_prepare(job *j) {
@@ -362,6 +367,8 @@ static void backward_prepare(job *j) {
     if (s->heads_kv != s->heads_q) snprintf(kv, sizeof kv, "kv%zu", s->heads_kv);
     snprintf(j->size_label, sizeof j->size_label, "b%zuh%zu%sq%zuk%zud%zu%s", s->batch, s->heads_q,
              kv, s->len_q, s->len_kv, s->d, s->flags & SDPA_CAUSAL ? "causal" : "");
+    if (attention_has_mods(s) && s->kv_type == SDPA_F32) /* the name holds the modifiers */
+        snprintf(j->size_label, sizeof j->size_label, "%s", s->name);
     st->n_q = s->batch * s->heads_q * s->len_q * s->d;
     st->n_kv = s->batch * s->heads_kv * s->len_kv * s->d;
     st->q = xalloc(st->n_q), st->k = xalloc(st->n_kv), st->v = xalloc(st->n_kv);
@@ -375,12 +382,14 @@ static void backward_prepare(job *j) {
     sdpa_mha_desc *d = &st->desc;
     sdpa_mha_desc_dense(d, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, s->d, s->d,
                         SDPA_DEFAULT_SCALE, s->flags);
+    if (attention_has_mods(s)) set_mods(&st->mods, d, s);
     d->lse = st->lse;
     d->lse_stride[0] = s->heads_q * s->len_q;
     d->lse_stride[1] = s->len_q;
     sdpa_mha_grads *g = &st->grads;
     g->struct_size = sizeof *g;
     g->dout = st->dout;
+    g->dsinks = s->sink && s->heads_q <= 64 ? st->dsinks : NULL;
     memcpy(g->dq_stride, d->q_stride, sizeof g->dq_stride);
     memcpy(g->dk_stride, d->k_stride, sizeof g->dk_stride);
     memcpy(g->dv_stride, d->v_stride, sizeof g->dv_stride);
@@ -429,7 +438,8 @@ static void backward_cost(const job *j, double *flops, double *bytes, double *wo
 
 static void backward_release(job *j) {
     bwd_state *st = j->extra;
-    free(st->q), free(st->k), free(st->v), free(st->out), free(st->dout), free(st->lse), free(st);
+    free(st->q), free(st->k), free(st->v), free(st->out), free(st->dout), free(st->lse);
+    free(st->mods.slopes), free(st->mods.sinks), free(st);
 }
 
 /* The f32 prefill shapes of the attention op (1-based indices), every type ignored. */

@@ -299,10 +299,6 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
 static int inaccurate_peers;
 
 static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FILE *csv) {
-    if (op == &BACKWARD_OP && attention_shape_modified(n)) {
-        printf("backward: shape %zu has score modifiers, which the backward does not take\n", n);
-        return 0;
-    }
     job j = {.op = op, .n = n, .d = d};
     snprintf(j.size_label, sizeof j.size_label, "%zu", n);
     impl ims[MAX_IMPLS];

@@ -88,9 +88,8 @@ extern const op_def BACKWARD_OP; /* sdpa_mha_backward_f32 on the same shapes, in
 /* replaces shape number index (1-based) by the one text names ("b1h8kv2q512k512d128causal");
    0 if text is not a shape */
 int attention_set_shape(size_t index, const char *text);
-void attention_use_shapes(size_t n);        /* only the first n shapes remain */
-int attention_typed(const job *j);          /* 1 if an attention job has a view that is not f32 */
-int attention_modified(const job *j);       /* 1 if an attention job's shape has score modifiers */
-int attention_shape_modified(size_t index); /* the same for attention_shapes' 1-based index */
+void attention_use_shapes(size_t n);  /* only the first n shapes remain */
+int attention_typed(const job *j);    /* 1 if an attention job has a view that is not f32 */
+int attention_modified(const job *j); /* 1 if an attention job's shape has score modifiers */
 
 #endif

@@ -454,8 +454,8 @@ static int demo_attention_gradient(rng *r, const char *plot_file) {
             api->mha_desc_dense(&desc, 1, 1, 1, T, T, d, d, s, 0);
             desc.lse = lse;
             desc.lse_stride[0] = desc.lse_stride[1] = T;
-            sdpa_mha_grads gr = {sizeof gr, 0,         dq,        dk, dv,
-                                 {n, n, d}, {n, n, d}, {n, n, d}, g,  {n, n, d}};
+            sdpa_mha_grads gr = {sizeof gr, 0,         dq, dk,        dv,  {n, n, d},
+                                 {n, n, d}, {n, n, d}, g,  {n, n, d}, NULL};
             if (api->mha_f32(&desc, out, q, k, v) != SDPA_OK ||
                 api->mha_backward_f32(&desc, &gr, q, k, v, out) != SDPA_OK) {
                 fprintf(stderr, "sdpa demo: the attention calls failed\n");

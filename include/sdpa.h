@@ -115,6 +115,9 @@ typedef struct sdpa_mha_grads {
     size_t dq_stride[3], dk_stride[3], dv_stride[3];
     const float *dout; /* laid out like out */
     size_t dout_stride[3];
+    /* v2 (since ABI 1.4; read when struct_size covers it): dL/dsinks, [heads_q], written and
+       summed over batch and rows, when desc->mods has sinks; NULL: not asked */
+    float *dsinks;
 } sdpa_mha_grads;
 
 /* A host's scheduler (sdpa_set_parallel_for). */
@@ -318,7 +321,10 @@ SDPA_API sdpa_status sdpa_attention_merge_f32(float *out, float *lse, const floa
  * (v2, every type SDPA_F32) with desc->lse holding what it wrote; q, k, v, out its inputs and
  * output. Every element of dq, dk, dv is written; a kv head's dk and dv sum over its query
  * heads, and a batch or head stride of 0 in a gradient sums over that axis. A pair (i, j) that
- * row i does not see contributes nothing. Bitwise the same at every thread count.
+ * row i does not see contributes nothing. Score modifiers (desc->mods) as the forward took
+ * them: the softcap's derivative flows into dq and dk; the window, segments, ALiBi and the mask
+ * get no gradient; grads->dsinks (v2) receives the sinks'. Bitwise the same at every thread
+ * count.
  * Errors, before any work (nothing written): every error of sdpa_mha_f32 for desc, q, k, v, out;
  *   SDPA_ERR_NULL  grads, or with query rows desc->lse, out, dout or dq, with keys dk or dv;
  *   SDPA_ERR_ARG   grads->struct_size too small, reserved not 0, a v1 desc, a type not f32;

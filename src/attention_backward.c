@@ -36,6 +36,7 @@
 #include "chunks.h"
 #include "dispatch.h"
 #include "plan.h"
+#include "score_stage.h"
 #include "sdpa.h"
 #include "threads.h"
 #include "visibility.h"
@@ -73,6 +74,7 @@ typedef struct head {
     const float *q, *out, *dout, *lse, *mask;
     float *dq;
     size_t dq_row, dq_first;
+    score_stage st; /* the forward's score stage for this head's rows */
 } head;
 
 /* One block of keys: its rows of k and v, and of dk and dv; dk_to and dv_to are where
@@ -89,10 +91,11 @@ typedef struct key_block {
 /* The stack tiles of a task. */
 typedef struct tiles {
     _Alignas(64) float qt[SDPA_ATTN_PACK_MAX_D * QT];
-    _Alignas(64) float s[SDPA_ATTN_MAX_BLOCK_KV * QT];  /* S^T, then P^T */
-    _Alignas(64) float ds[SDPA_ATTN_MAX_BLOCK_KV * QT]; /* dP^T, then dS^T */
-    _Alignas(64) float dk[SUM_TILE_FLOATS];             /* a block's dk terms; else zeros */
-    _Alignas(64) float dv[SUM_TILE_FLOATS];             /* the same for dv */
+    _Alignas(64) float s[SDPA_ATTN_MAX_BLOCK_KV * QT];   /* S^T, then P^T */
+    _Alignas(64) float ds[SDPA_ATTN_MAX_BLOCK_KV * QT];  /* dP^T, then dS^T */
+    _Alignas(64) float dk[SUM_TILE_FLOATS];              /* a block's dk terms; else zeros */
+    _Alignas(64) float dv[SUM_TILE_FLOATS];              /* the same for dv */
+    _Alignas(64) float cap[SDPA_ATTN_MAX_BLOCK_KV * QT]; /* a softcap's derivative, S^T's shape */
 } tiles;
 
 /* The sum tiles start as zeros, and rows_against_keys leaves them so. */
@@ -128,12 +131,16 @@ typedef struct tile {
     size_t live; /* rows that saw a key */
 } tile;
 
-/* Pair (row i, key j) of the tile counts: seen (vis), by a live row, not removed by the mask. */
+/* Pair (row i, key j) of the tile counts: seen (vis), by a live row, not removed by the stage
+   (the mask, a segment). */
 static inline int pair_counts(const attention_problem *p, const visibility *vis, const tile *x,
                               size_t i, size_t j) {
-    const size_t r = x->q0 + i, k0 = x->kb->k0;
-    if (k0 + j >= visibility_row_end(vis, r) || x->h->lse[r] == -INFINITY) return 0;
-    return !p->mask || x->h->mask[r * p->mask_stride[2] + k0 + j] != -INFINITY;
+    (void)p;
+    const size_t r = x->q0 + i, k = x->kb->k0 + j;
+    if (k >= visibility_row_end(vis, r) || k < visibility_row_first(vis, r) ||
+        x->h->lse[r] == -INFINITY)
+        return 0;
+    return !score_stage_removes(&x->h->st, r, k);
 }
 
 /* The tile's rows: lse and D of each (zeros past nq), and how many saw a key. */
@@ -155,17 +162,27 @@ static void tile_rows(const backward_run *run, tile *x) {
     }
 }
 
-/* Every pair counts: all rows live, all seen, no mask entry of -inf. */
+/* Every pair counts: all rows live, all seen, none removed by the stage. */
 static int tile_clean(const backward_run *run, const tile *x) {
-    const attention_problem *p = &run->bp->fwd;
     if (x->live != x->nq || visibility_block(&run->vis, x->q0, x->nq, x->kb->k0, x->nk) != VIS_ALL)
         return 0;
-    for (size_t i = 0; p->mask && i < x->nq; i++) {
-        const float *mr = x->h->mask + (x->q0 + i) * p->mask_stride[2] + x->kb->k0;
+    for (size_t i = 0; !score_stage_keeps_keys(&x->h->st) && i < x->nq; i++)
         for (size_t j = 0; j < x->nk; j++)
-            if (mr[j] == -INFINITY) return 0;
-    }
+            if (score_stage_removes(&x->h->st, x->q0 + i, x->kb->k0 + j)) return 0;
     return 1;
+}
+
+/* The forward's stage on S^T past the product (the mask below): a softcap, whose derivative
+   1 - (s / c)^2 goes to t->cap for tile_grads, then ALiBi. */
+static void tile_stage(const backward_run *run, tiles *t, const tile *x) {
+    const score_stage *st = &x->h->st;
+    const size_t n = x->nk * QT;
+    if (st->softcap != 0.0f) {
+        const float c = st->softcap;
+        score_stage_softcap(t->s, n, c, t->cap, run->exp_sum);
+        for (size_t e = 0; e < n; e++) t->cap[e] = 1.0f - (t->s[e] / c) * (t->s[e] / c);
+    }
+    if (st->alibi) score_stage_alibi_keymajor(st, t->s, QT, x->q0, x->nq, x->kb->k0, x->nk);
 }
 
 /* S^T (plus the mask) and dP^T, key-major; columns past nq hold zeros. */
@@ -190,6 +207,7 @@ static void tile_scores(const backward_run *run, tiles *t, const tile *x) {
             memset(t->s + j * QT + nq, 0, (QT - nq) * sizeof(float));
             memset(t->ds + j * QT + nq, 0, (QT - nq) * sizeof(float));
         }
+    tile_stage(run, t, x);
     if (p->mask)
         for (size_t i = 0; i < nq; i++) {
             const float *mr = x->h->mask + (x->q0 + i) * p->mask_stride[2] + kb->k0;
@@ -218,13 +236,15 @@ static void tile_grads(const backward_run *run, tiles *t, const tile *x) {
         float *dj = t->ds + j * QT;
         for (size_t i = 0; i < QT; i++) dj[i] = scale * (pj[i] * (dj[i] - x->dd[i]));
     }
+    if (x->h->st.softcap != 0.0f) /* through the softcap: dS times its derivative */
+        for (size_t e = 0; e < nk * QT; e++) t->ds[e] *= t->cap[e];
 }
 
 /* P = dS = 0 exactly where the pair does not count; under visibility alone, the rows before
    the first that sees the key. */
 static void tile_zero_pairs(const backward_run *run, tiles *t, const tile *x) {
     const attention_problem *p = &run->bp->fwd;
-    if (!p->mask && x->live == x->nq) {
+    if (score_stage_keeps_keys(&x->h->st) && run->vis.before < 0 && x->live == x->nq) {
         for (size_t j = 0; j < x->nk; j++) {
             const size_t first = visibility_first_row(&run->vis, x->kb->k0 + j);
             const size_t n = first <= x->q0 ? 0 : first - x->q0 < x->nq ? first - x->q0 : x->nq;
@@ -383,6 +403,19 @@ static void head_of(const backward_run *run, size_t b, size_t hk, size_t g, head
     h->dq = bp->dq + b * bp->dq_stride[0] + hq * bp->dq_stride[1];
     h->dq_row = bp->dq_stride[2];
     h->dq_first = 0;
+    const score_stage st = {
+        .mask = h->mask,
+        .mask_row = p->mask_stride[2],
+        .softcap = p->softcap,
+        .alibi = p->alibi ? p->alibi + hq : NULL,
+        .sinks = p->sinks ? p->sinks + hq : NULL,
+        .head_row = 0,
+        .shift = run->vis.shift,
+        .row_step = 1,
+        .q_segment = p->q_segment ? p->q_segment + b * p->q_segment_stride : NULL,
+        .k_segment = p->k_segment ? p->k_segment + b * p->k_segment_stride : NULL,
+    };
+    h->st = st;
 }
 
 /* The block of keys from k0 of kv head hk of batch entry b. */
@@ -531,6 +564,28 @@ static void chunk_add(const void *ctx, void *scratch, size_t u, size_t c, size_t
 
 static const chunk_ops chunk_dq_ops = {chunk_with_scratch, chunk_part, chunk_add, NULL};
 
+/* dL/dsink_h = -sum over rows of P(sink) D = -sum e^(sink_h - lse) (dout . out): the sink
+   takes a share of each row's weight and gives it no value. In double, batch entries then rows
+   in order, on the calling thread. */
+static void backward_sinks(const backward_problem *bp) {
+    const attention_problem *p = &bp->fwd;
+    for (size_t h = 0; h < p->heads_q; h++) {
+        double sum = 0.0;
+        for (size_t b = 0; b < p->batch; b++)
+            for (size_t i = 0; i < p->len_q; i++) {
+                const float *o = (const float *)p->out + b * p->out_stride[0] +
+                                 h * p->out_stride[1] + i * p->out_stride[2];
+                const float *g = bp->dout + b * bp->dout_stride[0] + h * bp->dout_stride[1] +
+                                 i * bp->dout_stride[2];
+                const float lse = p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i];
+                double dd = 0.0;
+                for (size_t c = 0; c < p->d_v; c++) dd += (double)g[c] * o[c];
+                sum += exp((double)p->sinks[h] - lse) * dd; /* lse >= the sink: e^ <= 1 */
+            }
+        bp->dsinks[h] = (float)-sum;
+    }
+}
+
 static void backward_run_all(const backward_problem *bp) {
     const attention_problem *p = &bp->fwd;
     backward_run run;
@@ -548,6 +603,7 @@ static void backward_run_all(const backward_problem *bp) {
     plan_backward(&run.pl, bp, threads);
     const chunk_plan r = plan_backward_chunks(&run.pl);
     work_run(&r, &chunk_dq_ops, backward_task, &run, run.pl.parallel, threads);
+    if (bp->dsinks) backward_sinks(bp);
 }
 
 SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa_mha_grads *grads,
@@ -556,6 +612,7 @@ SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa
     backward_problem bp;
     sdpa_status st = sdpa_backward_problem(&bp, desc, grads, q, k, v, out);
     if (st != SDPA_OK) return st;
+    if (bp.dsinks) memset(bp.dsinks, 0, bp.fwd.heads_q * sizeof(float)); /* no rows: 0 */
     if (!bp.fwd.batch || !bp.fwd.heads_q || (!bp.fwd.len_q && !bp.fwd.len_kv)) return SDPA_OK;
     backward_run_all(&bp);
     return SDPA_OK;

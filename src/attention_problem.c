@@ -268,14 +268,16 @@ sdpa_status sdpa_backward_problem(backward_problem *bp, const sdpa_mha_desc *des
     attention_problem *p = &bp->fwd;
     sdpa_status st = sdpa_problem_from_desc(p, desc, (void *)(uintptr_t)out, q, k, v, 0);
     if (st != SDPA_OK) return st;
-    if (sdpa_problem_has_mods(p))
-        return sdpa_fail(SDPA_ERR_ARG, "desc->mods is not NULL: the backward takes no score "
-                                       "modifiers");
     if (!grads) return sdpa_fail(SDPA_ERR_NULL, "grads is NULL");
     if (grads->struct_size < GRADS_V1_SIZE)
         return sdpa_fail(SDPA_ERR_ARG,
                          "grads->struct_size (%u) is smaller than sdpa_mha_grads (%zu)",
                          (unsigned)grads->struct_size, (size_t)GRADS_V1_SIZE);
+    const size_t grads_v2 = offsetof(sdpa_mha_grads, dsinks) + sizeof(float *);
+    if (grads->struct_size > GRADS_V1_SIZE && grads->struct_size < grads_v2)
+        return sdpa_fail(SDPA_ERR_ARG,
+                         "grads->struct_size (%u) ends inside its v2 group (dsinks, %zu bytes)",
+                         (unsigned)grads->struct_size, grads_v2);
     if (grads->reserved) return sdpa_fail(SDPA_ERR_ARG, "grads->reserved is not 0");
     if (!DESC_HAS(desc, lse_stride))
         return sdpa_fail(SDPA_ERR_ARG,
@@ -286,6 +288,7 @@ sdpa_status sdpa_backward_problem(backward_problem *bp, const sdpa_mha_desc *des
     bp->dk = grads->dk;
     bp->dv = grads->dv;
     bp->dout = grads->dout;
+    bp->dsinks = grads->struct_size >= grads_v2 && p->sinks ? grads->dsinks : NULL;
     for (int i = 0; i < 3; i++) {
         bp->dq_stride[i] = grads->dq_stride[i];
         bp->dk_stride[i] = grads->dk_stride[i];

@@ -84,6 +84,7 @@ typedef struct backward_problem {
     float *dq, *dk, *dv;
     const float *dout;
     size_t dq_stride[3], dk_stride[3], dv_stride[3], dout_stride[3];
+    float *dsinks; /* [heads_q], or NULL: not asked */
 } backward_problem;
 
 /* The descriptor's and grads' problem, and every rule of sdpa.h's backward errors; on SDPA_OK

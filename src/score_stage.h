@@ -106,34 +106,42 @@ static inline int score_stage_row(const score_stage *st, size_t i, size_t k0, fl
     return all;
 }
 
-/* The fused path's key-major tile, s[j * ld + r] for rows i0 + r (r < nq) and keys k0 + j
-   (j < nk), nq <= SDPA_ATTN_MAX_BLOCK_Q, through a stage that keeps every key; t is nk * ld floats
-   of scratch. Each row's max over the stage's scores goes to max[r], NaN if a score is NaN. Loops
-   over r, the contiguous axis, so that they vectorise; ALiBi's distance k0 + j - p_i is an integer
-   held exactly in float (|k0 - p_i| < 2^24), so each bias is one rounding, as in score_stage_row.
- */
+/* ALiBi on a key-major tile, s[j * ld + r] for rows i0 + r (r < nq <= SDPA_ATTN_MAX_BLOCK_Q)
+   and keys k0 + j (j < nk), in loops over r, the contiguous axis, so that they vectorise. The
+   distance k0 + j - p_i is an integer held exactly in float (|k0 - p_i| < 2^24), so each bias
+   is one rounding, as in score_stage_row. */
+static inline void score_stage_alibi_keymajor(const score_stage *st, float *s, size_t ld, size_t i0,
+                                              size_t nq, size_t k0, size_t nk) {
+    float slope[SDPA_ATTN_MAX_BLOCK_Q], dist[SDPA_ATTN_MAX_BLOCK_Q];
+    for (size_t r = 0; r < nq; r++) {
+        const size_t i = i0 + r;
+        const ptrdiff_t p = (ptrdiff_t)i * (ptrdiff_t)st->row_step + st->shift;
+        slope[r] = st->alibi[i * st->head_row];
+        dist[r] = (float)((ptrdiff_t)k0 - p);
+    }
+    for (size_t j = 0; j < nk; j++) {
+        float *row = s + j * ld;
+        const float jf = (float)j;
+        for (size_t r = 0; r < nq; r++) row[r] += slope[r] * (dist[r] + jf);
+    }
+}
+
+/* The fused path's key-major tile (as above) through a stage that keeps every key; t is nk * ld
+   floats of scratch. Each row's max over the stage's scores goes to max[r], NaN if a score is
+   NaN. */
 static inline void score_stage_keymajor(const score_stage *st, float *s, size_t ld, size_t i0,
                                         size_t nq, size_t k0, size_t nk, float *max, float *t,
                                         float (*exp_sum)(float *, const float *, size_t, float,
                                                          float)) {
     if (st->softcap != 0.0f) score_stage_softcap(s, nk * ld, st->softcap, t, exp_sum);
-    float slope[SDPA_ATTN_MAX_BLOCK_Q], dist[SDPA_ATTN_MAX_BLOCK_Q];
+    if (st->alibi) score_stage_alibi_keymajor(st, s, ld, i0, nq, k0, nk);
     int nan = 0;
-    for (size_t r = 0; r < nq; r++) {
-        const size_t i = i0 + r;
-        const ptrdiff_t p = (ptrdiff_t)i * (ptrdiff_t)st->row_step + st->shift;
-        slope[r] = st->alibi ? st->alibi[i * st->head_row] : 0.0f;
-        dist[r] = (float)((ptrdiff_t)k0 - p);
-        max[r] = -INFINITY;
-    }
+    for (size_t r = 0; r < nq; r++) max[r] = -INFINITY;
     for (size_t j = 0; j < nk; j++) {
-        float *row = s + j * ld;
-        const float jf = (float)j;
+        const float *row = s + j * ld;
         for (size_t r = 0; r < nq; r++) {
-            const float x = st->alibi ? row[r] + slope[r] * (dist[r] + jf) : row[r];
-            row[r] = x;
-            max[r] = x > max[r] ? x : max[r];
-            nan |= x != x;
+            max[r] = row[r] > max[r] ? row[r] : max[r];
+            nan |= row[r] != row[r];
         }
     }
     if (nan)

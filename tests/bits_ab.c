@@ -135,8 +135,8 @@ static size_t compare_backward(const sdpa_api *a, const sdpa_api *b, const call 
     sdpa_status st[2];
     for (int lib = 0; lib < 2; lib++) {
         g[lib][0] = calloc(nq, 4), g[lib][1] = calloc(nk, 4), g[lib][2] = calloc(nv, 4);
-        sdpa_mha_grads gr = {sizeof gr, 0,   g[lib][0], g[lib][1], g[lib][2],
-                             {0},       {0}, {0},       dout,      {0}};
+        sdpa_mha_grads gr = {sizeof gr, 0,   g[lib][0], g[lib][1], g[lib][2], {0},
+                             {0},       {0}, dout,      {0},       NULL};
         memcpy(gr.dq_stride, d->q_stride, sizeof gr.dq_stride);
         memcpy(gr.dk_stride, d->k_stride, sizeof gr.dk_stride);
         memcpy(gr.dv_stride, d->v_stride, sizeof gr.dv_stride);

@@ -170,9 +170,12 @@ static int run_kernels(const sdpa_api *api, const problem *p, int quiet) {
         desc.lse = lse;
         desc.lse_stride[0] = desc.lse_stride[1] = LQ;
         EXPECT(api->mha_f32(&desc, att, p->a, p->k, p->v) == SDPA_OK, "mha with lse status");
-        sdpa_mha_grads g = {
-            sizeof g,           0, dq, dk, dv, {LQ * D, LQ * D, D}, {0, 0, D}, {0, 0, D}, att,
-            {LQ * D, LQ * D, D}};
+        sdpa_mha_grads g = {sizeof g,  0,
+                            dq,        dk,
+                            dv,        {LQ * D, LQ * D, D},
+                            {0, 0, D}, {0, 0, D},
+                            att,       {LQ * D, LQ * D, D},
+                            NULL};
         EXPECT(api->mha_backward_f32(&desc, &g, p->a, p->k, p->v, att) == SDPA_OK,
                "mha_backward status");
         for (size_t c = 0; c < D; c++) {

@@ -274,7 +274,7 @@ BACKEND_TEST(backward, dq_summed_over_broadcast_q) {
     d.lse_stride[0] = HQ * LQ;
     d.lse_stride[1] = LQ;
     cr_assert_eq(sdpa_mha_f32(&d, out, q, k, v), SDPA_OK);
-    sdpa_mha_grads g = {sizeof g, 0, dq, dk, dv, {LQ * D, 0, D}, {0}, {0}, dout, {0}};
+    sdpa_mha_grads g = {sizeof g, 0, dq, dk, dv, {LQ * D, 0, D}, {0}, {0}, dout, {0}, NULL};
     memcpy(g.dk_stride, d.k_stride, sizeof g.dk_stride);
     memcpy(g.dv_stride, d.v_stride, sizeof g.dv_stride);
     memcpy(g.dout_stride, d.out_stride, sizeof g.dout_stride);

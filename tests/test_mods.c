@@ -287,22 +287,6 @@ Test(mods, errors_write_nothing) {
         for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
             cr_assert_eq(((uint32_t *)out)[i], 0x55555555u, "case %d wrote out", e);
     }
-    /* the backward takes none yet: refused, not ignored */
-    sdpa_mha_desc desc;
-    sdpa_score_mods m = none();
-    m.softcap = 1.0f;
-    cr_assert_eq(sdpa_mha_desc_dense(&desc, 1, 2, 1, 3, 5, 8, 8, 0.0f, 0), SDPA_OK);
-    cr_assert_eq(sdpa_mha_desc_set_mods(&desc, &m), SDPA_OK);
-    desc.lse = lse;
-    desc.lse_stride[1] = 3;
-    desc.lse_stride[0] = 6;
-    float grads_buf[64];
-    sdpa_mha_grads g;
-    memset(&g, 0, sizeof g);
-    g.struct_size = sizeof g;
-    g.dq = g.dk = g.dv = grads_buf;
-    g.dout = grads_buf;
-    cr_assert_eq(sdpa_mha_backward_f32(&desc, &g, in.q, in.k, in.v, out), SDPA_ERR_ARG);
     free_inputs(&in);
 }
 
@@ -373,4 +357,145 @@ BACKEND_TEST(mods, softcap_within_its_bound) {
             }
         }
     }
+}
+
+/* The gradients of row i of (b, h) with modifiers, by the formulas in double, added into dq
+ * (this row), dk and dv (this kv head's rows) and *dsink: u = scale q.k, s = the stage's score,
+ * P = e^(s - lse) (the sink in lse), dS = P (dout.v - D), D = dout.out, dU = dS (1 - tanh^2(u/c)),
+ * dq = scale sum dU k, dk = scale sum dU q, dv = sum P dout, dsink = -P(sink) D. */
+static void ref_row_grads(const shape *s, const inputs *in, const sdpa_score_mods *m,
+                          const float *dout, size_t b, size_t h, size_t i, double scale, double *dq,
+                          double *dk, double *dv, double *dsink) {
+    const size_t hk = h / (s->heads_q / s->heads_kv), d = s->d;
+    const size_t row = (b * s->heads_q + h) * s->len_q + i;
+    const float *q = in->q + row * d, *g = dout + row * d;
+    double *out = malloc(d * sizeof(double));
+    const double lse = ref_row(s, in, m, b, h, i, scale, out);
+    double dd = 0;
+    for (size_t c = 0; c < d; c++) dd += g[c] * out[c];
+    if (m->sinks && isfinite(lse)) *dsink -= exp(m->sinks[h] - lse) * dd;
+    const ptrdiff_t p = (ptrdiff_t)i + (ptrdiff_t)s->len_kv - (ptrdiff_t)s->len_q;
+    for (size_t j = 0; j < s->len_kv && isfinite(lse); j++) {
+        const ptrdiff_t jj = (ptrdiff_t)j;
+        int sees = (!s->causal || jj <= p) && (m->window_left < 0 || jj >= p - m->window_left) &&
+                   (m->window_right < 0 || jj <= p + m->window_right);
+        if (m->q_segment)
+            sees = sees && m->q_segment[b * s->len_q + i] == m->k_segment[b * s->len_kv + j];
+        if (!sees) continue;
+        const size_t kr = (b * s->heads_kv + hk) * s->len_kv + j;
+        const float *k = in->k + kr * d, *v = in->v + kr * d;
+        const double u = scale * ref_dot(q, k, d);
+        double x = u, chain = 1.0;
+        if (m->softcap != 0.0f) {
+            const double t = tanh(u / m->softcap);
+            x = m->softcap * t;
+            chain = 1.0 - t * t;
+        }
+        if (m->alibi_slopes) x += m->alibi_slopes[h] * (double)(jj - p);
+        const double pr = exp(x - lse), dp = ref_dot(g, v, d);
+        const double du = pr * (dp - dd) * chain;
+        for (size_t c = 0; c < d; c++) {
+            dq[c] += scale * du * k[c];
+            dk[kr * d + c] += scale * du * q[c];
+            dv[kr * d + c] += pr * g[c];
+        }
+    }
+    free(out);
+}
+
+/* |got - want| <= 1e-4 of want's largest magnitude, over n values */
+static void close_to(const float *got, const double *want, size_t n, const char *what) {
+    double big = 1e-30;
+    for (size_t i = 0; i < n; i++) big = fabs(want[i]) > big ? fabs(want[i]) : big;
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabs(got[i] - want[i]) <= 1e-4 * big, "%s[%zu] = %.9g, want %.9g (max %.3g)",
+                  what, i, got[i], want[i], big);
+}
+
+/* The backward with each modifier and all together: dq, dk, dv and dsinks against
+ * ref_row_grads, f32, GQA, causal with len_q below and above len_kv. */
+static void backward_case(const shape *s, const sdpa_score_mods *m0, uint64_t seed,
+                          const char *what) {
+    inputs in = make_inputs(s, seed);
+    sdpa_score_mods m = *m0;
+    if (m.alibi_slopes) m.alibi_slopes = in.slopes;
+    if (m.sinks) m.sinks = in.sinks;
+    if (m.q_segment) {
+        m.q_segment = in.qseg, m.k_segment = in.kseg;
+        m.q_segment_stride = s->len_q, m.k_segment_stride = s->len_kv;
+    }
+    const size_t rows = s->batch * s->heads_q * s->len_q, keys = s->batch * s->heads_kv * s->len_kv;
+    const size_t d = s->d;
+    float *out = malloc(rows * d * 4), *lse = malloc(rows * 4), *dout = malloc(rows * d * 4);
+    float *dq = malloc(rows * d * 4), *dk = malloc(keys * d * 4), *dv = malloc(keys * d * 4);
+    float dsinks[16];
+    rng r = rng_seed(seed + 99);
+    fill_normal(&r, dout, rows * d);
+    cr_assert_eq(run(s, &in, &m, out, lse), SDPA_OK);
+    sdpa_mha_desc desc;
+    sdpa_mha_desc_dense(&desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, d, d, 0.0f,
+                        s->causal ? SDPA_CAUSAL : 0);
+    sdpa_mha_desc_set_mods(&desc, &m);
+    desc.lse = lse;
+    desc.lse_stride[1] = s->len_q;
+    desc.lse_stride[0] = s->heads_q * s->len_q;
+    sdpa_mha_grads g;
+    memset(&g, 0, sizeof g);
+    g.struct_size = sizeof g;
+    g.dq = dq, g.dk = dk, g.dv = dv, g.dout = dout, g.dsinks = dsinks;
+    memcpy(g.dq_stride, desc.q_stride, sizeof g.dq_stride);
+    memcpy(g.dk_stride, desc.k_stride, sizeof g.dk_stride);
+    memcpy(g.dv_stride, desc.v_stride, sizeof g.dv_stride);
+    memcpy(g.dout_stride, desc.out_stride, sizeof g.dout_stride);
+    cr_assert_eq(sdpa_mha_backward_f32(&desc, &g, in.q, in.k, in.v, out), SDPA_OK, "%s: %s", what,
+                 sdpa_last_error_detail());
+    double *wq = calloc(rows * d, 8), *wk = calloc(keys * d, 8), *wv = calloc(keys * d, 8);
+    double ws[16] = {0};
+    for (size_t b = 0; b < s->batch; b++)
+        for (size_t h = 0; h < s->heads_q; h++)
+            for (size_t i = 0; i < s->len_q; i++)
+                ref_row_grads(s, &in, &m, dout, b, h, i, 1.0 / sqrt((double)d),
+                              wq + ((b * s->heads_q + h) * s->len_q + i) * d, wk, wv, ws + h);
+    char label[96];
+    snprintf(label, sizeof label, "%s dq", what);
+    close_to(dq, wq, rows * d, label);
+    snprintf(label, sizeof label, "%s dk", what);
+    close_to(dk, wk, keys * d, label);
+    snprintf(label, sizeof label, "%s dv", what);
+    close_to(dv, wv, keys * d, label);
+    if (m.sinks) {
+        snprintf(label, sizeof label, "%s dsinks", what);
+        close_to(dsinks, ws, s->heads_q, label);
+    }
+    /* the same bits on one thread as on all */
+    float *dq1 = malloc(rows * d * 4), *dk1 = malloc(keys * d * 4);
+    g.dq = dq1, g.dk = dk1;
+    cr_assert_eq(sdpa_set_num_threads(1), SDPA_OK);
+    cr_assert_eq(sdpa_mha_backward_f32(&desc, &g, in.q, in.k, in.v, out), SDPA_OK);
+    sdpa_set_num_threads(0);
+    cr_assert(!memcmp(dq1, dq, rows * d * 4) && !memcmp(dk1, dk, keys * d * 4),
+              "%s: one thread gives other bits", what);
+    free(dq1), free(dk1);
+    free(out), free(lse), free(dout), free(dq), free(dk), free(dv), free(wq), free(wk), free(wv);
+    free_inputs(&in);
+}
+
+BACKEND_TEST(mods, backward_against_double) {
+    const shape shapes[] = {{2, 4, 2, 9, 20, 16, SDPA_F32, 1},
+                            {1, 2, 1, 40, 30, 32, SDPA_F32, 1},
+                            {1, 2, 2, 70, 140, 64, SDPA_F32, 0},
+                            {1, 1, 1, 3, 1100, 16, SDPA_F32, 1}}; /* keys in chunks */
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int which = 0; which < 7; which++) {
+            sdpa_score_mods m = none();
+            if (which == 0 || which == 6) m.window_left = 5;
+            if (which == 1 || which == 6) m.softcap = 2.0f;
+            if (which == 2 || which == 6) m.alibi_slopes = SOME;
+            if (which == 3 || which == 6) m.sinks = SOME;
+            if (which == 4 || which == 6) m.q_segment = m.k_segment = SEGS;
+            if (which == 5) m.window_right = 2;
+            char what[64];
+            snprintf(what, sizeof what, "shape %zu modifier %d", si, which);
+            backward_case(&shapes[si], &m, 300 + si * 10 + (uint64_t)which, what);
+        }
 }

@@ -802,8 +802,8 @@ BACKEND_TEST(regressions, backward_far_keys_get_zero_gradients) {
             d.lse = lse;
             d.lse_stride[0] = d.lse_stride[1] = LQ;
             cr_assert_eq(sdpa_mha_f32(&d, out, q, k, v), SDPA_OK);
-            sdpa_mha_grads g = {sizeof g,  0,         dq,        dk,   dv,
-                                {0, 0, D}, {0, 0, D}, {0, 0, D}, dout, {0, 0, D}};
+            sdpa_mha_grads g = {sizeof g,  0,         dq,   dk,        dv,  {0, 0, D},
+                                {0, 0, D}, {0, 0, D}, dout, {0, 0, D}, NULL};
             cr_assert_eq(sdpa_mha_backward_f32(&d, &g, q, k, v, out), SDPA_OK);
             for (size_t j = 1; j < LK; j += 3)
                 for (size_t c = 0; c < D; c++)

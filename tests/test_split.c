@@ -162,7 +162,7 @@ BACKEND_TEST(split, backward_values_at_the_edge_of_the_range) {
         desc.lse = lse;
         desc.lse_stride[0] = desc.lse_stride[1] = len_q;
         cr_assert_eq(sdpa_mha_f32(&desc, out, q, k, v), SDPA_OK);
-        sdpa_mha_grads g = {sizeof g, 0, dq, dk, dv, {0}, {0}, {0}, dout, {0}};
+        sdpa_mha_grads g = {sizeof g, 0, dq, dk, dv, {0}, {0}, {0}, dout, {0}, NULL};
         for (int a = 0; a < 3; a++)
             g.dq_stride[a] = g.dk_stride[a] = g.dv_stride[a] = g.dout_stride[a] = 0;
         g.dq_stride[2] = g.dout_stride[2] = g.dk_stride[2] = g.dv_stride[2] = d;

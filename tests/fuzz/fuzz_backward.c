@@ -242,7 +242,7 @@ static void run_case(fuzz_reader *r) {
     d->lse = lse.p;
     d->lse_stride[0] = d->heads_q * d->len_q;
     d->lse_stride[1] = d->len_q;
-    sdpa_mha_grads g = {sizeof g, 0, dq.p, dk.p, dv.p, {0}, {0}, {0}, dout.p, {0}};
+    sdpa_mha_grads g = {sizeof g, 0, dq.p, dk.p, dv.p, {0}, {0}, {0}, dout.p, {0}, NULL};
     memcpy(g.dq_stride, d->q_stride, sizeof g.dq_stride);
     memcpy(g.dk_stride, d->k_stride, sizeof g.dk_stride);
     memcpy(g.dv_stride, d->v_stride, sizeof g.dv_stride);

@@ -55,19 +55,7 @@ static void unit_rules(const forward_call *pl, size_t b, size_t h, unit *x) {
     const int grouped = pl->f.grouped;
     x->vis = visibility_of(p);
     if (grouped) x->vis = visibility_one_position(&x->vis);
-    const score_stage st = {
-        .mask = x->mask,
-        .mask_row = x->mask_row,
-        .softcap = p->softcap,
-        .alibi = p->alibi ? p->alibi + h : NULL,
-        .sinks = p->sinks ? p->sinks + h : NULL,
-        .head_row = grouped ? 1 : 0,
-        .shift = x->vis.shift,
-        .row_step = x->vis.row_step,
-        .q_segment = p->q_segment ? p->q_segment + b * p->q_segment_stride : NULL,
-        .k_segment = p->k_segment ? p->k_segment + b * p->k_segment_stride : NULL,
-    };
-    x->stage = st;
+    x->stage = score_stage_of(p, b, h, grouped, x->vis.shift, x->mask, x->mask_row);
 }
 
 static void unit_of(const forward_call *pl, size_t u, unit *x) {
@@ -315,7 +303,7 @@ static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {
                     memset((char *)p->out + at * size, 0, p->d_v * size);
                     if (p->lse) /* the log of the sink's term alone, if any */
                         p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i] =
-                            p->sinks ? p->sinks[h] : -INFINITY;
+                            p->mods.sinks ? p->mods.sinks[h] : -INFINITY;
                 }
         return SDPA_OK;
     }

@@ -403,19 +403,7 @@ static void head_of(const backward_run *run, size_t b, size_t hk, size_t g, head
     h->dq = bp->dq + b * bp->dq_stride[0] + hq * bp->dq_stride[1];
     h->dq_row = bp->dq_stride[2];
     h->dq_first = 0;
-    const score_stage st = {
-        .mask = h->mask,
-        .mask_row = p->mask_stride[2],
-        .softcap = p->softcap,
-        .alibi = p->alibi ? p->alibi + hq : NULL,
-        .sinks = p->sinks ? p->sinks + hq : NULL,
-        .head_row = 0,
-        .shift = run->vis.shift,
-        .row_step = 1,
-        .q_segment = p->q_segment ? p->q_segment + b * p->q_segment_stride : NULL,
-        .k_segment = p->k_segment ? p->k_segment + b * p->k_segment_stride : NULL,
-    };
-    h->st = st;
+    h->st = score_stage_of(p, b, hq, 0, run->vis.shift, h->mask, p->mask_stride[2]);
 }
 
 /* The block of keys from k0 of kv head hk of batch entry b. */
@@ -580,7 +568,7 @@ static void backward_sinks(const backward_problem *bp) {
                 const float lse = p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i];
                 double dd = 0.0;
                 for (size_t c = 0; c < p->d_v; c++) dd += (double)g[c] * o[c];
-                sum += exp((double)p->sinks[h] - lse) * dd; /* lse >= the sink: e^ <= 1 */
+                sum += exp((double)p->mods.sinks[h] - lse) * dd; /* lse >= the sink: e^ <= 1 */
             }
         bp->dsinks[h] = (float)-sum;
     }

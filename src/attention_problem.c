@@ -288,7 +288,7 @@ sdpa_status sdpa_backward_problem(backward_problem *bp, const sdpa_mha_desc *des
     bp->dk = grads->dk;
     bp->dv = grads->dv;
     bp->dout = grads->dout;
-    bp->dsinks = grads->struct_size >= grads_v2 && p->sinks ? grads->dsinks : NULL;
+    bp->dsinks = grads->struct_size >= grads_v2 && p->mods.sinks ? grads->dsinks : NULL;
     for (int i = 0; i < 3; i++) {
         bp->dq_stride[i] = grads->dq_stride[i];
         bp->dk_stride[i] = grads->dk_stride[i];

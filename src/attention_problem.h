@@ -9,6 +9,19 @@
 
 #include "sdpa.h"
 
+/* A call's score modifiers (sdpa_score_mods), each off when zeroed: the window's bounds,
+ * softcap, ALiBi slopes and sinks of the query heads (alibi[h], sinks[h]), and the segments of
+ * the query rows and keys (q_segment[b q_segment_stride + i], k_segment[b k_segment_stride +
+ * j]). */
+typedef struct problem_mods {
+    int has_window_left, has_window_right;
+    size_t window_left, window_right;
+    float softcap;
+    const float *alibi, *sinks;
+    const int32_t *q_segment, *k_segment;
+    size_t q_segment_stride, k_segment_stride;
+} problem_mods;
+
 typedef struct attention_problem {
     size_t batch, heads_q, heads_kv, len_q, len_kv, d_k, d_v;
     float scale; /* after sdpa_problem_check: never SDPA_DEFAULT_SCALE */
@@ -28,18 +41,10 @@ typedef struct attention_problem {
        (v likewise); batch is then 1 and k_stride[0] unused. */
     const int32_t *pages;
     size_t page_size, k_page_stride, v_page_stride;
-    /* score modifiers (sdpa_score_mods), each off when zeroed: the window's bounds, softcap,
-       ALiBi slopes and sinks of the query heads (alibi[h], sinks[h]), and the segments of the
-       query rows and keys (q_segment[b s + i], k_segment[b s + j]) */
     /* an 8-bit K or V stands for k_scale or v_scale times its values (0: 1); k_scale is folded
        into scale by sdpa_problem_check */
     float k_scale, v_scale;
-    int has_window_left, has_window_right;
-    size_t window_left, window_right;
-    float softcap;
-    const float *alibi, *sinks;
-    const int32_t *q_segment, *k_segment;
-    size_t q_segment_stride, k_segment_stride;
+    problem_mods mods;
 } attention_problem;
 
 /* The largest d_k and d_v of a problem with a 16-bit view: its rows are widened to float in
@@ -70,8 +75,9 @@ sdpa_status sdpa_problem_set_scales(attention_problem *p, float k_scale, float v
 
 /* Whether p has a score modifier. */
 static inline int sdpa_problem_has_mods(const attention_problem *p) {
-    return p->has_window_left || p->has_window_right || p->softcap != 0.0f || p->alibi ||
-           p->sinks || p->q_segment;
+    const problem_mods *m = &p->mods;
+    return m->has_window_left || m->has_window_right || m->softcap != 0.0f || m->alibi ||
+           m->sinks || m->q_segment;
 }
 
 /* Every rule of sdpa.h's attention errors, in one place; on SDPA_OK the scale is resolved and

@@ -44,29 +44,32 @@ static void copy_quieted(void *dst, const void *src, size_t n, sdpa_dtype type) 
     }
 }
 
+/* m elements of type t as floats in y, exactly */
+static void to_floats(const sdpa_kernels *k, float *y, const void *x, sdpa_dtype t, size_t m) {
+    if (sdpa_type_is_fp8(t))
+        sdpa_fp8_widen(y, x, m, t);
+    else
+        t == SDPA_F32 ? (void)memcpy(y, x, m * sizeof(float)) : k->widen[t](y, x, m);
+}
+
+/* m floats x as type t in y, rounded to nearest even */
+static void from_floats(const sdpa_kernels *k, void *y, const float *x, sdpa_dtype t, size_t m) {
+    if (sdpa_type_is_fp8(t))
+        sdpa_fp8_narrow(y, x, m, t);
+    else
+        t == SDPA_F32 ? (void)memcpy(y, x, m * sizeof(float)) : k->narrow[t](y, x, m);
+}
+
 /* Conversions with an 8-bit side, through float in chunks: widening is exact, so each element
-   is rounded once. An 8-bit copy to its own type quiets nothing (e4m3 has one NaN a sign, and
-   e5m2's quiet bit is its mantissa's top one: quieted as the others are). dst == src works. */
+   is rounded once (an e5m2 NaN comes out quiet, as from the other types). dst == src works. */
 static void convert_fp8(const sdpa_kernels *k, void *dst, sdpa_dtype dst_type, const void *src,
                         sdpa_dtype src_type, size_t n) {
     float chunk[CHUNK];
     const size_t dsize = sdpa_type_size(dst_type), ssize = sdpa_type_size(src_type);
     for (size_t i = 0; i < n; i += CHUNK) {
         const size_t m = n - i < CHUNK ? n - i : CHUNK;
-        const void *s = (const char *)src + i * ssize;
-        void *d = (char *)dst + i * dsize;
-        if (sdpa_type_is_fp8(src_type))
-            sdpa_fp8_widen(chunk, s, m, src_type);
-        else if (src_type == SDPA_F32)
-            memcpy(chunk, s, m * sizeof(float));
-        else
-            k->widen[src_type](chunk, s, m);
-        if (sdpa_type_is_fp8(dst_type))
-            sdpa_fp8_narrow(d, chunk, m, dst_type);
-        else if (dst_type == SDPA_F32)
-            memcpy(d, chunk, m * sizeof(float));
-        else
-            k->narrow[dst_type](d, chunk, m);
+        to_floats(k, chunk, (const char *)src + i * ssize, src_type, m);
+        from_floats(k, (char *)dst + i * dsize, chunk, dst_type, m);
     }
 }
 

@@ -254,7 +254,8 @@ static void no_keys(const attention_problem *p) {
         for (size_t i = 0; i < p->len_q; i++) {
             memset(element(p->out, h * p->out_stride[1] + i * p->out_stride[2], p->out_type), 0,
                    p->d_v * size);
-            if (p->lse) p->lse[h * p->lse_stride[1] + i] = p->sinks ? p->sinks[h] : -INFINITY;
+            if (p->lse)
+                p->lse[h * p->lse_stride[1] + i] = p->mods.sinks ? p->mods.sinks[h] : -INFINITY;
         }
 }
 

@@ -6,6 +6,7 @@
 
 #include "attention_problem.h"
 #include "error.h"
+#include "score_stage.h"
 
 /* The first of n values that is NaN, or +inf where !inf_ok, or n */
 static size_t first_bad(const float *x, size_t n, int inf_ok) {
@@ -47,16 +48,37 @@ sdpa_status sdpa_problem_set_mods(attention_problem *p, const sdpa_score_mods *m
     if (m->sinks && (h = first_bad(m->sinks, p->heads_q, 1)) < p->heads_q)
         return sdpa_fail(SDPA_ERR_ARG, "mods->sinks[%zu] (%g) is NaN or +inf", h,
                          (double)m->sinks[h]);
-    p->has_window_left = m->window_left >= 0;
-    p->has_window_right = m->window_right >= 0;
-    p->window_left = p->has_window_left ? (size_t)m->window_left : 0;
-    p->window_right = p->has_window_right ? (size_t)m->window_right : 0;
-    p->softcap = m->softcap;
-    p->alibi = m->alibi_slopes;
-    p->sinks = m->sinks;
-    p->q_segment = m->q_segment;
-    p->k_segment = m->k_segment;
-    p->q_segment_stride = m->q_segment_stride;
-    p->k_segment_stride = m->k_segment_stride;
+    problem_mods mods = {m->window_left >= 0,
+                         m->window_right >= 0,
+                         0,
+                         0,
+                         m->softcap,
+                         m->alibi_slopes,
+                         m->sinks,
+                         m->q_segment,
+                         m->k_segment,
+                         m->q_segment_stride,
+                         m->k_segment_stride};
+    if (mods.has_window_left) mods.window_left = (size_t)m->window_left;
+    if (mods.has_window_right) mods.window_right = (size_t)m->window_right;
+    p->mods = mods;
     return SDPA_OK;
+}
+
+score_stage score_stage_of(const attention_problem *p, size_t b, size_t h, int heads_as_rows,
+                           ptrdiff_t shift, const float *mask, size_t mask_row) {
+    const problem_mods *m = &p->mods;
+    const score_stage st = {
+        .mask = mask,
+        .mask_row = mask_row,
+        .softcap = m->softcap,
+        .alibi = m->alibi ? m->alibi + h : NULL,
+        .sinks = m->sinks ? m->sinks + h : NULL,
+        .head_row = heads_as_rows ? 1 : 0,
+        .shift = shift,
+        .row_step = heads_as_rows ? 0 : 1,
+        .q_segment = m->q_segment ? m->q_segment + b * m->q_segment_stride : NULL,
+        .k_segment = m->k_segment ? m->k_segment + b * m->k_segment_stride : NULL,
+    };
+    return st;
 }

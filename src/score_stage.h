@@ -29,6 +29,13 @@ typedef struct score_stage {
     const int32_t *k_segment; /* key j's at k_segment[j] */
 } score_stage;
 
+/* The stage of batch entry b and query head h of problem p (score_mods.c): for rows that are
+   that head's query rows, or (heads_as_rows, grouped decode) heads h, h + 1, ... of one query
+   row; shift as the visibility's; the mask rows given. */
+struct attention_problem;
+score_stage score_stage_of(const struct attention_problem *p, size_t b, size_t h, int heads_as_rows,
+                           ptrdiff_t shift, const float *mask, size_t mask_row);
+
 /* The stage does nothing past the product's scale, so a tile may go from the product straight
    to the softmax (the fused path). */
 static inline int score_stage_is_scale(const score_stage *st) {

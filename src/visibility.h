@@ -31,11 +31,12 @@ static inline visibility visibility_of(const attention_problem *p) {
     visibility v = {p->len_kv, (ptrdiff_t)p->len_kv - (ptrdiff_t)p->len_q, 1, -1, -1, p->causal};
     /* a window as wide as every row's keys bounds nothing (and keeps positions in ptrdiff_t) */
     const size_t span = p->len_q + p->len_kv;
-    if (p->has_window_left && p->window_left < span) v.before = (ptrdiff_t)p->window_left;
+    if (p->mods.has_window_left && p->mods.window_left < span)
+        v.before = (ptrdiff_t)p->mods.window_left;
     if (p->causal) v.after = 0;
-    if (p->has_window_right && p->window_right < span &&
-        (v.after < 0 || (ptrdiff_t)p->window_right < v.after))
-        v.after = (ptrdiff_t)p->window_right;
+    if (p->mods.has_window_right && p->mods.window_right < span &&
+        (v.after < 0 || (ptrdiff_t)p->mods.window_right < v.after))
+        v.after = (ptrdiff_t)p->mods.window_right;
     v.causal = v.after == 0;
     return v;
 }

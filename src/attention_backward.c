@@ -552,28 +552,6 @@ static void chunk_add(const void *ctx, void *scratch, size_t u, size_t c, size_t
 
 static const chunk_ops chunk_dq_ops = {chunk_with_scratch, chunk_part, chunk_add, NULL};
 
-/* dL/dsink_h = -sum over rows of P(sink) D = -sum e^(sink_h - lse) (dout . out): the sink
-   takes a share of each row's weight and gives it no value. In double, batch entries then rows
-   in order, on the calling thread. */
-static void backward_sinks(const backward_problem *bp) {
-    const attention_problem *p = &bp->fwd;
-    for (size_t h = 0; h < p->heads_q; h++) {
-        double sum = 0.0;
-        for (size_t b = 0; b < p->batch; b++)
-            for (size_t i = 0; i < p->len_q; i++) {
-                const float *o = (const float *)p->out + b * p->out_stride[0] +
-                                 h * p->out_stride[1] + i * p->out_stride[2];
-                const float *g = bp->dout + b * bp->dout_stride[0] + h * bp->dout_stride[1] +
-                                 i * bp->dout_stride[2];
-                const float lse = p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i];
-                double dd = 0.0;
-                for (size_t c = 0; c < p->d_v; c++) dd += (double)g[c] * o[c];
-                sum += exp((double)p->mods.sinks[h] - lse) * dd; /* lse >= the sink: e^ <= 1 */
-            }
-        bp->dsinks[h] = (float)-sum;
-    }
-}
-
 static void backward_run_all(const backward_problem *bp) {
     const attention_problem *p = &bp->fwd;
     backward_run run;
@@ -591,7 +569,7 @@ static void backward_run_all(const backward_problem *bp) {
     plan_backward(&run.pl, bp, threads);
     const chunk_plan r = plan_backward_chunks(&run.pl);
     work_run(&r, &chunk_dq_ops, backward_task, &run, run.pl.parallel, threads);
-    if (bp->dsinks) backward_sinks(bp);
+    if (bp->dsinks) sdpa_problem_dsinks(bp);
 }
 
 SDPA_API sdpa_status sdpa_mha_backward_f32(const sdpa_mha_desc *desc, const sdpa_mha_grads *grads,

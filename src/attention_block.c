@@ -97,133 +97,6 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
-/* Rows [r0, r0 + n) of a view, `stride` elements apart, as float rows of `row` floats: in place
- * for f32, else widened into tile */
-static const float *float_rows(const attention_run *run, uint32_t type, const void *base, size_t r0,
-                               size_t n, size_t stride, size_t row, float *tile,
-                               size_t *float_stride) {
-    if (type == SDPA_F32) {
-        *float_stride = stride;
-        return (const float *)base + r0 * stride;
-    }
-    *float_stride = row;
-    if (sdpa_type_is_fp8(type)) { /* no backend widens the 8-bit floats yet: fp8.c does */
-        const uint8_t *src = (const uint8_t *)base + r0 * stride;
-        for (size_t i = 0; i < n; i++) sdpa_fp8_widen(tile + i * row, src + i * stride, row, type);
-        return tile;
-    }
-    const uint16_t *src = (const uint16_t *)base + r0 * stride;
-    if (stride == row || n == 1) {
-        run->k->widen[type](tile, src, n * row);
-    } else {
-        for (size_t i = 0; i < n; i++) run->k->widen[type](tile + i * row, src + i * stride, row);
-    }
-    *float_stride = row;
-    return tile;
-}
-
-/* Rows of a block of keys or values as a kernel reads them: runs, run i being keys [at[i],
-   at[i + 1]) of the block from row[i], stride elements apart (floats once widened). One run
-   when dense, gathered or widened; n = 0 where no kernel asked for this form. */
-typedef struct row_runs {
-    size_t n, stride;
-    size_t at[SDPA_ATTN_MAX_BLOCK_KV + 1];
-    const void *row[SDPA_ATTN_MAX_BLOCK_KV];
-} row_runs;
-
-/* A block as float rows (f) and as the 16-bit rows themselves (h). */
-typedef struct block_rows {
-    row_runs f, h;
-} block_rows;
-
-/* Pages shorter than this are gathered even for kernels that take runs: a call a run would
-   cost more than the copy. */
-#define RUN_MIN_KEYS 8
-
-static void one_run(row_runs *r, const void *row, size_t stride, size_t nk) {
-    r->n = 1;
-    r->stride = stride;
-    r->at[0] = 0;
-    r->at[1] = nk;
-    r->row[0] = row;
-}
-
-/* Keys [k0, k0 + nk) of a source's view (values: 0 keys, 1 values) that spans pages, into r as
-   in-place runs of the source's type. */
-static void page_runs(const key_source *src, int values, size_t k0, size_t nk, row_runs *r) {
-    r->n = 0;
-    r->stride = values ? src->v_stride : src->k_stride;
-    for (size_t j = 0; j < nk; r->n++) {
-        r->at[r->n] = j;
-        j += key_source_run(src, values, k0 + j, nk - j, &r->row[r->n]);
-    }
-    r->at[r->n] = nk;
-}
-
-/* The first rows of run i + 1 of r (rows of d elements of `size` bytes), while run i is read:
-   a kernel prefetches the rows ahead of the one it reads, which past a page are not the next
-   page's. */
-static void prefetch_next_run(const row_runs *r, size_t i, size_t d, size_t size) {
-    if (i + 1 >= r->n) return;
-    const size_t n = r->at[i + 2] - r->at[i + 1], rows = n < 16 ? n : 16;
-    const char *row = r->row[i + 1];
-    for (size_t j = 0; j < rows; j++)
-        for (size_t b = 0; b < d * size; b += 64)
-            __builtin_prefetch(row + j * r->stride * size + b);
-}
-
-/* Runs ahead of the one copied whose rows are prefetched: short pages give the hardware's
-   prefetchers nothing to follow. */
-#define GATHER_AHEAD 8
-
-/* The runs of `in` (the source's type) gathered into tile as one run of rows d apart: widened
-   to float when widen, else copied as they are. */
-static void gather_runs(const attention_run *run, uint32_t type, const row_runs *in, size_t d,
-                        int widen, void *tile, row_runs *out) {
-    const size_t size = widen ? sizeof(float) : sdpa_type_size(type);
-    for (size_t i = 0; i < in->n; i++) {
-        const size_t n = in->at[i + 1] - in->at[i];
-        if (i + GATHER_AHEAD < in->n)
-            prefetch_next_run(in, i + GATHER_AHEAD - 1, d, sdpa_type_size(type));
-        char *to = (char *)tile + in->at[i] * d * size;
-        size_t unused;
-        if (widen && type != SDPA_F32)
-            float_rows(run, type, in->row[i], 0, n, in->stride, d, (float *)to, &unused);
-        else if (in->stride == d)
-            memcpy(to, in->row[i], n * d * size);
-        else
-            for (size_t r = 0; r < n; r++)
-                memcpy(to + r * d * size, (const char *)in->row[i] + r * in->stride * size,
-                       d * size);
-    }
-    one_run(out, tile, d, in->at[in->n]);
-}
-
-/* Keys (values: 0) or values (1) [k0, k0 + nk) of src into r: as float rows when as_float, as
-   the 16-bit rows when as_16 (a 16-bit source). One run (dense, or within a page) is read in
-   place where the type allows. A block across pages is read in place a page at a time where
-   every kernel takes runs (!whole) and pages hold RUN_MIN_KEYS; otherwise it is gathered into
-   the wide tiles, float rows into kv and 16-bit ones into kv16. Either way each key meets the
-   same kernel in the same order as dense, so only a P V split at a page may round otherwise. */
-static void source_rows(const attention_run *run, const key_source *src, int values, size_t k0,
-                        size_t nk, int as_float, int as_16, int whole, block_rows *r) {
-    const size_t d = values ? src->d_v : src->d_k;
-    row_runs in;
-    page_runs(src, values, k0, nk, &in);
-    r->f.n = r->h.n = 0;
-    const int gather = in.n > 1 && (whole || src->page_size < RUN_MIN_KEYS);
-    if (as_float && (src->type != SDPA_F32 || gather)) /* widened or gathered: one run */
-        gather_runs(run, src->type, &in, d, 1, run->wide->kv, &r->f);
-    else if (as_float)
-        r->f = in;
-    if (as_16) {
-        if (gather)
-            gather_runs(run, src->type, &in, d, 0, run->wide->kv16, &r->h);
-        else
-            r->h = in;
-    }
-}
-
 /* Rows [q0, q0 + nq) into b: their queries packed or as float rows, the keys each sees (vis: a
  * row's keys start at the first), an empty state. acc_tile holds ACC_FLOATS. */
 static void rows_begin(const attention_run *run, const attention_problem *p, const visibility *vis,
@@ -241,8 +114,9 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
         pairs->pack_q(b->qt.pairs, (const uint16_t *)q + q0 * p->q_stride[2], p->q_stride[2], nq,
                       p->d_k);
     else
-        b->qb = float_rows(run, p->q_type, q, q0, nq, p->q_stride[2], p->d_k,
-                           run->wide ? (b->packed ? run->wide->kv : run->wide->q) : NULL, &b->qs);
+        b->qb = key_rows_as_floats(run->k, p->q_type, q, q0, nq, p->q_stride[2], p->d_k,
+                                   run->wide ? (b->packed ? run->wide->kv : run->wide->q) : NULL,
+                                   &b->qs);
     if (b->packed && !pairs) a->pack_q(b->qt.f, b->qb, b->qs, nq, p->d_k);
 
     /* accumulate on the stack when the tile fits (always, for a 16-bit out: rows_max), else in
@@ -285,7 +159,7 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
     const size_t ld_s = run->keys_max;
     for (size_t i = 0; i < k->n && k->at[i] < nk; i++) {
         const size_t j = k->at[i], n = (k->at[i + 1] < nk ? k->at[i + 1] : nk) - j;
-        prefetch_next_run(k, i, p->d_k, typed ? 2 : 4);
+        key_rows_prefetch_next(k, i, p->d_k, typed ? 2 : 4);
         if (typed)
             run->a->scores_tile_typed[p->kv_type](b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i],
                                                   k->stride, n, p->d_k, p->scale);
@@ -417,7 +291,7 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
         const size_t from = v->at[i] > j ? v->at[i] : j;
         const size_t n = (v->at[i + 1] < end ? v->at[i + 1] : end) - from;
         const void *rows = (const char *)v->row[i] + (from - v->at[i]) * v->stride * size;
-        prefetch_next_run(v, i, p->d_v, size);
+        key_rows_prefetch_next(v, i, p->d_v, size);
         if (vr->h.n)
             run->a->pv_tile_typed[p->kv_type](acc, ld_acc, w + (from - j), ld_w, nq, n, rows,
                                               v->stride, p->d_v);
@@ -552,7 +426,8 @@ void attention_block(const attention_run *run, const attention_problem *p, const
     for (size_t k0 = kv_begin / block_kv * block_kv; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
         block_rows kr, vr;
-        source_rows(run, src, 0, k0, nk, floats, raw, packed, &kr);
+        key_rows_of(run->k, src, 0, k0, nk, floats, raw, packed, run->wide ? run->wide->kv : NULL,
+                    run->wide ? run->wide->kv16 : NULL, &kr);
         for (size_t i = 0; i < n_blocks; i++) {
             row_block *b = blocks[i];
             b->step = STEP_NONE;
@@ -562,7 +437,8 @@ void attention_block(const attention_run *run, const attention_problem *p, const
         /* V as float rows for the fused path (exp_pv), and where it is not typed_v */
         int fused = 0;
         for (size_t i = 0; i < n_blocks; i++) fused |= blocks[i]->step == STEP_FUSED;
-        source_rows(run, src, 1, k0, nk, fused || !tv, tv, fused, &vr);
+        key_rows_of(run->k, src, 1, k0, nk, fused || !tv, tv, fused,
+                    run->wide ? run->wide->kv : NULL, run->wide ? run->wide->kv16 : NULL, &vr);
         for (size_t i = 0; i < n_blocks; i++)
             if (blocks[i]->step != STEP_NONE)
                 rows_values(run, p, blocks[i], &vr, stage, k0,

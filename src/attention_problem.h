@@ -93,6 +93,9 @@ typedef struct backward_problem {
     float *dsinks; /* [heads_q], or NULL: not asked */
 } backward_problem;
 
+/* grads' dsinks of bp (score_mods.c), after its forward wrote out and lse. */
+void sdpa_problem_dsinks(const backward_problem *bp);
+
 /* The descriptor's and grads' problem, and every rule of sdpa.h's backward errors; on SDPA_OK
  * the scale is resolved and causal set, as sdpa_problem_check does. */
 sdpa_status sdpa_backward_problem(backward_problem *bp, const sdpa_mha_desc *desc,

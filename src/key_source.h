@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "attention_problem.h"
+#include "kernels.h"
 
 typedef struct key_source {
     uint32_t type;             /* of k and v (sdpa_dtype) */
@@ -48,5 +49,38 @@ static inline size_t key_source_run(const key_source *s, int values, size_t j, s
     *row = base + (page * (values ? s->v_page_stride : s->k_page_stride) + in_page * stride) * size;
     return s->page_size - in_page < n ? s->page_size - in_page : n;
 }
+
+/* Rows of a block of keys or values as a kernel reads them: runs, run i being keys [at[i],
+   at[i + 1]) of the block from row[i], stride elements apart (floats once widened). One run
+   when dense, gathered or widened; n = 0 where no kernel asked for this form. */
+typedef struct row_runs {
+    size_t n, stride;
+    size_t at[SDPA_ATTN_MAX_BLOCK_KV + 1];
+    const void *row[SDPA_ATTN_MAX_BLOCK_KV];
+} row_runs;
+
+/* A block as float rows (f) and as the 16-bit rows themselves (h). */
+typedef struct block_rows {
+    row_runs f, h;
+} block_rows;
+
+/* Rows [r0, r0 + n) of a view, `stride` elements apart, as float rows of `row` floats: in place
+   for f32 (*float_stride = stride), else widened into tile (*float_stride = row). */
+const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void *base, size_t r0,
+                                size_t n, size_t stride, size_t row, float *tile,
+                                size_t *float_stride);
+
+/* Keys (values: 0) or values (1) [k0, k0 + nk) of src into r: as float rows when as_float (into
+   tile_f, keys_max x d floats, when they must be widened or gathered), as the 16-bit rows when
+   as_16 (a 16-bit source; gathered into tile_h); whole: every kernel that reads them wants one
+   run (the packed and fused ones). */
+void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_t k0, size_t nk,
+                 int as_float, int as_16, int whole, float *tile_f, uint16_t *tile_h,
+                 block_rows *r);
+
+/* The first rows of run i + 1 of r (rows of d elements of `size` bytes), while run i is read:
+   a kernel prefetches the rows ahead of the one it reads, which past a page are not the next
+   page's. */
+void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size);
 
 #endif

@@ -82,3 +82,25 @@ score_stage score_stage_of(const attention_problem *p, size_t b, size_t h, int h
     };
     return st;
 }
+
+/* dL/dsink_h = -sum over rows of P(sink) D = -sum e^(sink_h - lse) (dout . out): the sink
+   takes a share of each row's weight and gives it no value. In double, batch entries then rows
+   in order, on the calling thread. */
+void sdpa_problem_dsinks(const backward_problem *bp) {
+    const attention_problem *p = &bp->fwd;
+    for (size_t h = 0; h < p->heads_q; h++) {
+        double sum = 0.0;
+        for (size_t b = 0; b < p->batch; b++)
+            for (size_t i = 0; i < p->len_q; i++) {
+                const float *o = (const float *)p->out + b * p->out_stride[0] +
+                                 h * p->out_stride[1] + i * p->out_stride[2];
+                const float *g = bp->dout + b * bp->dout_stride[0] + h * bp->dout_stride[1] +
+                                 i * bp->dout_stride[2];
+                const float lse = p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i];
+                double dd = 0.0;
+                for (size_t c = 0; c < p->d_v; c++) dd += (double)g[c] * o[c];
+                sum += exp((double)p->mods.sinks[h] - lse) * dd; /* lse >= the sink: e^ <= 1 */
+            }
+        bp->dsinks[h] = (float)-sum;
+    }
+}

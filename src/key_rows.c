@@ -1,0 +1,115 @@
+/* The key source's rows (key_source.h): a block of keys or values as the kernels read it,
+ * in place a page at a time, gathered, or widened to float. */
+#include <stdint.h>
+#include <string.h>
+
+#include "attention_problem.h"
+#include "fp8.h"
+#include "key_source.h"
+
+const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void *base, size_t r0,
+                                size_t n, size_t stride, size_t row, float *tile,
+                                size_t *float_stride) {
+    if (type == SDPA_F32) {
+        *float_stride = stride;
+        return (const float *)base + r0 * stride;
+    }
+    *float_stride = row;
+    if (sdpa_type_is_fp8(type)) { /* no backend widens the 8-bit floats yet: fp8.c does */
+        const uint8_t *src = (const uint8_t *)base + r0 * stride;
+        for (size_t i = 0; i < n; i++) sdpa_fp8_widen(tile + i * row, src + i * stride, row, type);
+        return tile;
+    }
+    const uint16_t *src = (const uint16_t *)base + r0 * stride;
+    if (stride == row || n == 1) {
+        k->widen[type](tile, src, n * row);
+    } else {
+        for (size_t i = 0; i < n; i++) k->widen[type](tile + i * row, src + i * stride, row);
+    }
+    *float_stride = row;
+    return tile;
+}
+
+/* Pages shorter than this are gathered even for kernels that take runs: a call a run would
+   cost more than the copy. */
+#define RUN_MIN_KEYS 8
+
+static void one_run(row_runs *r, const void *row, size_t stride, size_t nk) {
+    r->n = 1;
+    r->stride = stride;
+    r->at[0] = 0;
+    r->at[1] = nk;
+    r->row[0] = row;
+}
+
+/* Keys [k0, k0 + nk) of a source's view (values: 0 keys, 1 values) that spans pages, into r as
+   in-place runs of the source's type. */
+static void page_runs(const key_source *src, int values, size_t k0, size_t nk, row_runs *r) {
+    r->n = 0;
+    r->stride = values ? src->v_stride : src->k_stride;
+    for (size_t j = 0; j < nk; r->n++) {
+        r->at[r->n] = j;
+        j += key_source_run(src, values, k0 + j, nk - j, &r->row[r->n]);
+    }
+    r->at[r->n] = nk;
+}
+
+void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size) {
+    if (i + 1 >= r->n) return;
+    const size_t n = r->at[i + 2] - r->at[i + 1], rows = n < 16 ? n : 16;
+    const char *row = r->row[i + 1];
+    for (size_t j = 0; j < rows; j++)
+        for (size_t b = 0; b < d * size; b += 64)
+            __builtin_prefetch(row + j * r->stride * size + b);
+}
+
+/* Runs ahead of the one copied whose rows are prefetched: short pages give the hardware's
+   prefetchers nothing to follow. */
+#define GATHER_AHEAD 8
+
+/* The runs of `in` (the source's type) gathered into tile as one run of rows d apart: widened
+   to float when widen, else copied as they are. */
+static void gather_runs(const sdpa_kernels *k, uint32_t type, const row_runs *in, size_t d,
+                        int widen, void *tile, row_runs *out) {
+    const size_t size = widen ? sizeof(float) : sdpa_type_size(type);
+    for (size_t i = 0; i < in->n; i++) {
+        const size_t n = in->at[i + 1] - in->at[i];
+        if (i + GATHER_AHEAD < in->n)
+            key_rows_prefetch_next(in, i + GATHER_AHEAD - 1, d, sdpa_type_size(type));
+        char *to = (char *)tile + in->at[i] * d * size;
+        size_t unused;
+        if (widen && type != SDPA_F32)
+            key_rows_as_floats(k, type, in->row[i], 0, n, in->stride, d, (float *)to, &unused);
+        else if (in->stride == d)
+            memcpy(to, in->row[i], n * d * size);
+        else
+            for (size_t r = 0; r < n; r++)
+                memcpy(to + r * d * size, (const char *)in->row[i] + r * in->stride * size,
+                       d * size);
+    }
+    one_run(out, tile, d, in->at[in->n]);
+}
+
+/* One run (dense, or within a page) is read in place where the type allows. A block across
+   pages is read in place a page at a time where every kernel takes runs (!whole) and pages
+   hold RUN_MIN_KEYS; otherwise it is gathered into the tiles. Either way each key meets the
+   same kernel in the same order as dense, so only a P V split at a page may round otherwise. */
+void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_t k0, size_t nk,
+                 int as_float, int as_16, int whole, float *tile_f, uint16_t *tile_h,
+                 block_rows *r) {
+    const size_t d = values ? src->d_v : src->d_k;
+    row_runs in;
+    page_runs(src, values, k0, nk, &in);
+    r->f.n = r->h.n = 0;
+    const int gather = in.n > 1 && (whole || src->page_size < RUN_MIN_KEYS);
+    if (as_float && (src->type != SDPA_F32 || gather)) /* widened or gathered: one run */
+        gather_runs(k, src->type, &in, d, 1, tile_f, &r->f);
+    else if (as_float)
+        r->f = in;
+    if (as_16) {
+        if (gather)
+            gather_runs(k, src->type, &in, d, 0, tile_h, &r->h);
+        else
+            r->h = in;
+    }
+}

@@ -88,6 +88,17 @@ static void set_view(size_t s[3], uint8_t how, size_t heads, size_t len, size_t 
     if (input && (how & 0x30) == 0x30) s[0] = 0; /* one tensor for every batch entry */
 }
 
+/* size, if sdpa.h refuses it as a descriptor's struct_size (below the v1 struct, or ending
+   inside a group of fields), else 8, which it refuses */
+static uint32_t bad_desc_size(uint32_t size) {
+    const size_t v1 = offsetof(sdpa_mha_desc, q_type), types = offsetof(sdpa_mha_desc, lse);
+    const size_t v2 = offsetof(sdpa_mha_desc, lse_stride) + 2 * sizeof(size_t);
+    const size_t v3 = offsetof(sdpa_mha_desc, v_scale) + sizeof(float);
+    const int refused = size < v1 || (size > v1 && size < types) || (size > types && size < v2) ||
+                        (size > v2 && size < v3);
+    return refused ? size : 8;
+}
+
 static void read_case(fuzz_reader *r, fcase *c) {
     memset(c, 0, sizeof *c);
     uint8_t sel = fuzz_u8(r), shape = fuzz_u8(r), lay = fuzz_u8(r), bad = fuzz_u8(r);
@@ -156,7 +167,10 @@ static void read_case(fuzz_reader *r, fcase *c) {
         if (!c->single && d->mask) d->mask_stride[2] = SIZE_MAX / 2;
         break;
     case 7:
-        if (!c->single) d->struct_size = (uint32_t)(bad >> 5) * 8; /* far too small */
+        if (!c->single) {
+            d->struct_size = bad_desc_size((uint32_t)(bad >> 5) * 8);
+            c->want_arg = 1;
+        }
         break;
     case 8:
         if (!c->single) c->null_desc = 1;
@@ -180,7 +194,6 @@ static void read_case(fuzz_reader *r, fcase *c) {
         c->want_null = 1;
         return;
     }
-    if (d->struct_size < sizeof *d) c->want_arg = 1; /* the v1 struct is the whole struct */
     if (d->flags & ~SDPA_CAUSAL || !isfinite(d->scale)) c->want_arg = 1;
     if (c->null_index == 0 && has_out) c->want_null = 1;
     if (c->null_index > 0 && reads) c->want_null = 1;

@@ -274,7 +274,7 @@ static void run_case(fuzz_reader *r) {
     const float *arg_q = q.p;
     switch (c.bad) {
     case BAD_NULL_LSE: d->lse = NULL; break;
-    case BAD_SHORT_GRADS: g.struct_size = sizeof g - 8; break;
+    case BAD_SHORT_GRADS: g.struct_size = (uint32_t)offsetof(sdpa_mha_grads, dout_stride); break;
     case BAD_RESERVED: g.reserved = 1; break;
     case BAD_DQ_ON_Q: g.dq = (float *)q.p; break;
     case BAD_DK_ON_DV: g.dk = dv.p; break;

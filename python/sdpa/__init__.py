@@ -77,8 +77,8 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     float32 mask of its own shape first. out and lse are new arrays.
 
     For torch tensors that require grad (with grad mode on), this calls
-    ``sdpa.torch.attention``, so gradients flow. The library's backward does not take score
-    modifiers yet: a backward through a call with any of them raises NotImplementedError.
+    ``sdpa.torch.attention``, so gradients flow, through the score modifiers too (a sinks
+    tensor that requires grad gets its gradient).
 
     Raises TypeError for a dtype sdpa does not take, mixed kinds of arrays or a sparse tensor,
     ValueError for shapes that do not match (naming the sizes), a bad layout or scale, or any

@@ -17,12 +17,13 @@ __all__ = ["attention", "scaled_dot_product_attention"]
 
 class _Attention(_torch.autograd.Function):
     # sinks is an input of its own (also inside mods) so that a sinks tensor that requires grad
-    # reaches backward, which must refuse rather than leave its gradient silently absent
+    # gets its gradient, dsinks, from the backward
     @staticmethod
     def forward(ctx, q, k, v, mask, causal, scale, layout, mods=None, sinks=None):
         out, lse, (qr, kr, vr, m) = _core.forward(q, k, v, causal, mask, scale, layout, True,
                                                   mods)
-        ctx.causal, ctx.scale, ctx.layout, ctx.mods = causal, scale, layout, mods is not None
+        ctx.causal, ctx.scale, ctx.layout, ctx.mods = causal, scale, layout, mods
+        ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
         ctx.save_for_backward(qr, kr, vr, out, lse, m)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -30,19 +31,18 @@ class _Attention(_torch.autograd.Function):
     @staticmethod
     @_torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
-        if ctx.mods:
-            raise NotImplementedError(
-                "sdpa: score modifiers in the backward are not supported yet: libsdpa's "
-                "sdpa_mha_backward_f32 takes no window, softcap, sinks, ALiBi or segments, and a "
-                "gradient without them would be wrong (the forward with modifiers works; call it "
-                "under torch.no_grad() or on tensors that do not require grad)")
         q, k, v, out, lse, m = ctx.saved_tensors
         types = (q.dtype, k.dtype, v.dtype)
+        want_dsinks = ctx.sinks_meta is not None and ctx.needs_input_grad[8]
+        dsinks = None
+        if want_dsinks:
+            dsinks = _torch.empty(ctx.sinks_meta[0], dtype=_torch.float32)
         if out.numel() == 0:
             # no query row (len_q or batch 0): no key is seen, every gradient is 0 (dout may
             # then be an expanded empty tensor whose strides no call would take)
             return (_torch.zeros(q.shape, dtype=types[0]), _torch.zeros(k.shape, dtype=types[1]),
-                    _torch.zeros(v.shape, dtype=types[2]), None, None, None, None, None, None)
+                    _torch.zeros(v.shape, dtype=types[2]), None, None, None, None, None,
+                    None if dsinks is None else dsinks.zero_().to(ctx.sinks_meta[1]))
         # The C backward is float32: 16-bit views are widened (exactly) for it, and the
         # gradients rounded back to their inputs' types.
         q, k, v, out = (_dense_f32(t) for t in (q, k, v, out))
@@ -50,9 +50,10 @@ class _Attention(_torch.autograd.Function):
         dq = _torch.empty(q.shape, dtype=_torch.float32)
         dk = _torch.empty(k.shape, dtype=_torch.float32)
         dv = _torch.empty(v.shape, dtype=_torch.float32)
-        _core.backward(q, k, v, out, lse, m, dout, dq, dk, dv, ctx.causal, ctx.scale, ctx.layout)
+        _core.backward(q, k, v, out, lse, m, dout, dq, dk, dv, ctx.causal, ctx.scale, ctx.layout,
+                       ctx.mods, dsinks)
         return (dq.to(types[0]), dk.to(types[1]), dv.to(types[2]), None, None, None, None, None,
-                None)
+                None if dsinks is None else dsinks.to(ctx.sinks_meta[1]))
 
 
 def _dense_f32(t):
@@ -80,9 +81,9 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     The backward is not itself differentiable (no double backward).
 
     Score modifiers (window, softcap, sinks, alibi_slopes, segments) are those of
-    ``sdpa.attention``, in the forward only for now: libsdpa's backward does not take them, so
-    the backward through such a call raises NotImplementedError naming "score modifiers in the
-    backward" (never a gradient computed without them).
+    ``sdpa.attention``, and the backward takes them too: softcap's derivative flows into q and
+    k, and a sinks tensor that requires grad gets dL/dsinks (summed over batch and rows). The
+    window, the segments and the ALiBi slopes get no gradient.
     """
     mods = (window, softcap, sinks, alibi_slopes, segments)
     if all(x is None for x in mods):

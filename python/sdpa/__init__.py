@@ -91,8 +91,10 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
         mods = None
     if _core.is_tensor(q):
         torch = _core.torch_module()
-        if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False)
-                                           for x in (q, k, v, sinks)):
+        compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+        # under torch.compile, sdpa.torch's custom op keeps the graph whole
+        if compiling() or torch.is_grad_enabled() and any(
+                getattr(x, "requires_grad", False) for x in (q, k, v, sinks)):
             from . import torch as sdpa_torch
 
             return sdpa_torch.attention(q, k, v, causal=causal, mask=mask, scale=scale,

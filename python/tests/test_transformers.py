@@ -324,6 +324,28 @@ def test_training_step_through_the_modifiers_matches_eager(make, mods, modded):
     assert sorted(mods) in modded
 
 
+@pytest.mark.skipif(sdpa.torch._custom_op is None, reason="torch < 2.4 has no custom ops")
+@pytest.mark.parametrize("make", [gemma2_pair, gpt_oss_pair], ids=["gemma2", "gpt_oss"])
+def test_models_with_modifiers_compile_into_one_graph(make):
+    eager, mine = make()
+    ids = prompts(length=12)[0][:1] % 64  # no padding: the window is a modifier too
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(mine, backend=backend, fullgraph=True)  # a break raises
+    with torch.no_grad():
+        got = compiled(input_ids=ids).logits
+        want = eager(input_ids=ids).logits
+    (graph,) = graphs
+    ops = [n for n in graph.graph.nodes if str(n.target) == "sdpa.attention.default"]
+    assert len(ops) == 2  # one a layer
+    assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+
+
 def test_packed_sequences_are_segments():
     g = torch.Generator().manual_seed(9)
     q = torch.randn(1, 4, 10, 8, generator=g)

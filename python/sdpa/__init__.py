@@ -77,8 +77,8 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     float32 mask of its own shape first. out and lse are new arrays.
 
     For torch tensors that require grad (with grad mode on), this calls
-    ``sdpa.torch.attention``, so gradients flow. The library's backward does not take score
-    modifiers yet: a backward through a call with any of them raises NotImplementedError.
+    ``sdpa.torch.attention``, so gradients flow, through the score modifiers too (a sinks
+    tensor that requires grad gets its gradient).
 
     Raises TypeError for a dtype sdpa does not take, mixed kinds of arrays or a sparse tensor,
     ValueError for shapes that do not match (naming the sizes), a bad layout or scale, or any
@@ -91,8 +91,10 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
         mods = None
     if _core.is_tensor(q):
         torch = _core.torch_module()
-        if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False)
-                                           for x in (q, k, v, sinks)):
+        compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+        # under torch.compile, sdpa.torch's custom op keeps the graph whole
+        if compiling() or torch.is_grad_enabled() and any(
+                getattr(x, "requires_grad", False) for x in (q, k, v, sinks)):
             from . import torch as sdpa_torch
 
             return sdpa_torch.attention(q, k, v, causal=causal, mask=mask, scale=scale,

@@ -318,13 +318,18 @@ def _ndim_message(q, k, v):
             f"(len, d); got {len(q.shape)}-d, {len(k.shape)}-d and {len(v.shape)}-d")
 
 
-def backward(q, k, v, out, lse, mask, dout, dq, dk, dv, causal, scale, layout):
-    """sdpa_mha_backward_f32 on float32 CPU tensors: writes dq, dk, dv."""
+def backward(q, k, v, out, lse, mask, dout, dq, dk, dv, causal, scale, layout, mods=None,
+             dsinks=None):
+    """sdpa_mha_backward_f32 on float32 CPU tensors: writes dq, dk, dv, and dsinks (a float32
+    [heads_q] tensor, or None) when mods, the forward's tuple, has sinks."""
     api.require("mha_backward_f32")
 
     def spec(t):
         return (t.data_ptr(), t.shape, t.stride(), _lib.F32)
 
+    sm, keep = (None, None) if mods is None else mods_arg(mods, q, k, layout)
     _ext.mha(spec(q), spec(k), spec(v), spec(out), spec(lse),
              None if mask is None else spec(mask), _lib.CAUSAL if causal else 0,
-             scale_arg(scale), layout == "bshd", (spec(dout), spec(dq), spec(dk), spec(dv)), None)
+             scale_arg(scale), layout == "bshd",
+             (spec(dout), spec(dq), spec(dk), spec(dv), None if dsinks is None else spec(dsinks)),
+             None if sm is None else ctypes.addressof(sm))

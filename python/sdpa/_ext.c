@@ -146,9 +146,10 @@ static int same4(const size_t a[4], const size_t b[4]) {
 }
 
 /* mha(q, k, v, out, lse, mask, flags, scale, bshd, grads, mods): the forward call, out and lse
- * (None for none) written; or, with grads = (dout, dq, dk, dv), the backward call, out and lse
- * read. mods is None or the address of an sdpa_score_mods the caller keeps alive, whose arrays
- * it has checked against the shapes (the library cannot see their lengths). */
+ * (None for none) written; or, with grads = (dout, dq, dk, dv, dsinks), the backward call, out
+ * and lse read, dsinks ([heads_q] float32, or None) written when mods has sinks. mods is None or
+ * the address of an sdpa_score_mods the caller keeps alive, whose arrays it has checked against the
+ * shapes (the library cannot see their lengths). */
 static PyObject *mha(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (api == NULL) {
@@ -161,8 +162,8 @@ static PyObject *mha(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     PyObject *grads = args[9];
     int bwd = grads != Py_None;
-    if (bwd && (!PyTuple_Check(grads) || PyTuple_GET_SIZE(grads) != 4)) {
-        PyErr_SetString(PyExc_TypeError, "grads must be (dout, dq, dk, dv)");
+    if (bwd && (!PyTuple_Check(grads) || PyTuple_GET_SIZE(grads) != 5)) {
+        PyErr_SetString(PyExc_TypeError, "grads must be (dout, dq, dk, dv, dsinks)");
         return NULL;
     }
     unsigned long flags = PyLong_AsUnsignedLong(args[6]);
@@ -172,9 +173,9 @@ static PyObject *mha(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (args[10] != Py_None) mods = PyLong_AsVoidPtr(args[10]);
     if (PyErr_Occurred() || bshd < 0) return NULL;
 
-    enum { Q, K, V, OUT, LSE, MASK, DOUT, DQ, DK, DV, N_VIEWS };
-    static const char *const names[N_VIEWS] = {"q",    "k",    "v",  "out", "lse",
-                                               "mask", "dout", "dq", "dk",  "dv"};
+    enum { Q, K, V, OUT, LSE, MASK, DOUT, DQ, DK, DV, DSINKS, N_VIEWS };
+    static const char *const names[N_VIEWS] = {"q",    "k",  "v",  "out", "lse",   "mask",
+                                               "dout", "dq", "dk", "dv",  "dsinks"};
     view vw[N_VIEWS];
     int given[N_VIEWS] = {0};
     memset(vw, 0, sizeof vw);
@@ -324,6 +325,23 @@ static PyObject *mha(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         gr.dq = (float *)vw[DQ].ptr;
         gr.dk = (float *)vw[DK].ptr;
         gr.dv = (float *)vw[DV].ptr;
+        if (given[DSINKS]) {
+            const view *ds = &vw[DSINKS];
+            if (ds->type != SDPA_F32 || ds->ndim != 1 || (size_t)ds->shape[0] != d.heads_q) {
+                PyErr_Format(PyExc_ValueError, "dsinks must be float32 of shape (%zu,) (heads_q)",
+                             d.heads_q);
+                goto done;
+            }
+            /* the field is the grads' v2 tail: a library before ABI 1.4 would reject the size */
+            if (!SDPA_API_HAS(api, mha_desc_set_mods)) {
+                PyErr_SetString(PyExc_NotImplementedError,
+                                "dsinks needs the sdpa_mha_grads v2 tail (ABI 1.4 or later)");
+                goto done;
+            }
+            gr.dsinks = (float *)ds->ptr;
+        } else if (!SDPA_API_HAS(api, mha_desc_set_mods)) {
+            gr.struct_size = (uint32_t)offsetof(sdpa_mha_grads, dsinks);
+        }
         PyThreadState *ts = PyEval_SaveThread();
         st = api->mha_backward_f32(&d, &gr, (const float *)vw[Q].ptr, (const float *)vw[K].ptr,
                                    (const float *)vw[V].ptr, (const float *)vw[OUT].ptr);

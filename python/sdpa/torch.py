@@ -17,12 +17,13 @@ __all__ = ["attention", "scaled_dot_product_attention"]
 
 class _Attention(_torch.autograd.Function):
     # sinks is an input of its own (also inside mods) so that a sinks tensor that requires grad
-    # reaches backward, which must refuse rather than leave its gradient silently absent
+    # gets its gradient, dsinks, from the backward
     @staticmethod
     def forward(ctx, q, k, v, mask, causal, scale, layout, mods=None, sinks=None):
         out, lse, (qr, kr, vr, m) = _core.forward(q, k, v, causal, mask, scale, layout, True,
                                                   mods)
-        ctx.causal, ctx.scale, ctx.layout, ctx.mods = causal, scale, layout, mods is not None
+        ctx.causal, ctx.scale, ctx.layout, ctx.mods = causal, scale, layout, mods
+        ctx.sinks_meta = None if sinks is None else (sinks.shape, sinks.dtype)
         ctx.save_for_backward(qr, kr, vr, out, lse, m)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -30,19 +31,18 @@ class _Attention(_torch.autograd.Function):
     @staticmethod
     @_torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
-        if ctx.mods:
-            raise NotImplementedError(
-                "sdpa: score modifiers in the backward are not supported yet: libsdpa's "
-                "sdpa_mha_backward_f32 takes no window, softcap, sinks, ALiBi or segments, and a "
-                "gradient without them would be wrong (the forward with modifiers works; call it "
-                "under torch.no_grad() or on tensors that do not require grad)")
         q, k, v, out, lse, m = ctx.saved_tensors
         types = (q.dtype, k.dtype, v.dtype)
+        want_dsinks = ctx.sinks_meta is not None and ctx.needs_input_grad[8]
+        dsinks = None
+        if want_dsinks:
+            dsinks = _torch.empty(ctx.sinks_meta[0], dtype=_torch.float32)
         if out.numel() == 0:
             # no query row (len_q or batch 0): no key is seen, every gradient is 0 (dout may
             # then be an expanded empty tensor whose strides no call would take)
             return (_torch.zeros(q.shape, dtype=types[0]), _torch.zeros(k.shape, dtype=types[1]),
-                    _torch.zeros(v.shape, dtype=types[2]), None, None, None, None, None, None)
+                    _torch.zeros(v.shape, dtype=types[2]), None, None, None, None, None,
+                    None if dsinks is None else dsinks.zero_().to(ctx.sinks_meta[1]))
         # The C backward is float32: 16-bit views are widened (exactly) for it, and the
         # gradients rounded back to their inputs' types.
         q, k, v, out = (_dense_f32(t) for t in (q, k, v, out))
@@ -50,9 +50,10 @@ class _Attention(_torch.autograd.Function):
         dq = _torch.empty(q.shape, dtype=_torch.float32)
         dk = _torch.empty(k.shape, dtype=_torch.float32)
         dv = _torch.empty(v.shape, dtype=_torch.float32)
-        _core.backward(q, k, v, out, lse, m, dout, dq, dk, dv, ctx.causal, ctx.scale, ctx.layout)
+        _core.backward(q, k, v, out, lse, m, dout, dq, dk, dv, ctx.causal, ctx.scale, ctx.layout,
+                       ctx.mods, dsinks)
         return (dq.to(types[0]), dk.to(types[1]), dv.to(types[2]), None, None, None, None, None,
-                None)
+                None if dsinks is None else dsinks.to(ctx.sinks_meta[1]))
 
 
 def _dense_f32(t):
@@ -80,16 +81,40 @@ def attention(q, k, v, causal=False, mask=None, scale=None, layout="bhsd", retur
     The backward is not itself differentiable (no double backward).
 
     Score modifiers (window, softcap, sinks, alibi_slopes, segments) are those of
-    ``sdpa.attention``, in the forward only for now: libsdpa's backward does not take them, so
-    the backward through such a call raises NotImplementedError naming "score modifiers in the
-    backward" (never a gradient computed without them).
+    ``sdpa.attention``, and the backward takes them too: softcap's derivative flows into q and
+    k, and a sinks tensor that requires grad gets dL/dsinks (summed over batch and rows). The
+    window, the segments and the ALiBi slopes get no gradient.
     """
     mods = (window, softcap, sinks, alibi_slopes, segments)
     if all(x is None for x in mods):
         mods = None
+    if _custom_op is not None and layout == "bhsd" and _torch.compiler.is_compiling():
+        # the registered op keeps torch.compile's graph whole, modifiers included
+        out, lse = _custom_op(q, k, v, mask, causal, None if scale is None else float(scale),
+                              *_op_mods(window, softcap, sinks, alibi_slopes, segments))
+        return (out, lse) if return_lse else out
     sink_input = sinks if isinstance(sinks, _torch.Tensor) else None
     out, lse = _Attention.apply(q, k, v, mask, causal, scale, layout, mods, sink_input)
     return (out, lse) if return_lse else out
+
+
+def _op_mods(window, softcap, sinks, alibi_slopes, segments):
+    """The modifiers as the custom op's arguments: window as [left, right] (-1 unbounded),
+    softcap a float, the arrays tensors, segments split in two."""
+    if window is not None:
+        window = [-1 if w is None else int(w) for w in window]
+    softcap = None if softcap is None else float(softcap)
+    sinks, alibi_slopes = (None if x is None else _torch.as_tensor(x)
+                           for x in (sinks, alibi_slopes))
+    q_seg, k_seg = (None, None) if segments is None else (_torch.as_tensor(x) for x in segments)
+    return window, softcap, sinks, alibi_slopes, q_seg, k_seg
+
+
+def _mods_tuple(window, softcap, sinks, alibi_slopes, q_segment, k_segment):
+    """The custom op's modifier arguments as _core takes them (None when none is set)."""
+    segments = None if q_segment is None else (q_segment, k_segment)
+    mods = (window, softcap, sinks, alibi_slopes, segments)
+    return None if all(x is None for x in mods) else mods
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -208,16 +233,21 @@ def _mask_view(mask, full, batch_heads):
     return expanded.reshape(tuple(batch_heads) + tuple(full[-2:]))
 
 
-def _gradients(q, k, v, out, lse, mask, dout, causal, scale):
-    """(dq, dk, dv) of bhsd attention, each of its input's dtype; mask as the forward took it."""
+def _gradients(q, k, v, out, lse, mask, dout, causal, scale, mods=None, sinks=None):
+    """(dq, dk, dv, dsinks) of bhsd attention, each of its input's dtype; mask and mods as the
+    forward took them; dsinks of sinks' shape, or of shape (0,) without sinks."""
     types = (q.dtype, k.dtype, v.dtype)
+    dsinks = _torch.zeros(0 if sinks is None else sinks.shape, dtype=_torch.float32)
     if out.numel() == 0:
-        return tuple(_torch.zeros(x.shape, dtype=t) for x, t in zip((q, k, v), types))
+        return tuple(_torch.zeros(x.shape, dtype=t) for x, t in zip((q, k, v), types)) + (
+            dsinks if sinks is None else dsinks.to(sinks.dtype),)
     m = None if mask is None else _core.mask_arg(mask, q, k, "bhsd", True)[0]
     q, k, v, out, dout = (_dense_f32(t) for t in (q, k, v, out, dout))
     dq, dk, dv = (_torch.empty(x.shape, dtype=_torch.float32) for x in (q, k, v))
-    _core.backward(q, k, v, out, lse, m, dout, dq, dk, dv, causal, scale, "bhsd")
-    return dq.to(types[0]), dk.to(types[1]), dv.to(types[2])
+    _core.backward(q, k, v, out, lse, m, dout, dq, dk, dv, causal, scale, "bhsd", mods,
+                   None if sinks is None else dsinks)
+    return (dq.to(types[0]), dk.to(types[1]), dv.to(types[2]),
+            dsinks if sinks is None else dsinks.to(sinks.dtype))
 
 
 def _register_custom_op():
@@ -226,42 +256,56 @@ def _register_custom_op():
     library = getattr(_torch, "library", None)
     if not hasattr(library, "custom_op") or not hasattr(library, "register_autograd"):
         return None
-    from typing import Optional, Tuple
+    from typing import List, Optional, Tuple
 
     Tensor = _torch.Tensor
 
+    # the modifiers as sdpa.attention takes them, segments split into their two arrays
     @library.custom_op("sdpa::attention", mutates_args=(), device_types="cpu")
     def attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
-                     scale: Optional[float]) -> Tuple[Tensor, Tensor]:
-        out, lse, _ = _core.forward(q, k, v, causal, mask, scale, "bhsd", True)
+                     scale: Optional[float], window: Optional[List[int]] = None,
+                     softcap: Optional[float] = None, sinks: Optional[Tensor] = None,
+                     alibi_slopes: Optional[Tensor] = None, q_segment: Optional[Tensor] = None,
+                     k_segment: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        mods = _mods_tuple(window, softcap, sinks, alibi_slopes, q_segment, k_segment)
+        out, lse, _ = _core.forward(q, k, v, causal, mask, scale, "bhsd", True, mods)
         return out, lse
 
     @attention_op.register_fake
-    def _(q, k, v, mask, causal, scale):
+    def _(q, k, v, mask, causal, scale, *mods):
         return (q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],)),
                 q.new_empty(tuple(q.shape[:-1]), dtype=_torch.float32))
 
     @library.custom_op("sdpa::attention_backward", mutates_args=(), device_types="cpu")
     def backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                    mask: Optional[Tensor], dout: Tensor, causal: bool,
-                    scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
-        return _gradients(q, k, v, out, lse, mask, dout, causal, scale)
+                    mask: Optional[Tensor], dout: Tensor, causal: bool, scale: Optional[float],
+                    window: Optional[List[int]] = None, softcap: Optional[float] = None,
+                    sinks: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
+                    q_segment: Optional[Tensor] = None, k_segment: Optional[Tensor] = None
+                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        mods = _mods_tuple(window, softcap, sinks, alibi_slopes, q_segment, k_segment)
+        return _gradients(q, k, v, out, lse, mask, dout, causal, scale, mods, sinks)
 
     @backward_op.register_fake
-    def _(q, k, v, out, lse, mask, dout, causal, scale):
+    def _(q, k, v, out, lse, mask, dout, causal, scale, window=None, softcap=None, sinks=None,
+          *rest):
         return tuple(_torch.empty_like(x, memory_format=_torch.contiguous_format)
-                     for x in (q, k, v))
+                     for x in (q, k, v)) + (
+            q.new_empty((0,), dtype=_torch.float32) if sinks is None else _torch.empty_like(sinks),)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, mask, causal, scale = inputs
-        ctx.causal, ctx.scale = causal, scale
-        ctx.save_for_backward(q, k, v, mask, *output)
+        q, k, v, mask, causal, scale, window, softcap, sinks, alibi, q_seg, k_seg = (
+            tuple(inputs) + (None,) * 6)[:12]
+        ctx.causal, ctx.scale, ctx.window, ctx.softcap = causal, scale, window, softcap
+        ctx.save_for_backward(q, k, v, mask, sinks, alibi, q_seg, k_seg, *output)
         ctx.mark_non_differentiable(output[1])
 
     def backward(ctx, dout, _dlse):
-        q, k, v, mask, out, lse = ctx.saved_tensors
-        dq, dk, dv = backward_op(q, k, v, out, lse, mask, dout, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None, None
+        q, k, v, mask, sinks, alibi, q_seg, k_seg, out, lse = ctx.saved_tensors
+        dq, dk, dv, dsinks = backward_op(q, k, v, out, lse, mask, dout, ctx.causal, ctx.scale,
+                                         ctx.window, ctx.softcap, sinks, alibi, q_seg, k_seg)
+        return (dq, dk, dv, None, None, None, None, None,
+                dsinks if sinks is not None else None, None, None, None)
 
     attention_op.register_autograd(backward, setup_context=setup_context)
     return attention_op

@@ -19,8 +19,8 @@ mask either: the window then goes to sdpa as a modifier, which skips the keys ou
 
 What libsdpa cannot compute raises NotImplementedError naming it, rather than computing
 something else: dropout in training, position_bias (a learned mask, which would need a
-gradient), packed causal sequences whose query and key lengths differ, and, for now, the
-backward through softcap, a sliding window or sinks (libsdpa's backward takes no modifiers yet).
+gradient) and packed causal sequences whose query and key lengths differ. The backward runs
+through softcap, the sliding window and the sinks, whose parameter gets its gradient.
 """
 
 from transformers import AttentionInterface as _AttentionInterface

@@ -182,7 +182,7 @@ def test_bad_modifiers_raise_naming_them(rng):
         sdpa.attention(q, k, v, sinks=np.array([0, np.nan, 0, 0], np.float32))
 
 
-def test_torch_tensors_every_dtype_and_the_backward_refuses():
+def test_torch_tensors_every_dtype():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(11)
     q, k, v = problem(rng, heads_q=4, heads_kv=2, len_q=6, len_kv=9)
@@ -198,22 +198,112 @@ def test_torch_tensors_every_dtype_and_the_backward_refuses():
         assert np.abs(got.double().numpy() - want).max() <= tol * max(1.0, np.abs(want).max())
     assert np.abs(sdpa.attention(*(torch.from_numpy(x) for x in (q, k, v)), causal=True, **tmods)
                   .numpy() - ref).max() <= bound(v)
-    # autograd: the forward runs, the backward refuses (never a gradient without the modifiers)
-    for field in MODS_FIELDS:
-        tq = torch.from_numpy(q).requires_grad_()
-        out = sdpa.attention(tq, torch.from_numpy(k), torch.from_numpy(v),
-                             **{field: tmods[field]})
-        with pytest.raises(NotImplementedError, match="score modifiers in the backward"):
-            out.sum().backward()
-    sinks = torch.zeros(4, requires_grad=True)  # only the sinks ask for a gradient
-    out = sdpa.attention(*(torch.from_numpy(x) for x in (q, k, v)), sinks=sinks)
-    assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="score modifiers in the backward"):
-        out.sum().backward()
     with torch.no_grad():
         got = sdpa.attention(torch.from_numpy(q).requires_grad_(), torch.from_numpy(k),
                              torch.from_numpy(v), causal=True, **tmods)
     assert np.abs(got.numpy() - ref).max() <= bound(v)
+
+
+def torch_reference(torch, q, k, v, causal=False, window=None, softcap=None, sinks=None,
+                    alibi_slopes=None, segments=None):
+    """out of bhsd float64 tensors from sdpa.h's formulas, in torch operations so that autograd
+    differentiates it (sinks may be a tensor that requires grad)."""
+    batch, heads_q, len_q, d = q.shape
+    group = heads_q // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    len_kv = k.shape[2]
+    s = (q @ k.transpose(-1, -2)) / d ** 0.5
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    pos = torch.arange(len_q)[:, None] + (len_kv - len_q)  # p_i
+    rel = torch.arange(len_kv)[None, :] - pos  # j - p_i
+    if alibi_slopes is not None:
+        s = s + torch.as_tensor(alibi_slopes, dtype=torch.float64)[:, None, None] * rel
+    seen = torch.ones(batch, 1, len_q, len_kv, dtype=torch.bool)
+    if causal:
+        seen = seen & (rel <= 0)
+    if window is not None:
+        left, right = (-1 if w is None else w for w in window)
+        if left != -1:
+            seen = seen & (rel >= -left)
+        if right != -1:
+            seen = seen & (rel <= right)
+    if segments is not None:
+        qs, ks = (torch.as_tensor(np.broadcast_to(np.asarray(x), (batch, n)).copy())
+                  for x, n in zip(segments, (len_q, len_kv)))
+        seen = seen & (qs[:, None, :, None] == ks[:, None, None, :])
+    s = torch.where(seen, s, torch.full_like(s, -np.inf))
+    if sinks is not None:
+        sink = torch.as_tensor(sinks).to(torch.float64)[None, :, None, None]
+        s = torch.cat([s, sink.expand(batch, heads_q, len_q, 1)], dim=-1)
+    m = s.detach().amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    p = e[..., :len_kv] / e.sum(dim=-1, keepdim=True).clamp_min(1e-300)
+    return p @ v
+
+
+def grads_of(torch, fn, inputs, dout):
+    """The gradients of sum(fn(*inputs) * dout) with respect to every input, in float64."""
+    out = fn(*inputs)
+    return torch.autograd.grad((out * dout.to(out.dtype)).sum(), inputs)
+
+
+@pytest.mark.parametrize("backend", sdpa.backends())
+@pytest.mark.parametrize("field", MODS_FIELDS + ("all",))
+def test_gradients_through_each_modifier_and_all_together(rng, backend, field):
+    torch = pytest.importorskip("torch")
+    heads_q, batch, len_q, len_kv = 4, 2, 7, 11
+    q, k, v = (torch.from_numpy(x) for x in problem(rng, batch, heads_q, 2, len_q, len_kv))
+    mods = some_mods(rng, heads_q, batch, len_q, len_kv)
+    if field != "all":
+        mods = {field: mods[field]}
+    sinks = mods.pop("sinks", None)
+    dout = torch.from_numpy(randn(rng, batch, heads_q, len_q, 16))
+    ins = [q, k, v] + ([] if sinks is None else [torch.from_numpy(sinks)])
+
+    def reference(*x):
+        return torch_reference(torch, *x[:3], causal=True, sinks=x[3] if len(x) > 3 else None,
+                               **mods)
+
+    want = grads_of(torch, reference, [x.double().requires_grad_() for x in ins], dout)
+    with sdpa.use_backend(backend):
+        got = grads_of(torch, lambda *x: sdpa.attention(*x[:3], causal=True,
+                                                        sinks=x[3] if len(x) > 3 else None,
+                                                        **mods),
+                       [x.clone().requires_grad_() for x in ins], dout)
+    names = ("dq", "dk", "dv", "dsinks")
+    for name, g, w in zip(names, got, want):
+        assert g.dtype == torch.float32
+        tol = 1e-4 * max(1.0, float(w.abs().max()))
+        assert float((g.double() - w).abs().max()) <= tol, name
+    # the modifier changed the gradients: the test would see it ignored in the backward
+    plain = grads_of(torch, lambda *x: torch_reference(torch, *x, causal=True),
+                     [x.double().requires_grad_() for x in ins[:3]], dout)
+    assert max(float((p - w).abs().max()) for p, w in zip(plain, want)) > 1e-2
+    if sinks is not None:
+        assert float(want[3].abs().max()) > 1e-2  # dsinks is not trivially 0
+
+
+def test_gradient_of_sinks_alone_and_of_16_bit_inputs(rng):
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.from_numpy(x) for x in problem(rng, 1, 4, 4, 5, 5))
+    sinks = torch.from_numpy(randn(rng, 4))
+    dout = torch.from_numpy(randn(rng, 1, 4, 5, 16))
+    want = grads_of(torch, lambda *x: torch_reference(torch, *x[:3], sinks=x[3], softcap=3.0),
+                    [x.double().requires_grad_() for x in (q, k, v, sinks)], dout)[3]
+    # only the sinks ask for a gradient
+    got = grads_of(torch, lambda s: sdpa.attention(q, k, v, sinks=s, softcap=3.0),
+                   [sinks.clone().requires_grad_()], dout)[0]
+    assert float((got.double() - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max()))
+    # bfloat16 sinks and inputs: the gradients come back in their own dtype
+    t = [x.to(torch.bfloat16).requires_grad_() for x in (q, k, v, sinks)]
+    got = grads_of(torch, lambda *x: sdpa.attention(*x[:3], sinks=x[3], softcap=3.0), t, dout)
+    assert [g.dtype for g in got] == [torch.bfloat16] * 4
+    want = grads_of(torch, lambda *x: torch_reference(torch, *x[:3], sinks=x[3], softcap=3.0),
+                    [x.detach().double().requires_grad_() for x in t], dout)
+    for g, w in zip(got, want):
+        assert float((g.double() - w).abs().max()) <= 3e-2 * max(1.0, float(w.abs().max()))
 
 
 @pytest.mark.parametrize("backend", sdpa.backends())

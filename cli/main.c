@@ -147,6 +147,12 @@ static void help_backends(void) {
                                : "off by default",
                e.variable, e.description);
     }
+    printf("\nElement types (sdpa_dtype), as this library takes them:\n");
+    for (size_t i = 0; i < api->info_count(SDPA_INFO_TYPE); i++) {
+        sdpa_info_entry e = {sizeof e, 0, "", "", "", "", "", "", "", {0, 0, 0, 0}};
+        if (api->info(SDPA_INFO_TYPE, i, &e) != SDPA_OK) continue;
+        printf("  %-9s %s\n", e.name, e.description);
+    }
 }
 
 static const char HELP_INFO[] =
@@ -154,8 +160,8 @@ static const char HELP_INFO[] =
     "\n"
     "Shows the CPU (vendor, model, the features the backends need, the OS support for the\n"
     "wide registers), every backend with compiled / supported / active and why a better one\n"
-    "was not chosen, the threads an attention call uses, and the versions of the library, its\n"
-    "ABI and SLEEF.\n"
+    "was not chosen, the element types the library takes, the threads an attention call uses,\n"
+    "and the versions of the library, its ABI and SLEEF.\n"
     "\n"
     "  --json         the same as one JSON object\n"
     "  --threads N    set the thread count first (0: the default)\n";

@@ -129,7 +129,8 @@ typedef enum sdpa_info_kind {
     SDPA_INFO_CPU = 0,     /* one entry: the CPU as the dispatcher saw it */
     SDPA_INFO_FEATURE = 1, /* the CPU features the dispatcher checks */
     SDPA_INFO_BACKEND = 2, /* every backend, best first (as sdpa_backend_name) */
-    SDPA_INFO_ADDON = 3    /* every backend's add-ons, in the order they are tried */
+    SDPA_INFO_ADDON = 3,   /* every backend's add-ons, in the order they are tried */
+    SDPA_INFO_TYPE = 4     /* every element type (sdpa_dtype), in its order; since ABI 1.5 */
 } sdpa_info_kind;
 
 /* An entry's flags. PRESENT: a feature this CPU and OS have; a backend or add-on compiled in.
@@ -151,7 +152,7 @@ typedef struct sdpa_info_entry {
     const char *backend;     /* add-on: its backend */
     const char *variable;    /* add-on: the environment variable that turns it on or off */
     /* CPU: family, model, stepping, XCR0 (-1 where unknown); add-on: its default (1 on, 0 off,
-       -1 chosen per CPU), then that default on this CPU (1 or 0) */
+       -1 chosen per CPU), then that default on this CPU (1 or 0); type: its sdpa_dtype, bytes */
     int64_t number[4];
 } sdpa_info_entry; /* fields that do not apply are "" or 0 */
 

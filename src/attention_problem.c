@@ -82,7 +82,8 @@ static sdpa_status check_overlaps(const extent *written, int n_written, const ex
     return SDPA_OK;
 }
 
-static const char *const TYPE_NAMES[] = {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"};
+const char *const SDPA_TYPE_NAMES[SDPA_FP8_E5M2 + 1] = {"f32", "f16", "bf16", "fp8_e4m3",
+                                                        "fp8_e5m2"};
 
 /* the pointers a call with output rows needs */
 static sdpa_status check_pointers(const attention_problem *p, int reads_inputs) {
@@ -146,8 +147,8 @@ static sdpa_status check(const attention_problem *p, uint32_t flags) {
             "%s (%zu) is above %d, the largest with a view narrower than f32 (q %s, k and v "
             "%s, out %s)",
             p->d_k > SDPA_WIDE_FLOATS ? "d_k" : "d_v", p->d_k > SDPA_WIDE_FLOATS ? p->d_k : p->d_v,
-            SDPA_WIDE_FLOATS, TYPE_NAMES[p->q_type], TYPE_NAMES[p->kv_type],
-            TYPE_NAMES[p->out_type]);
+            SDPA_WIDE_FLOATS, SDPA_TYPE_NAMES[p->q_type], SDPA_TYPE_NAMES[p->kv_type],
+            SDPA_TYPE_NAMES[p->out_type]);
     if (!has_out) return SDPA_OK;
     if (!p->d_k || !p->d_v)
         return sdpa_fail(SDPA_ERR_SIZE, "%s is 0 with output rows", p->d_k ? "d_v" : "d_k");

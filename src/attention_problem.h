@@ -51,6 +51,9 @@ typedef struct attention_problem {
  * tiles of SDPA_WIDE_FLOATS on the stack, which must hold one. */
 #define SDPA_WIDE_FLOATS 8192
 
+/* The name of each sdpa_dtype, in its order. */
+extern const char *const SDPA_TYPE_NAMES[SDPA_FP8_E5M2 + 1];
+
 /* Bytes of one element of type t (a valid sdpa_dtype). */
 static inline size_t sdpa_type_size(uint32_t t) {
     return t == SDPA_F32 ? 4 : t <= SDPA_BF16 ? 2 : 1;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_problem.h"
 #include "backends.h"
 #include "bf16_dot_default.h"
 #include "dispatch.h"
@@ -443,6 +444,7 @@ SDPA_API size_t sdpa_info_count(sdpa_info_kind kind) {
     case SDPA_INFO_FEATURE: return n_features();
     case SDPA_INFO_BACKEND: return N_BACKENDS;
     case SDPA_INFO_ADDON: return N_ADDONS;
+    case SDPA_INFO_TYPE: return SDPA_FP8_E5M2 + 1;
     }
     return 0;
 }
@@ -486,6 +488,13 @@ static void info_fill(sdpa_info_kind kind, size_t i, sdpa_info_entry *e) {
         e->flags = (b->kernels ? SDPA_INFO_PRESENT : 0) | (runnable[i] ? SDPA_INFO_RUNNABLE : 0);
         if (b->kernels && b->kernels == sdpa_kernels_now())
             e->flags |= SDPA_INFO_ON | SDPA_INFO_IN_USE;
+    } else if (kind == SDPA_INFO_TYPE) {
+        e->name = SDPA_TYPE_NAMES[i];
+        e->description = i <= SDPA_BF16 ? "q, k, v and out; sdpa_convert"
+                                        : "k and v, with k_scale and v_scale; sdpa_convert";
+        e->flags = SDPA_INFO_PRESENT;
+        e->number[0] = (int64_t)i;
+        e->number[1] = (int64_t)sdpa_type_size((uint32_t)i);
     } else {
         const addon *a = &ADDONS[i];
         e->name = a->name;

@@ -271,6 +271,27 @@ static sdpa_info_entry info_entry(const sdpa_api *api, sdpa_info_kind kind, size
     return e;
 }
 
+/* The element types: the header's numbers, the formats' names and sizes, and each one a type
+   sdpa_convert takes (1.5 round-trips exactly through every one). */
+static void check_types(const sdpa_api *api) {
+    static const char *const names[] = {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"};
+    static const int64_t bytes[] = {4, 2, 2, 1, 1};
+    const size_t n = api->info_count(SDPA_INFO_TYPE);
+    CHECK(n == (size_t)SDPA_FP8_E5M2 + 1, "%zu types, not %d", n, (int)SDPA_FP8_E5M2 + 1);
+    for (size_t i = 0; i < n && i < 5; i++) {
+        const sdpa_info_entry t = info_entry(api, SDPA_INFO_TYPE, i);
+        CHECK(t.number[0] == (int64_t)i && strcmp(t.name, names[i]) == 0 && t.number[1] == bytes[i],
+              "type %zu: %s, number %lld, %lld bytes", i, t.name, (long long)t.number[0],
+              (long long)t.number[1]);
+        const float x = 1.5f;
+        float y = 0.0f;
+        unsigned char mid[8];
+        CHECK(api->convert(mid, (sdpa_dtype)i, &x, SDPA_F32, 1) == SDPA_OK &&
+                  api->convert(&y, SDPA_F32, mid, (sdpa_dtype)i, 1) == SDPA_OK && y == x,
+              "type %s: sdpa_convert round trip of 1.5 gives %g", t.name, y);
+    }
+}
+
 /* The features the dispatcher reports against the compiler's own CPUID prober, which also asks
  * the OS (XCR0) for the wide registers; the names both know. */
 static void check_features(const sdpa_api *api) {
@@ -348,6 +369,7 @@ static void check_info(const sdpa_api *api) {
         }
     }
     check_features(api);
+    check_types(api);
     sdpa_info_entry e;
     memset(&e, 0x5a, sizeof e);
     e.struct_size = sizeof e;

@@ -412,6 +412,30 @@ static void close_to(const float *got, const double *want, size_t n, const char 
                   what, i, got[i], want[i], big);
 }
 
+/* sdpa_mha_backward_f32 of the shape's forward (out, lse) with mods, given dout, into dq, dk,
+ * dv and dsinks (with m->sinks). */
+static sdpa_status backward(const shape *s, const inputs *in, const sdpa_score_mods *m,
+                            const float *out, float *lse, const float *dout, float *dq, float *dk,
+                            float *dv, float *dsinks) {
+    const size_t d = s->d;
+    sdpa_mha_desc desc;
+    sdpa_mha_desc_dense(&desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, d, d, 0.0f,
+                        s->causal ? SDPA_CAUSAL : 0);
+    sdpa_mha_desc_set_mods(&desc, m);
+    desc.lse = lse;
+    desc.lse_stride[1] = s->len_q;
+    desc.lse_stride[0] = s->heads_q * s->len_q;
+    sdpa_mha_grads g;
+    memset(&g, 0, sizeof g);
+    g.struct_size = sizeof g;
+    g.dq = dq, g.dk = dk, g.dv = dv, g.dout = dout, g.dsinks = m->sinks ? dsinks : NULL;
+    memcpy(g.dq_stride, desc.q_stride, sizeof g.dq_stride);
+    memcpy(g.dk_stride, desc.k_stride, sizeof g.dk_stride);
+    memcpy(g.dv_stride, desc.v_stride, sizeof g.dv_stride);
+    memcpy(g.dout_stride, desc.out_stride, sizeof g.dout_stride);
+    return sdpa_mha_backward_f32(&desc, &g, in->q, in->k, in->v, out);
+}
+
 /* The backward with each modifier and all together: dq, dk, dv and dsinks against
  * ref_row_grads, f32, GQA, causal with len_q below and above len_kv. */
 static void backward_case(const shape *s, const sdpa_score_mods *m0, uint64_t seed,
@@ -432,22 +456,7 @@ static void backward_case(const shape *s, const sdpa_score_mods *m0, uint64_t se
     rng r = rng_seed(seed + 99);
     fill_normal(&r, dout, rows * d);
     cr_assert_eq(run(s, &in, &m, out, lse), SDPA_OK);
-    sdpa_mha_desc desc;
-    sdpa_mha_desc_dense(&desc, s->batch, s->heads_q, s->heads_kv, s->len_q, s->len_kv, d, d, 0.0f,
-                        s->causal ? SDPA_CAUSAL : 0);
-    sdpa_mha_desc_set_mods(&desc, &m);
-    desc.lse = lse;
-    desc.lse_stride[1] = s->len_q;
-    desc.lse_stride[0] = s->heads_q * s->len_q;
-    sdpa_mha_grads g;
-    memset(&g, 0, sizeof g);
-    g.struct_size = sizeof g;
-    g.dq = dq, g.dk = dk, g.dv = dv, g.dout = dout, g.dsinks = dsinks;
-    memcpy(g.dq_stride, desc.q_stride, sizeof g.dq_stride);
-    memcpy(g.dk_stride, desc.k_stride, sizeof g.dk_stride);
-    memcpy(g.dv_stride, desc.v_stride, sizeof g.dv_stride);
-    memcpy(g.dout_stride, desc.out_stride, sizeof g.dout_stride);
-    cr_assert_eq(sdpa_mha_backward_f32(&desc, &g, in.q, in.k, in.v, out), SDPA_OK, "%s: %s", what,
+    cr_assert_eq(backward(s, &in, &m, out, lse, dout, dq, dk, dv, dsinks), SDPA_OK, "%s: %s", what,
                  sdpa_last_error_detail());
     double *wq = calloc(rows * d, 8), *wk = calloc(keys * d, 8), *wv = calloc(keys * d, 8);
     double ws[16] = {0};
@@ -469,9 +478,8 @@ static void backward_case(const shape *s, const sdpa_score_mods *m0, uint64_t se
     }
     /* the same bits on one thread as on all */
     float *dq1 = malloc(rows * d * 4), *dk1 = malloc(keys * d * 4);
-    g.dq = dq1, g.dk = dk1;
     cr_assert_eq(sdpa_set_num_threads(1), SDPA_OK);
-    cr_assert_eq(sdpa_mha_backward_f32(&desc, &g, in.q, in.k, in.v, out), SDPA_OK);
+    cr_assert_eq(backward(s, &in, &m, out, lse, dout, dq1, dk1, dv, dsinks), SDPA_OK);
     sdpa_set_num_threads(0);
     cr_assert(!memcmp(dq1, dq, rows * d * 4) && !memcmp(dk1, dk, keys * d * 4),
               "%s: one thread gives other bits", what);
@@ -498,4 +506,108 @@ BACKEND_TEST(mods, backward_against_double) {
             snprintf(what, sizeof what, "shape %zu modifier %d", si, which);
             backward_case(&shapes[si], &m, 300 + si * 10 + (uint64_t)which, what);
         }
+}
+
+/* L = sum over rows of dout . out, from the formulas in double (ref_row). */
+static double ref_loss(const shape *s, const inputs *in, const sdpa_score_mods *m,
+                       const float *dout) {
+    double loss = 0.0, *o = malloc(s->d * sizeof(double));
+    for (size_t b = 0; b < s->batch; b++)
+        for (size_t h = 0; h < s->heads_q; h++)
+            for (size_t i = 0; i < s->len_q; i++) {
+                ref_row(s, in, m, b, h, i, 1.0 / sqrt((double)s->d), o);
+                const float *g = dout + ((b * s->heads_q + h) * s->len_q + i) * s->d;
+                for (size_t c = 0; c < s->d; c++) loss += g[c] * o[c];
+            }
+    free(o);
+    return loss;
+}
+
+/* dL/dx by a central difference of ref_loss, x one of the inputs' floats. */
+static double central_difference(const shape *s, inputs *in, const sdpa_score_mods *m,
+                                 const float *dout, float *x) {
+    const float x0 = *x, up = x0 + 1e-3f, down = x0 - 1e-3f;
+    *x = up;
+    const double l_up = ref_loss(s, in, m, dout);
+    *x = down;
+    const double l_down = ref_loss(s, in, m, dout);
+    *x = x0;
+    return (l_up - l_down) / ((double)up - (double)down);
+}
+
+/* The backward through every modifier at once, softcap foremost, against central differences
+ * of the forward's formulas: checks the chain rule that ref_row_grads and the library share. */
+BACKEND_TEST(mods, backward_by_central_differences) {
+    const shape s = {1, 2, 1, 5, 9, 8, SDPA_F32, 1};
+    inputs in = make_inputs(&s, 77);
+    sdpa_score_mods m = none();
+    m.softcap = 1.5f, m.window_left = 4, m.alibi_slopes = in.slopes, m.sinks = in.sinks;
+    const size_t rows = s.heads_q * s.len_q, keys = s.len_kv, d = s.d;
+    float *out = malloc(rows * d * 4), *lse = malloc(rows * 4), *dout = malloc(rows * d * 4);
+    float *dq = malloc(rows * d * 4), *dk = malloc(keys * d * 4), *dv = malloc(keys * d * 4);
+    float dsinks[2];
+    rng r = rng_seed(78);
+    fill_normal(&r, dout, rows * d);
+    for (size_t i = 0; i < rows * d; i++) in.q[i] *= 3.0f; /* scores well into the softcap */
+    cr_assert_eq(run(&s, &in, &m, out, lse), SDPA_OK);
+    cr_assert_eq(backward(&s, &in, &m, out, lse, dout, dq, dk, dv, dsinks), SDPA_OK);
+    struct {
+        const char *name;
+        float *x, *grad;
+        size_t n;
+    } wrt[] = {{"q", in.q, dq, rows * d},
+               {"k", in.k, dk, keys * d},
+               {"v", in.v, dv, keys * d},
+               {"sinks", in.sinks, dsinks, s.heads_q}};
+    for (size_t w = 0; w < 4; w++) {
+        double fd[80], big = 1e-3;
+        const size_t n = wrt[w].n < 80 ? wrt[w].n : 80;
+        for (size_t i = 0; i < n; i++) {
+            fd[i] = central_difference(&s, &in, &m, dout, wrt[w].x + i * (wrt[w].n / n));
+            big = fabs(fd[i]) > big ? fabs(fd[i]) : big;
+        }
+        for (size_t i = 0; i < n; i++) {
+            const float got = wrt[w].grad[i * (wrt[w].n / n)];
+            cr_assert(fabs(got - fd[i]) <= 1e-4 * big, "d%s[%zu] = %.7g, central difference %.7g",
+                      wrt[w].name, i * (wrt[w].n / n), got, fd[i]);
+        }
+    }
+    free(out), free(lse), free(dout), free(dq), free(dk), free(dv);
+    free_inputs(&in);
+}
+
+/* Two calls over disjoint keys, the sink given to one, merged through lse with
+ * sdpa_attention_merge_f32, are the one call (numerics.md, "Merging through lse"): against the
+ * formulas in double, as check() holds the one call to them. */
+BACKEND_TEST(mods, split_calls_merge_through_lse) {
+    const shape s = {1, 2, 1, 6, 40, 16, SDPA_F32, 0}, a = {1, 2, 1, 6, 17, 16, SDPA_F32, 0},
+                b = {1, 2, 1, 6, 23, 16, SDPA_F32, 0};
+    inputs in = make_inputs(&s, 31);
+    sdpa_score_mods m = none();
+    m.softcap = 3.0f, m.sinks = in.sinks;
+    m.q_segment = in.qseg, m.k_segment = in.kseg; /* documents of 7 keys */
+    const size_t rows = s.heads_q * s.len_q, d = s.d;
+    float *out = malloc(rows * d * 4), *lse = malloc(rows * 4);
+    float *out_b = malloc(rows * d * 4), *lse_b = malloc(rows * 4);
+    inputs part = in; /* keys 0..16, with the sink */
+    cr_assert_eq(run(&a, &part, &m, out, lse), SDPA_OK);
+    part.k += a.len_kv * d, part.v += a.len_kv * d; /* keys 17..39, without it */
+    sdpa_score_mods mb = m;
+    mb.sinks = NULL, mb.k_segment = in.kseg + a.len_kv;
+    cr_assert_eq(run(&b, &part, &mb, out_b, lse_b), SDPA_OK);
+    cr_assert_eq(sdpa_attention_merge_f32(out, lse, out_b, lse_b, rows, d, d, d), SDPA_OK);
+    double want[16];
+    for (size_t h = 0; h < s.heads_q; h++)
+        for (size_t i = 0; i < s.len_q; i++) {
+            const size_t row = h * s.len_q + i;
+            const double want_lse = ref_row(&s, &in, &m, 0, h, i, 1.0 / sqrt((double)d), want);
+            cr_assert(fabs(lse[row] - want_lse) <= 1e-5 * (1 + fabs(want_lse)),
+                      "h %zu row %zu: merged lse %.9g, want %.9g", h, i, lse[row], want_lse);
+            for (size_t c = 0; c < d; c++)
+                cr_assert(fabs(out[row * d + c] - want[c]) <= 4e-5,
+                          "h %zu row %zu col %zu: merged %.9g, want %.9g", h, i, c,
+                          out[row * d + c], want[c]);
+        }
+    free(out), free(lse), free(out_b), free(lse_b);
+    free_inputs(&in);
 }

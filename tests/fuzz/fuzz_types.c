@@ -18,6 +18,10 @@
  *     tests/test_types.c holds their special-value rules. Run with SDPA_AMX and SDPA_BF16_DOT
  *     each on alone, and both off, to cover every path.)
  *
+ * K and V may also be 8-bit (fp8 e4m3 or e5m2, with a power-of-two k_scale and v_scale now and
+ * then), compared against the f32 path on their values times the scales: bit for bit where the
+ * scales are 1, within the bound otherwise.
+ *
  * Run it with scripts/fuzz; a crash file it leaves reproduces with build-fuzz/fuzz_types. */
 #include "fuzz_common.h"
 #include "reference.h"
@@ -28,6 +32,30 @@
 /* the value of a 16-bit pattern of type t, from its fields (reference.c), exact in a float */
 static float decode(uint16_t h, sdpa_dtype t) {
     return (float)(t == SDPA_F16 ? ref_f16(h) : ref_bf16(h));
+}
+
+/* the value of an 8-bit pattern of type t, from its fields (OCP: e4m3 has no inf, S.1111.111 is
+   NaN; e5m2 is IEEE-like), exact in a float */
+static float decode8(uint8_t c, sdpa_dtype t) {
+    const int mbits = t == SDPA_FP8_E4M3 ? 3 : 2, bias = t == SDPA_FP8_E4M3 ? 7 : 15;
+    const int e = c >> mbits & (t == SDPA_FP8_E4M3 ? 15 : 31), m = c & ((1 << mbits) - 1);
+    const double sign = c & 0x80 ? -1.0 : 1.0;
+    if (t == SDPA_FP8_E4M3 && (c & 0x7f) == 0x7f) return NAN;
+    if (t == SDPA_FP8_E5M2 && e == 31) return m ? NAN : (float)(sign * INFINITY);
+    if (e == 0) return (float)(sign * ldexp(m, 1 - bias - mbits));
+    return (float)(sign * ldexp((1 << mbits) + m, e - bias - mbits));
+}
+
+/* an 8-bit pattern: mostly a moderate value, sometimes a special (NaN, e5m2's inf, a
+   subnormal, the largest finite) */
+static uint8_t pattern8(fuzz_reader *r, sdpa_dtype t, int specials) {
+    const int mbits = t == SDPA_FP8_E4M3 ? 3 : 2, bias = t == SDPA_FP8_E4M3 ? 7 : 15;
+    const uint8_t sign = fuzz_u8(r) & 0x80, m = fuzz_u8(r) & ((1u << mbits) - 1);
+    const uint8_t c = specials ? fuzz_u8(r) : 0;
+    if (c >= 250) return t == SDPA_FP8_E4M3 ? sign | 0x7f : sign | (c == 250 ? 0x7c : 0x7d | m);
+    if (c >= 245) return sign | m;                                     /* subnormal or zero */
+    if (c >= 242) return sign | (t == SDPA_FP8_E4M3 ? 0x7e : 0x7b);    /* the largest */
+    return sign | (uint8_t)((bias - 4 + fuzz_u8(r) % 6) << mbits) | m; /* |x| in [2^-4, 4) */
 }
 
 /* a 16-bit pattern: mostly a moderate value (|x| in [2^-4, 4)), sometimes a special */
@@ -56,7 +84,7 @@ static size_t pick_d(fuzz_reader *r) {
     return 1 + (size_t)b % MAX_D;
 }
 
-static size_t size_of(sdpa_dtype t) { return t == SDPA_F32 ? 4 : 2; }
+static size_t size_of(sdpa_dtype t) { return t == SDPA_F32 ? 4 : t <= SDPA_BF16 ? 2 : 1; }
 
 /* n elements of type t at the end of a fenced array (so a write past them hits the fence) */
 typedef struct typed {
@@ -80,8 +108,13 @@ static void run_case(fuzz_reader *r) {
     if (sel & 1) len_q = 1; /* decode: the grouped-heads path */
     const int bshd = sel >> 1 & 1, causal = sel >> 2 & 1, masked = sel >> 3 & 1;
     const int specials = sel >> 4 & 1;
-    const sdpa_dtype qt = (sdpa_dtype)(types % 3), kt = (sdpa_dtype)(types / 3 % 3);
-    const sdpa_dtype ot = (sdpa_dtype)(types / 9 % 3);
+    const sdpa_dtype qt = (sdpa_dtype)(types % 3), kt = (sdpa_dtype)(types / 3 % 5);
+    const sdpa_dtype ot = (sdpa_dtype)(types / 15 % 3);
+    /* 8-bit K/V: k_scale and v_scale 1 (as 0) or powers of two, which the f32 path multiplies
+       into its copies (exactly) */
+    const int fp8 = kt >= SDPA_FP8_E4M3, scaled = fp8 && sel >> 5 & 1;
+    const float k_scale = scaled ? ldexpf(1.0f, fuzz_u8(r) % 7 - 3) : 0.0f;
+    const float v_scale = scaled ? ldexpf(1.0f, fuzz_u8(r) % 7 - 3) : 0.0f;
     sdpa_set_exp_mode(sel >> 7 ? "sleef" : "fast");
 
     sdpa_mha_desc desc;
@@ -105,6 +138,10 @@ static void run_case(fuzz_reader *r) {
                 x = fuzz_float(r, 2.0f);
                 if (!specials) x = isfinite(x) && fabsf(x) < 4 ? x : 0.5f;
                 ((float *)inputs[a].p)[i] = x;
+            } else if (in_types[a] >= SDPA_FP8_E4M3) {
+                const uint8_t c = pattern8(r, in_types[a], specials);
+                ((uint8_t *)inputs[a].p)[i] = c;
+                x = decode8(c, in_types[a]) * (scaled ? (a == 1 ? k_scale : v_scale) : 1.0f);
             } else {
                 uint16_t h = pattern(r, in_types[a], specials);
                 ((uint16_t *)inputs[a].p)[i] = h;
@@ -133,6 +170,8 @@ static void run_case(fuzz_reader *r) {
         memset(out.p, 0x5a, out_bytes);
         sdpa_mha_desc typed_desc = desc;
         typed_desc.q_type = qt, typed_desc.kv_type = kt, typed_desc.out_type = ot;
+        typed_desc.struct_size = sizeof typed_desc; /* the v3 tail: no modifiers, the scales */
+        typed_desc.mods = NULL, typed_desc.k_scale = k_scale, typed_desc.v_scale = v_scale;
         const sdpa_status st = sdpa_mha(&typed_desc, out.p, q.p, k.p, v.p);
         const sdpa_status st32 = sdpa_mha_f32(&desc, o32.p, q32.p, k32.p, v32.p);
         FUZZ_CHECK(st == st32, "status %d, the f32 path's %d", st, st32);
@@ -155,7 +194,7 @@ static void run_case(fuzz_reader *r) {
             memcpy(expect.p, out.p, no * sizeof(float));
             got = expect.p;
         }
-        const int same_blocks = qt == SDPA_F32 && d_k <= 128 && d_v <= 128;
+        const int same_blocks = qt == SDPA_F32 && d_k <= 128 && d_v <= 128 && !scaled;
         const double half_ulp = ot == SDPA_F16 ? 0x1p-11 : ot == SDPA_BF16 ? 0x1p-8 : 0.0;
         for (size_t i = 0; i < no; i++) {
             const float a = got[i], e = o32.p[i];

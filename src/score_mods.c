@@ -90,7 +90,8 @@ void sdpa_problem_dsinks(const backward_problem *bp) {
     const attention_problem *p = &bp->fwd;
     for (size_t h = 0; h < p->heads_q; h++) {
         double sum = 0.0;
-        for (size_t b = 0; b < p->batch; b++)
+        /* a sink of -inf is none: its gradient is 0, also for rows whose lse is -inf */
+        for (size_t b = 0; b < p->batch && p->mods.sinks[h] != -INFINITY; b++)
             for (size_t i = 0; i < p->len_q; i++) {
                 const float *o = (const float *)p->out + b * p->out_stride[0] +
                                  h * p->out_stride[1] + i * p->out_stride[2];

@@ -814,3 +814,34 @@ BACKEND_TEST(regressions, backward_far_keys_get_zero_gradients) {
     }
     sdpa_set_exp_mode("fast");
 }
+
+/* dsinks of a head whose sink is -inf (no sink) is 0: rows that see no key have lse -inf, and
+ * e^(sink - lse) was e^NaN there (found by fuzz_mods). The other head's dsink stays finite. */
+BACKEND_TEST(regressions, minus_inf_sink_gets_zero_gradient) {
+    enum { H = 2, LQ = 8, LK = 3, D = 4 };
+    static float q[H * LQ * D], k[LK * D], v[LK * D], out[H * LQ * D], dout[H * LQ * D];
+    static float lse[H * LQ], dq[H * LQ * D], dk[LK * D], dv[LK * D];
+    rng r = rng_seed(35);
+    fill_normal(&r, q, H * LQ * D);
+    fill_normal(&r, k, LK * D);
+    fill_normal(&r, v, LK * D);
+    fill_normal(&r, dout, H * LQ * D);
+    const float sinks[H] = {-INFINITY, 0.5f};
+    sdpa_score_mods m = {.struct_size = sizeof m, .window_left = -1, .window_right = -1};
+    m.sinks = sinks;
+    sdpa_mha_desc d; /* causal with more rows than keys: rows 0 to 4 see no key */
+    cr_assert_eq(sdpa_mha_desc_dense(&d, 1, H, 1, LQ, LK, D, D, 0.0f, SDPA_CAUSAL), SDPA_OK);
+    cr_assert_eq(sdpa_mha_desc_set_mods(&d, &m), SDPA_OK);
+    d.lse = lse;
+    d.lse_stride[0] = H * LQ, d.lse_stride[1] = LQ;
+    cr_assert_eq(sdpa_mha_f32(&d, out, q, k, v), SDPA_OK);
+    float dsinks[H] = {1.0f, 1.0f};
+    sdpa_mha_grads g = {sizeof g,       0,         dq,        dk,   dv,
+                        {0, LQ * D, D}, {0, 0, D}, {0, 0, D}, dout, {0, LQ * D, D},
+                        dsinks};
+    cr_assert_eq(sdpa_mha_backward_f32(&d, &g, q, k, v, out), SDPA_OK);
+    cr_assert(dsinks[0] == 0.0f, "%s: dsink of a -inf sink is %g, want 0", sdpa_backend(),
+              dsinks[0]);
+    cr_assert(isfinite(dsinks[1]) && dsinks[1] != 0.0f, "%s: dsink of 0.5 is %g", sdpa_backend(),
+              dsinks[1]);
+}

@@ -1,9 +1,10 @@
 /* ggml's CPU flash attention (ggml_flash_attn_ext, GGML_PREC_F32) against sdpa_mha on the same
  * values, in one process. Each row alternates the two, one call each per round (who goes first
  * alternates too), after a warm-up whose outputs are checked once against each other and against
- * a double-precision attention on sampled rows. It prints both medians, their GFLOP/s and ggml's
- * time over sdpa's (above 1: sdpa faster). scripts/ggml-peer builds ggml and this file; sdpa is
- * used through include/sdpa.h only. */
+ * a double-precision attention on sampled rows. It prints both medians of the wall time, their
+ * GFLOP/s and ggml's time over sdpa's (above 1: sdpa faster), and that ratio in the process's CPU
+ * time too. scripts/ggml-peer builds ggml and this file; sdpa is used through include/sdpa.h
+ * only. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -122,10 +123,24 @@ static void *xalloc(size_t bytes) {
     return p;
 }
 
-static double now(void) {
+static double seconds(clockid_t clock) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(clock, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A call's wall time, and the CPU time its process spent meanwhile: on 1 thread, the second
+ * leaves out the time other processes took the core, a check on a loaded machine. */
+typedef struct timing {
+    double wall, cpu;
+} timing;
+
+static timing clock_start(void) {
+    return (timing){seconds(CLOCK_MONOTONIC), seconds(CLOCK_PROCESS_CPUTIME_ID)};
+}
+
+static timing clock_since(timing t0) {
+    return (timing){seconds(CLOCK_MONOTONIC) - t0.wall, seconds(CLOCK_PROCESS_CPUTIME_ID) - t0.cpu};
 }
 
 /* xorshift64*, reseeded for every row: the same values on every run and machine, whichever
@@ -310,10 +325,10 @@ static void sdpa_side_init(sdpa_side *z, problem *p, const ggml_side *g) {
 
 static void sdpa_side_free(sdpa_side *z) { free(z->k_own), free(z->v_own), free(z->out); }
 
-static double time_ggml(ggml_side *g, struct ggml_cplan *plan) {
-    const double t0 = now();
+static timing time_ggml(ggml_side *g, struct ggml_cplan *plan) {
+    const timing t0 = clock_start();
     const enum ggml_status st = ggml_graph_compute(g->graph, plan);
-    const double t = now() - t0;
+    const timing t = clock_since(t0);
     if (st != GGML_STATUS_SUCCESS) {
         fprintf(stderr, "ggml_peer: ggml_graph_compute: %s\n", ggml_status_to_string(st));
         exit(2);
@@ -321,10 +336,10 @@ static double time_ggml(ggml_side *g, struct ggml_cplan *plan) {
     return t;
 }
 
-static double time_sdpa(sdpa_side *z, const float *q) {
-    const double t0 = now();
+static timing time_sdpa(sdpa_side *z, const float *q) {
+    const timing t0 = clock_start();
     const sdpa_status st = sdpa_mha(&z->desc, z->out, q, z->k, z->v);
-    const double t = now() - t0;
+    const timing t = clock_since(t0);
     sdpa_check(st, "sdpa_mha");
     return t;
 }
@@ -389,21 +404,27 @@ static int compare_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, compare_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+/* The median of n timings' wall (or cpu) times, in ms. */
+static double median_ms(const timing *t, int n, int cpu) {
+    double *x = xalloc((size_t)n * sizeof(double));
+    for (int i = 0; i < n; i++) x[i] = cpu ? t[i].cpu : t[i].wall;
+    qsort(x, (size_t)n, sizeof *x, compare_double);
+    const double m = n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+    free(x);
+    return 1e3 * m;
 }
 
 /* What one (row, threads) measurement printed. */
 typedef struct result {
     double ms_ggml, ms_sdpa, gflops_ggml, gflops_sdpa;
+    double cpu_ms_ggml, cpu_ms_sdpa; /* medians of the process's CPU time */
     errors err;
     int ok;
 } result;
 
 /* Rounds that alternate the two calls; odd rounds run sdpa first. */
 static void measure(ggml_side *g, struct ggml_cplan *plan, sdpa_side *z, const float *q, int reps,
-                    double *t_ggml, double *t_sdpa) {
+                    timing *t_ggml, timing *t_sdpa) {
     for (int r = 0; r < reps; r++) {
         if (r % 2) t_sdpa[r] = time_sdpa(z, q);
         t_ggml[r] = time_ggml(g, plan);
@@ -432,8 +453,8 @@ static result run_row(const row_spec *spec, const options *o, int threads) {
     plan.work_data = xalloc(plan.work_size);
     sdpa_check(sdpa_set_num_threads((size_t)threads), "sdpa_set_num_threads");
 
-    double *t_ggml = xalloc((size_t)o->reps * sizeof(double));
-    double *t_sdpa = xalloc((size_t)o->reps * sizeof(double));
+    const size_t slots = o->reps > 2 ? (size_t)o->reps : 2; /* the warm-up's 2 too */
+    timing *t_ggml = xalloc(slots * sizeof(timing)), *t_sdpa = xalloc(slots * sizeof(timing));
     measure(&g, &plan, &z, g.q->data, 2, t_ggml, t_sdpa); /* the warm-up */
     result res;
     res.err = check(&p, g.out->data, z.out);
@@ -441,8 +462,10 @@ static result run_row(const row_spec *spec, const options *o, int threads) {
              (spec->kv == KV_8BIT || res.err.between <= GGML_TOLERANCE);
     measure(&g, &plan, &z, g.q->data, o->reps, t_ggml, t_sdpa);
     const double flops = 4.0 * p.pairs * (double)spec->d;
-    res.ms_ggml = 1e3 * median(t_ggml, o->reps);
-    res.ms_sdpa = 1e3 * median(t_sdpa, o->reps);
+    res.ms_ggml = median_ms(t_ggml, o->reps, 0);
+    res.ms_sdpa = median_ms(t_sdpa, o->reps, 0);
+    res.cpu_ms_ggml = median_ms(t_ggml, o->reps, 1);
+    res.cpu_ms_sdpa = median_ms(t_sdpa, o->reps, 1);
     res.gflops_ggml = flops / res.ms_ggml * 1e-6;
     res.gflops_sdpa = flops / res.ms_sdpa * 1e-6;
 
@@ -463,14 +486,17 @@ static const char *kv_names(const row_spec *s, const options *o, int side_ggml) 
 static void print_row(const row_spec *s, const options *o, int threads, const result *r) {
     const char *causal = !s->causal && o->causal && s->len_q > 1 ? ", causal" : "";
     if (o->markdown) {
-        printf("| %s%s | %d | %s / %s | %.2f / %.2f ms | %.1f / %.1f | %.2fx |\n", s->name, causal,
-               threads, kv_names(s, o, 1), kv_names(s, o, 0), r->ms_ggml, r->ms_sdpa,
-               r->gflops_ggml, r->gflops_sdpa, r->ms_ggml / r->ms_sdpa);
+        printf("| %s%s | %d | %s / %s | %.2f / %.2f ms | %.1f / %.1f | %.2fx | %.2fx |\n", s->name,
+               causal, threads, kv_names(s, o, 1), kv_names(s, o, 0), r->ms_ggml, r->ms_sdpa,
+               r->gflops_ggml, r->gflops_sdpa, r->ms_ggml / r->ms_sdpa,
+               r->cpu_ms_ggml / r->cpu_ms_sdpa);
     } else {
-        printf("%-50s %2d  %-4s/%-4s %9.3f %9.3f %8.1f %8.1f %7.2fx  err %.1e %.1e %.1e %s\n",
+        printf("%-50s %2d  %-4s/%-4s %9.3f %9.3f %8.1f %8.1f %7.2fx %7.2fx  err %.1e %.1e %.1e "
+               "%s\n",
                s->name, threads, kv_names(s, o, 1), kv_names(s, o, 0), r->ms_ggml, r->ms_sdpa,
-               r->gflops_ggml, r->gflops_sdpa, r->ms_ggml / r->ms_sdpa, r->err.ggml, r->err.sdpa,
-               r->err.between, r->ok ? "ok" : "CHECK FAILED");
+               r->gflops_ggml, r->gflops_sdpa, r->ms_ggml / r->ms_sdpa,
+               r->cpu_ms_ggml / r->cpu_ms_sdpa, r->err.ggml, r->err.sdpa, r->err.between,
+               r->ok ? "ok" : "CHECK FAILED");
     }
     if (o->markdown && !r->ok)
         fprintf(stderr, "ggml_peer: %s, %d threads: CHECK FAILED (errors %.1e %.1e %.1e)\n",
@@ -512,10 +538,11 @@ static void print_header(const options *o) {
            sdpa_version(), sdpa_backend(), o->reps, wait ? wait : "(unset)");
     if (o->markdown) {
         printf("\n| case | threads | K/V ggml / sdpa | ggml / sdpa time | GFLOP/s ggml / sdpa | "
-               "ggml / sdpa |\n| --- | --- | --- | --- | --- | --- |\n");
+               "ggml / sdpa | in CPU time |\n| --- | --- | --- | --- | --- | --- | --- |\n");
     } else {
-        printf("# %-48s %2s  %-9s %9s %9s %8s %8s %8s  %s\n", "case", "th", "K/V g/s", "ggml ms",
-               "sdpa ms", "ggml GF", "sdpa GF", "g/s", "errors: ggml, sdpa vs ref; between");
+        printf("# %-48s %2s  %-9s %9s %9s %8s %8s %8s %8s  %s\n", "case", "th", "K/V g/s",
+               "ggml ms", "sdpa ms", "ggml GF", "sdpa GF", "g/s", "cpu g/s",
+               "errors: ggml, sdpa vs ref; between");
     }
 }
 
@@ -529,7 +556,9 @@ static void usage(FILE *f) {
                "  --ggml-kv T    ggml's K/V type where sdpa's is f32 (default f16, the values\n"
                "                 being f16-exact on both sides)\n"
                "  --causal       make the prefill rows causal (ggml through a -inf mask)\n"
-               "  --markdown     print a markdown table\n");
+               "  --markdown     print a markdown table (without the checks' errors, which the\n"
+               "                 plain table's last columns give)\n"
+               "Exits 1 if a check failed.\n");
 }
 
 /* Whether the comma-separated list names id. */

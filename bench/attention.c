@@ -374,9 +374,16 @@ static void attention_prepare(job *j) {
         exit(2);
     }
     widen_in_place(j->ref, nq, s->out_type);
-    if (s->block)
-        paged_prepare(&st->paged, s, st->q16, st->k16, st->v16,
-                      attention_has_mods(s) ? &st->mods.m : NULL);
+    if (!s->block) return;
+    const paged_view *pv = &st->paged;
+    paged_prepare(&st->paged, s, st->q16, st->k16, st->v16,
+                  attention_has_mods(s) ? &st->mods.m : NULL);
+    if (sdpa_attention_paged(&pv->batch, &pv->cache, j->y, pv->q, pv->k_pool, pv->v_pool) !=
+        SDPA_OK) {
+        fprintf(stderr, "bench: sdpa_attention_paged refused %s: %s\n", s->name,
+                sdpa_last_error_detail());
+        exit(2);
+    }
 }
 
 static void attention_run(enum kind kind, job *j, size_t iters) {

@@ -475,11 +475,11 @@ static void usage(int status) {
             "b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal], for example\n"
             "b1h8kv2q512k512d128causal; then score modifiers, in this order, w<left> (a window),\n"
             "sc<cap> (softcap), alibi, sink; then kvf16, kvbf16, kve4m3, kve5m2, f16 or bf16\n"
-            "for other types; last paged<block> (sdpa_attention_paged on the same values, each\n"
+            "for other types; last paged<block>: sdpa_attention_paged on the same values, each\n"
             "of the batch's sequences in blocks of that many tokens scattered in a pool, with a\n"
-            "row of sdpa_mha on them dense: b16h32kv8q1k4096d128kvf16paged16) (replacing the\n"
-            "default shapes; alone, it selects the attention op); --smoke:\n"
-            "tiny sizes, one round, no roofline; --threads 1,2: attention rows of the active\n"
+            "row of sdpa_mha on them dense (b16h32kv8q1k4096d128kvf16paged16). --shape replaces\n"
+            "the default shapes; alone, it selects the attention op. --smoke: tiny sizes, one\n"
+            "round, no roofline; --threads 1,2: attention rows of the active\n"
             "backend at those thread counts too (wall clock, pinned to as many cores as the\n"
             "largest; every other row runs on 1 thread)\n");
     exit(status);
@@ -660,7 +660,8 @@ int main(int argc, char **argv) {
            "(causal skips hidden pairs), ns/elem is per pair; its peer is OpenBLAS sgemm (sgemv) "
            "+ sdpa softmax + sgemm (sgemv); a 16-bit shape's \"f32\" row is sdpa_mha_f32 on the "
            "same values, in the same rounds, each of the group's rows then after one untimed "
-           "call (vs f32: the 16-bit rows against it); "
+           "call (vs f32: the 16-bit rows against it); a paged shape's \"dense\" row is sdpa_mha "
+           "on its values laid out densely, likewise (vs dense: the paged row against it); "
            "backward: sdpa_mha_backward_f32 (dQ, dK, dV) after an untimed forward, f32, 10 d "
            "flops per pair computed (FlashAttention-2's count)\n",
            o.reps, o.smoke ? 0.0 : o.min_ms,

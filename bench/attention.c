@@ -17,8 +17,9 @@
  * in this order: w<left> (a window of left keys before the row), sc<cap> (softcap), alibi (the
  * slopes 2^(-8 (h + 1) / heads)), sink (a sink of 0 a head); types is kvf16 or kvbf16 (K and V
  * of that type, q and out f32; kve4m3 and kve5m2 likewise for the 8-bit floats), or f16 or bf16
- * (every view), f32 without. The op's sizes are
- * 1-based indices into attention_shapes; --shape replaces the defaults. */
+ * (every view), f32 without; then paged<block> (sdpa_attention_paged over the same values, each
+ * sequence's keys in blocks of that many tokens scattered in a pool: paged.c below). The op's
+ * sizes are 1-based indices into attention_shapes; --shape replaces the defaults. */
 
 typedef struct att_shape {
     char name[40];
@@ -29,13 +30,14 @@ typedef struct att_shape {
     long long window;
     float softcap; /* 0: none */
     int alibi, sink;
+    size_t block; /* paged<block>: tokens per block of the paged cache; 0: dense */
 } att_shape;
 
 #define F32_     SDPA_F32, SDPA_F32, SDPA_F32
 #define KV16_    SDPA_F32, SDPA_F16, SDPA_F32
 #define KVBF_    SDPA_F32, SDPA_BF16, SDPA_F32
 #define BF16_    SDPA_BF16, SDPA_BF16, SDPA_BF16
-#define NO_MODS_ 0, 0, 0.0f, 0, 0
+#define NO_MODS_ 0, 0, 0.0f, 0, 0, 0 /* and dense */
 
 static att_shape attention_shapes[MAX_SHAPES] = {
     {"b1h1q1k4096d128", 1, 1, 1, 1, 4096, 128, 0, F32_, NO_MODS_},      /* decode, one head */
@@ -116,6 +118,17 @@ static int parse_shape(const char *text, att_shape *s) {
         p += 6;
     }
     if (!parse_mods(&p, s)) return 0;
+    /* the types' tag ends where paged<block> starts, or at the end */
+    const char *paged = strstr(p, "paged");
+    const size_t types_len = paged ? (size_t)(paged - p) : strlen(p);
+    if (paged) {
+        double x;
+        const char *q = paged;
+        if (!tagged_number(&q, "paged", &x) || *q || !(x >= 1 && x <= (1u << 24)) ||
+            x != (double)(size_t)x)
+            return 0;
+        s->block = (size_t)x;
+    }
     static const struct {
         const char *tag;
         sdpa_dtype q, kv, out;
@@ -127,7 +140,9 @@ static int parse_shape(const char *text, att_shape *s) {
                  {"f16", SDPA_F16, SDPA_F16, SDPA_F16},
                  {"bf16", BF16_}};
     size_t t = 0;
-    while (t < sizeof TYPES / sizeof TYPES[0] && strcmp(p, TYPES[t].tag) != 0) t++;
+    while (t < sizeof TYPES / sizeof TYPES[0] &&
+           !(strlen(TYPES[t].tag) == types_len && strncmp(p, TYPES[t].tag, types_len) == 0))
+        t++;
     if (t == sizeof TYPES / sizeof TYPES[0]) return 0;
     s->q_type = TYPES[t].q, s->kv_type = TYPES[t].kv, s->out_type = TYPES[t].out;
     if (s->heads_q % s->heads_kv) return 0;
@@ -155,6 +170,121 @@ typedef struct bench_mods {
     float *slopes, *sinks;
 } bench_mods;
 
+/* ---- paged<block>: the shape's values in a paged cache, for sdpa_attention_paged ----
+ * Batch entry s is sequence s: its len_q query rows packed [token][head][d] (token s len_q +
+ * row, out likewise) and its len_kv keys in blocks of `block` tokens, [block][head_kv][token][d]
+ * as vLLM's pool. A fixed-seed random permutation places the blocks in a pool an eighth larger
+ * than the batch needs; the blocks no sequence owns and the unused tail of a last block hold
+ * NaN, so that a read of them shows as a wrong result. Weak: older libraries have no paged
+ * call (scripts/bench-ab runs this benchmark against them). */
+#pragma weak sdpa_attention_paged
+
+typedef struct paged_view {
+    sdpa_kv_cache cache;
+    sdpa_batch batch;
+    int32_t *table, *q_start, *kv_len;
+    void *q, *k_pool, *v_pool; /* q: [token][head][d] */
+} paged_view;
+
+static size_t type_bytes(sdpa_dtype t) { return t == SDPA_F32 ? 4 : t <= SDPA_BF16 ? 2 : 1; }
+
+/* A dense [batch][heads_kv][len_kv][d] view of type t copied into a pool of num_blocks blocks
+   through table ([batch][blocks a sequence]), the rest of the pool NaN. */
+static void *paged_pool(const att_shape *s, const void *dense, const int32_t *table,
+                        size_t num_blocks, sdpa_dtype t) {
+    const size_t size = type_bytes(t), row = s->d * size;
+    const size_t per_seq = (s->len_kv + s->block - 1) / s->block;
+    const size_t block_bytes = s->heads_kv * s->block * row;
+    char *pool = xalloc((num_blocks * block_bytes + sizeof(float) - 1) / sizeof(float));
+    const float nan = NAN;
+    unsigned char one[4];
+    sdpa_convert(one, t, &nan, SDPA_F32, 1);
+    for (size_t i = 0; i < block_bytes; i += size) memcpy(pool + i, one, size);
+    for (size_t b = 1; b < num_blocks; b++) memcpy(pool + b * block_bytes, pool, block_bytes);
+    for (size_t q = 0; q < s->batch; q++)
+        for (size_t h = 0; h < s->heads_kv; h++)
+            for (size_t j = 0; j < s->len_kv; j++) {
+                const size_t b = (size_t)table[q * per_seq + j / s->block];
+                memcpy(pool + b * block_bytes + (h * s->block + j % s->block) * row,
+                       (const char *)dense + ((q * s->heads_kv + h) * s->len_kv + j) * row, row);
+            }
+    return pool;
+}
+
+/* Rows of [batch][heads][len_q][d] (elements of `size` bytes) to [batch len_q][heads][d], or
+   back (to_tokens 0). */
+static void move_rows(void *to, const void *from, const att_shape *s, size_t size, int to_tokens) {
+    const size_t row = s->d * size;
+    for (size_t b = 0; b < s->batch; b++)
+        for (size_t h = 0; h < s->heads_q; h++)
+            for (size_t i = 0; i < s->len_q; i++) {
+                const size_t dense = ((b * s->heads_q + h) * s->len_q + i) * row;
+                const size_t token = ((b * s->len_q + i) * s->heads_q + h) * row;
+                memcpy((char *)to + (to_tokens ? token : dense),
+                       (const char *)from + (to_tokens ? dense : token), row);
+            }
+}
+
+/* The paged call's views of the shape's values: q (of q_type) and k and v (of kv_type), dense. */
+static void paged_prepare(paged_view *pv, const att_shape *s, const void *q, const void *k,
+                          const void *v, const sdpa_score_mods *mods) {
+    if (!sdpa_attention_paged || s->batch * s->len_q > INT32_MAX || s->len_kv > INT32_MAX) {
+        fprintf(stderr, "bench: %s needs sdpa_attention_paged and int32 token counts\n", s->name);
+        exit(2);
+    }
+    const size_t per_seq = (s->len_kv + s->block - 1) / s->block, used = s->batch * per_seq;
+    const size_t num_blocks = used + used / 8 + 1;
+    /* the pool's blocks in a random order, the table the first `used` of them */
+    pv->table = malloc(num_blocks * sizeof *pv->table);
+    pv->q_start = malloc((s->batch + 1) * sizeof *pv->q_start);
+    pv->kv_len = malloc(s->batch * sizeof *pv->kv_len);
+    if (!pv->table || !pv->q_start || !pv->kv_len || num_blocks > INT32_MAX) exit(2);
+    uint64_t state = 0x2545f4914f6cdd1du;
+    for (size_t i = 0; i < num_blocks; i++) pv->table[i] = (int32_t)i;
+    for (size_t i = num_blocks - 1; i > 0; i--) {
+        state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+        const size_t r = (size_t)(state % (i + 1));
+        const int32_t t = pv->table[i];
+        pv->table[i] = pv->table[r], pv->table[r] = t;
+    }
+    pv->k_pool = paged_pool(s, k, pv->table, num_blocks, s->kv_type);
+    pv->v_pool = paged_pool(s, v, pv->table, num_blocks, s->kv_type);
+    const size_t nq = s->batch * s->heads_q * s->len_q * s->d;
+    pv->q = xalloc(nq);
+    move_rows(pv->q, q, s, type_bytes(s->q_type), 1);
+    for (size_t b = 0; b <= s->batch; b++) pv->q_start[b] = (int32_t)(b * s->len_q);
+    for (size_t b = 0; b < s->batch; b++) pv->kv_len[b] = (int32_t)s->len_kv;
+    const size_t d = s->d, block = s->block, hkv = s->heads_kv, token = s->heads_q * d;
+    pv->cache = (sdpa_kv_cache){.struct_size = sizeof(sdpa_kv_cache),
+                                .kv_type = s->kv_type,
+                                .num_blocks = num_blocks,
+                                .block_size = block,
+                                .heads_kv = hkv,
+                                .d_k = d,
+                                .d_v = d,
+                                .k_stride = {hkv * block * d, block * d, d},
+                                .v_stride = {hkv * block * d, block * d, d},
+                                .block_table = pv->table,
+                                .block_table_stride = per_seq};
+    pv->batch = (sdpa_batch){.struct_size = sizeof(sdpa_batch),
+                             .flags = s->flags,
+                             .num_seqs = s->batch,
+                             .heads_q = s->heads_q,
+                             .q_start = pv->q_start,
+                             .kv_len = pv->kv_len,
+                             .scale = SDPA_DEFAULT_SCALE,
+                             .q_type = s->q_type,
+                             .out_type = s->out_type,
+                             .q_stride = {token, d},
+                             .out_stride = {token, d},
+                             .mods = mods};
+}
+
+static void paged_release(paged_view *pv) {
+    free(pv->table), free(pv->q_start), free(pv->kv_len);
+    free(pv->q), free(pv->k_pool), free(pv->v_pool);
+}
+
 typedef struct att_state {
     const att_shape *shape;
     sdpa_mha_desc desc;
@@ -165,6 +295,8 @@ typedef struct att_state {
     sdpa_mha_desc desc_f32;    /* desc with every view f32: the "vs f32" row (KIND_F32) */
     float *out_f32;            /* that row's out */
     int f32_last;              /* the last run was that row's: its out is in out_f32 */
+    paged_view paged;          /* a paged shape's views (paged.q NULL for a dense shape) */
+    int paged_last;            /* the last run was the paged call's: out is [token][head][d] */
     size_t n_out;
     double pairs; /* (query, key) pairs computed, per head: causal skips the rest */
 } att_state;
@@ -242,14 +374,33 @@ static void attention_prepare(job *j) {
         exit(2);
     }
     widen_in_place(j->ref, nq, s->out_type);
+    if (!s->block) return;
+    const paged_view *pv = &st->paged;
+    paged_prepare(&st->paged, s, st->q16, st->k16, st->v16,
+                  attention_has_mods(s) ? &st->mods.m : NULL);
+    if (sdpa_attention_paged(&pv->batch, &pv->cache, j->y, pv->q, pv->k_pool, pv->v_pool) !=
+        SDPA_OK) {
+        fprintf(stderr, "bench: sdpa_attention_paged refused %s: %s\n", s->name,
+                sdpa_last_error_detail());
+        exit(2);
+    }
 }
 
 static void attention_run(enum kind kind, job *j, size_t iters) {
     att_state *st = j->extra;
     const att_shape *s = st->shape;
+    const paged_view *pv = &st->paged;
     st->f32_last = kind == KIND_F32;
+    st->paged_last = kind == KIND_SDPA && s->block;
+    if (st->paged_last) {
+        for (size_t i = 0; i < iters; i++)
+            sdpa_attention_paged(&pv->batch, &pv->cache, j->y, pv->q, pv->k_pool, pv->v_pool);
+        j->sink += j->y[0];
+        return;
+    }
     switch (kind) {
     case KIND_SDPA:
+    case KIND_DENSE: /* a paged shape's values, dense */
         for (size_t i = 0; i < iters; i++) sdpa_mha(&st->desc, j->y, st->q16, st->k16, st->v16);
         break;
     case KIND_F32: /* q, k and v hold the 16-bit views' values */
@@ -284,6 +435,12 @@ static int attention_verify(const job *j, int exp_index) {
         y = xalloc(st->n_out);
         sdpa_convert(y, SDPA_F32, j->y, out_type, st->n_out);
     }
+    if (st->paged_last) { /* [token][head][d] to the reference's layout */
+        float *dense = xalloc(st->n_out);
+        move_rows(dense, y, st->shape, sizeof(float), 0);
+        if (y != j->y) free(y);
+        y = dense;
+    }
     int ok = 1;
     for (size_t i = 0; i < st->n_out && ok; i++)
         ok = fabs((double)y[i] - j->ref[i]) <= 2e-5 + ulp * fabs(j->ref[i]);
@@ -308,12 +465,15 @@ static void attention_release(job *j) {
     att_state *st = j->extra;
     free(st->q), free(st->k), free(st->v), free(st->scores);
     free(st->q16), free(st->k16), free(st->v16), free(st->peer_out), free(st->out_f32);
-    free(st->mods.slopes), free(st->mods.sinks), free(st);
+    free(st->mods.slopes), free(st->mods.sinks);
+    paged_release(&st->paged), free(st);
 }
 
 int attention_modified(const job *j) {
     return attention_has_mods(((const att_state *)j->extra)->shape);
 }
+
+int attention_paged(const job *j) { return ((const att_state *)j->extra)->shape->block != 0; }
 
 int attention_typed(const job *j) {
     const att_shape *s = ((const att_state *)j->extra)->shape;

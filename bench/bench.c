@@ -97,7 +97,9 @@ static double now_ns(void) {
 #pragma weak sdpa_set_num_threads
 
 /* sdpa's own rows, which must be right, against the peers, which may drift */
-static int is_ours(const impl *im) { return im->kind == KIND_SDPA || im->kind == KIND_F32; }
+static int is_ours(const impl *im) {
+    return im->kind == KIND_SDPA || im->kind == KIND_F32 || im->kind == KIND_DENSE;
+}
 
 static void select_impl(const impl *im) {
     if (sdpa_set_num_threads) sdpa_set_num_threads(im->threads ? im->threads : 1);
@@ -254,6 +256,10 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
         print_ratio(stdout, ratio(scalar, im));
         for (int p = 0; p < 2; p++)
             if (shows_peer(j->op, p, peers)) print_ratio(stdout, vs[p]);
+        /* a paged row against the dense call of its backend, in the same rounds */
+        const impl *dense = find_impl(ims, n_impls, KIND_DENSE, im->backend, NULL);
+        if (im->kind == KIND_SDPA && !im->threads && dense)
+            printf("  vs dense %.2fx", ratio(dense, im));
         printf("%s\n", im->checked_ok ? ""
                        : is_ours(im)  ? "  WRONG RESULT"
                                       : "  INACCURATE (outside sdpa's tolerance)");
@@ -337,6 +343,12 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
         *im = (impl){.kind = KIND_F32, .backend = o->backends[0]};
         snprintf(im->label, sizeof im->label, "%s f32", im->backend);
     }
+    /* a paged shape: sdpa_mha on its values laid out densely, in the same rounds */
+    if (op == &ATTENTION_OP && attention_paged(&j)) {
+        impl *im = &ims[n_impls++];
+        *im = (impl){.kind = KIND_DENSE, .backend = o->backends[0]};
+        snprintf(im->label, sizeof im->label, "%s dense", im->backend);
+    }
     /* the loads alone, for dots whose inputs fit in L1 (32 KiB of the 48 KiB of Zen 5) */
     if (op == &DOT_OP && n * 8 <= 32768)
         ims[n_impls++] = (impl){.kind = KIND_ROOF, .label = "L1 loads"};
@@ -356,7 +368,8 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
             inaccurate_peers += !im->checked_ok;
         im->iters = o->smoke ? 1 : (select_impl(im), calibrate(im, &j, o->min_ms));
     }
-    const int warm_first = o->max_threads > 1 || find_impl(ims, n_impls, KIND_F32, NULL, NULL);
+    const int warm_first = o->max_threads > 1 || find_impl(ims, n_impls, KIND_F32, NULL, NULL) ||
+                           find_impl(ims, n_impls, KIND_DENSE, NULL, NULL);
     for (int r = 0; r < o->reps; r++)
         for (size_t i = 0; i < n_impls; i++) {
             select_impl(&ims[i]);
@@ -461,9 +474,12 @@ static void usage(int status) {
             "(default 64 and 128); --shape: an attention shape in the benchdnn style,\n"
             "b<batch>h<heads_q>[kv<heads_kv>]q<len_q>k<len_kv>d<d>[causal], for example\n"
             "b1h8kv2q512k512d128causal; then score modifiers, in this order, w<left> (a window),\n"
-            "sc<cap> (softcap), alibi, sink; and kvf16, kvbf16, f16 or bf16 last for 16-bit\n"
-            "views (replacing the default shapes; alone, it selects the attention op); --smoke:\n"
-            "tiny sizes, one round, no roofline; --threads 1,2: attention rows of the active\n"
+            "sc<cap> (softcap), alibi, sink; then kvf16, kvbf16, kve4m3, kve5m2, f16 or bf16\n"
+            "for other types; last paged<block>: sdpa_attention_paged on the same values, each\n"
+            "of the batch's sequences in blocks of that many tokens scattered in a pool, with a\n"
+            "row of sdpa_mha on them dense (b16h32kv8q1k4096d128kvf16paged16). --shape replaces\n"
+            "the default shapes; alone, it selects the attention op. --smoke: tiny sizes, one\n"
+            "round, no roofline; --threads 1,2: attention rows of the active\n"
             "backend at those thread counts too (wall clock, pinned to as many cores as the\n"
             "largest; every other row runs on 1 thread)\n");
     exit(status);
@@ -644,7 +660,8 @@ int main(int argc, char **argv) {
            "(causal skips hidden pairs), ns/elem is per pair; its peer is OpenBLAS sgemm (sgemv) "
            "+ sdpa softmax + sgemm (sgemv); a 16-bit shape's \"f32\" row is sdpa_mha_f32 on the "
            "same values, in the same rounds, each of the group's rows then after one untimed "
-           "call (vs f32: the 16-bit rows against it); "
+           "call (vs f32: the 16-bit rows against it); a paged shape's \"dense\" row is sdpa_mha "
+           "on its values laid out densely, likewise (vs dense: the paged row against it); "
            "backward: sdpa_mha_backward_f32 (dQ, dK, dV) after an untimed forward, f32, 10 d "
            "flops per pair computed (FlashAttention-2's count)\n",
            o.reps, o.smoke ? 0.0 : o.min_ms,

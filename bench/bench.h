@@ -12,7 +12,8 @@
 #define MAX_DIMS  4
 
 /* KIND_F32: sdpa's f32 call on the float values of a 16-bit attention shape, the backend the
-   16-bit rows run on; the yardstick of their "vs f32" column, timed in the same rounds */
+   16-bit rows run on; the yardstick of their "vs f32" column, timed in the same rounds.
+   KIND_DENSE: sdpa_mha on a paged attention shape's values laid out densely, its yardstick. */
 enum kind {
     KIND_SDPA,
     KIND_OPENBLAS,
@@ -21,6 +22,7 @@ enum kind {
     KIND_ROOF,
     KIND_CALL,
     KIND_F32,
+    KIND_DENSE,
     KIND_NONE
 };
 extern const char *const KIND_NAMES[]; /* indexed by enum kind */
@@ -91,5 +93,6 @@ int attention_set_shape(size_t index, const char *text);
 void attention_use_shapes(size_t n);  /* only the first n shapes remain */
 int attention_typed(const job *j);    /* 1 if an attention job has a view that is not f32 */
 int attention_modified(const job *j); /* 1 if an attention job's shape has score modifiers */
+int attention_paged(const job *j);    /* 1 if an attention job's shape is paged<block> */
 
 #endif

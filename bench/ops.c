@@ -12,8 +12,8 @@
 #include "roofline.h"
 #include "sdpa.h"
 
-const char *const KIND_NAMES[] = {"sdpa", "openblas", "onednn", "naive",
-                                  "roof", "call",     "f32",    "-"};
+const char *const KIND_NAMES[] = {"sdpa", "openblas", "onednn", "naive", "roof",
+                                  "call", "f32",      "dense",  "-"};
 
 void *xalloc(size_t n_floats) {
     void *p = NULL;

@@ -381,9 +381,7 @@ typedef struct sdpa_batch {
  * causal bottom-right within the sequence), every type, special value and bound of sdpa_mha.
  * A sequence with no rows costs nothing and reads nothing; one with rows and no keys gets zeros
  * (lse -inf). The bits are sdpa_mha's where block_size is a multiple of 64 (d_k, d_v <= 128),
- * else a function of the values and block_size, never of the table or the thread count. An
- * lse whose token stride is not 1 is staged in a sequence's rows x heads_q floats the call
- * allocates (SDPA_ERR_SIZE if it cannot).
+ * else a function of the values and block_size, never of the table or the thread count.
  * Errors, before any work (nothing written):
  *   SDPA_ERR_NULL  batch or cache, or with rows q_start, kv_len, q, out, and with keys read the
  *                  pools or block_table;

@@ -76,7 +76,7 @@ static void unit_of(const forward_call *pl, size_t u, unit *x) {
         x->lse_row = p->lse_stride[1];
     } else {
         x->mask_row = p->mask_stride[2];
-        x->lse_row = 1;
+        x->lse_row = sdpa_problem_lse_row(p);
     }
     x->q = element(p->q, b * p->q_stride[0] + h * p->q_stride[1], p->q_type);
     x->k = element(p->k, b * p->k_stride[0] + hk * p->k_stride[1], p->kv_type);
@@ -302,7 +302,8 @@ static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {
                     size_t at = b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2];
                     memset((char *)p->out + at * size, 0, p->d_v * size);
                     if (p->lse) /* the log of the sink's term alone, if any */
-                        p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i] =
+                        p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] +
+                               i * sdpa_problem_lse_row(p)] =
                             p->mods.sinks ? p->mods.sinks[h] : -INFINITY;
                 }
         return SDPA_OK;

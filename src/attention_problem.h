@@ -32,9 +32,11 @@ typedef struct attention_problem {
     void *out;
     const float *mask;
     size_t q_stride[3], k_stride[3], v_stride[3], out_stride[3], mask_stride[3];
-    /* optional: each query row's log-sum-exp of its scores, lse[b s0 + h s1 + r] */
+    /* optional: each query row's log-sum-exp of its scores, lse[b s0 + h s1 + r lse_row] */
     float *lse;
     size_t lse_stride[2];
+    size_t lse_row; /* 0 for 1; not 1 only for a paged batch's [token][head] lse, which the
+                       backward never reads */
     /* paged K/V (sdpa_attention_paged), NULL when dense: key j of a head sits in page
        pages[j / page_size] at token j % page_size, its elements at
        k + h k_stride[1] + pages[j / page_size] k_page_stride + (j % page_size) k_stride[2]
@@ -53,6 +55,11 @@ typedef struct attention_problem {
 
 /* The name of each sdpa_dtype, in its order. */
 extern const char *const SDPA_TYPE_NAMES[SDPA_FP8_E5M2 + 1];
+
+/* Floats between the lse of a head's query rows. */
+static inline size_t sdpa_problem_lse_row(const attention_problem *p) {
+    return p->lse_row ? p->lse_row : 1;
+}
 
 /* Bytes of one element of type t (a valid sdpa_dtype). */
 static inline size_t sdpa_type_size(uint32_t t) {

@@ -42,16 +42,53 @@ static void one_run(row_runs *r, const void *row, size_t stride, size_t nk) {
     r->row[0] = row;
 }
 
-/* Keys [k0, k0 + nk) of a source's view (values: 0 keys, 1 values) that spans pages, into r as
-   in-place runs of the source's type. */
+/* Keys [k0, k0 + nk) of a source's view (values: 0 keys, 1 values) into r as in-place runs of
+   the source's type: key_source_run's rows, the page found once and then stepped (a division a
+   key would cost a token table more than its copy). */
 static void page_runs(const key_source *src, int values, size_t k0, size_t nk, row_runs *r) {
+    if (!src->pages) {
+        const void *row;
+        key_source_run(src, values, k0, nk, &row);
+        one_run(r, row, values ? src->v_stride : src->k_stride, nk);
+        return;
+    }
+    const size_t size = sdpa_type_size(src->type), stride = values ? src->v_stride : src->k_stride;
+    const size_t page_stride = values ? src->v_page_stride : src->k_page_stride;
+    const char *base = (const char *)(values ? src->v : src->k);
+    const size_t j = k0 + src->first, page_size = src->page_size;
+    size_t page = j / page_size, in_page = j % page_size;
     r->n = 0;
-    r->stride = values ? src->v_stride : src->k_stride;
-    for (size_t j = 0; j < nk; r->n++) {
-        r->at[r->n] = j;
-        j += key_source_run(src, values, k0 + j, nk - j, &r->row[r->n]);
+    r->stride = stride;
+    for (size_t i = 0; i < nk; r->n++, page++, in_page = 0) {
+        r->at[r->n] = i;
+        r->row[r->n] = base + ((size_t)src->pages[page] * page_stride + in_page * stride) * size;
+        i += page_size - in_page < nk - i ? page_size - in_page : nk - i;
     }
     r->at[r->n] = nk;
+}
+
+/* Bytes of rows ahead of the one gathered that are prefetched: short pages give the hardware's
+   prefetchers nothing to follow, and a row from memory takes as long as copying dozens. A block
+   of 64 rows of 128 halves, all at once: less left the core waiting on memory more often. */
+#define AHEAD_BYTES 16384
+
+/* Rows of `bytes` bytes prefetched ahead */
+static size_t rows_ahead(size_t bytes) { return AHEAD_BYTES / bytes + 1; }
+
+/* A position in runs, row `row` of run `run`, that prefetches the rows it passes. */
+typedef struct row_cursor {
+    const row_runs *r;
+    size_t run, row, bytes, size; /* bytes of a row, of an element */
+} row_cursor;
+
+/* Prefetches the cursor's next n rows and steps past them. */
+static void cursor_prefetch(row_cursor *c, size_t n) {
+    const row_runs *r = c->r;
+    for (; n && c->run < r->n; n--) {
+        const char *row = (const char *)r->row[c->run] + c->row * r->stride * c->size;
+        for (size_t b = 0; b < c->bytes; b += 64) __builtin_prefetch(row + b);
+        if (++c->row == r->at[c->run + 1] - r->at[c->run]) c->run++, c->row = 0;
+    }
 }
 
 void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size) {
@@ -63,29 +100,34 @@ void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size) 
             __builtin_prefetch(row + j * r->stride * size + b);
 }
 
-/* Runs ahead of the one copied whose rows are prefetched: short pages give the hardware's
-   prefetchers nothing to follow. */
-#define GATHER_AHEAD 8
+/* A row's bytes in 64-byte pieces of a size the compiler knows: a call to memcpy a row of a
+   token table would cost as much as the copy. */
+static inline void copy_row(char *to, const char *from, size_t bytes) {
+    size_t b = 0;
+    for (; b + 64 <= bytes; b += 64) memcpy(to + b, from + b, 64);
+    if (b < bytes) memcpy(to + b, from + b, bytes - b);
+}
 
 /* The runs of `in` (the source's type) gathered into tile as one run of rows d apart: widened
    to float when widen, else copied as they are. */
 static void gather_runs(const sdpa_kernels *k, uint32_t type, const row_runs *in, size_t d,
                         int widen, void *tile, row_runs *out) {
-    const size_t size = widen ? sizeof(float) : sdpa_type_size(type);
+    const size_t in_size = sdpa_type_size(type), size = widen ? sizeof(float) : in_size;
+    row_cursor ahead = {in, 0, 0, d * in_size, in_size};
+    cursor_prefetch(&ahead, rows_ahead(d * in_size));
     for (size_t i = 0; i < in->n; i++) {
         const size_t n = in->at[i + 1] - in->at[i];
-        if (i + GATHER_AHEAD < in->n)
-            key_rows_prefetch_next(in, i + GATHER_AHEAD - 1, d, sdpa_type_size(type));
+        cursor_prefetch(&ahead, n);
         char *to = (char *)tile + in->at[i] * d * size;
+        const char *from = in->row[i];
         size_t unused;
         if (widen && type != SDPA_F32)
-            key_rows_as_floats(k, type, in->row[i], 0, n, in->stride, d, (float *)to, &unused);
+            key_rows_as_floats(k, type, from, 0, n, in->stride, d, (float *)to, &unused);
         else if (in->stride == d)
-            memcpy(to, in->row[i], n * d * size);
+            copy_row(to, from, n * d * size);
         else
             for (size_t r = 0; r < n; r++)
-                memcpy(to + r * d * size, (const char *)in->row[i] + r * in->stride * size,
-                       d * size);
+                copy_row(to + r * d * size, from + r * in->stride * size, d * size);
     }
     one_run(out, tile, d, in->at[in->n]);
 }

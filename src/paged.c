@@ -2,7 +2,6 @@
  * the executor finds through the sequence's row of the block table (attention_problem.h). */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
@@ -37,7 +36,6 @@ static sdpa_status batch_check(const sdpa_batch *b) {
 /* What the sequences ask of the call. */
 typedef struct batch_sizes {
     size_t rows;      /* query rows of the batch, q_start[num_seqs] */
-    size_t most_rows; /* of one sequence */
     int reads_keys;   /* a sequence with rows has keys */
     size_t table_end; /* entries of block_table up to the last one read */
 } batch_sizes;
@@ -61,7 +59,6 @@ static sdpa_status sequences_check(const sdpa_batch *b, batch_sizes *z) {
                              "sequence %zu has %zu query rows and %d keys: causal needs at least "
                              "as many keys as rows",
                              s, rows, (int)keys);
-        if (rows > z->most_rows) z->most_rows = rows;
         if (rows && keys) z->reads_keys = 1;
     }
     z->rows = (size_t)b->q_start[b->num_seqs];
@@ -210,11 +207,10 @@ static void *element(const void *base, size_t index, uint32_t t) {
     return (char *)(uintptr_t)base + index * sdpa_type_size(t);
 }
 
-/* The problem of sequence s (rows from r0), keys through its row of the block table; its lse
-   goes to stage ([head][row]) when not NULL, else in place. */
+/* The problem of sequence s (rows from r0), keys through its row of the block table. */
 static void sequence_problem(attention_problem *p, const attention_problem *whole,
                              const sdpa_batch *b, const sdpa_kv_cache *c, size_t s,
-                             const void *k_pool, const void *v_pool, float *stage) {
+                             const void *k_pool, const void *v_pool) {
     const size_t r0 = (size_t)b->q_start[s], nq = (size_t)b->q_start[s + 1] - r0;
     *p = *whole;
     p->len_q = nq;
@@ -222,8 +218,9 @@ static void sequence_problem(attention_problem *p, const attention_problem *whol
     p->q = element(whole->q, r0 * b->q_stride[0], b->q_type);
     p->out = element(whole->out, r0 * b->out_stride[0], b->out_type);
     if (b->lse) {
-        p->lse = stage ? stage : b->lse + r0 * b->lse_stride[0];
-        p->lse_stride[1] = stage ? nq : b->lse_stride[1];
+        p->lse = b->lse + r0 * b->lse_stride[0];
+        p->lse_stride[1] = b->lse_stride[1];
+        p->lse_row = b->lse_stride[0];
     }
     p->k = k_pool;
     p->v = v_pool;
@@ -255,7 +252,8 @@ static void no_keys(const attention_problem *p) {
             memset(element(p->out, h * p->out_stride[1] + i * p->out_stride[2], p->out_type), 0,
                    p->d_v * size);
             if (p->lse)
-                p->lse[h * p->lse_stride[1] + i] = p->mods.sinks ? p->mods.sinks[h] : -INFINITY;
+                p->lse[h * p->lse_stride[1] + i * sdpa_problem_lse_row(p)] =
+                    p->mods.sinks ? p->mods.sinks[h] : -INFINITY;
         }
 }
 
@@ -267,31 +265,14 @@ SDPA_API sdpa_status sdpa_attention_paged(const sdpa_batch *batch, const sdpa_kv
     sdpa_status st = paged_check(&whole, &z, batch, cache, out, q, k_pool, v_pool);
     if (st == SDPA_OK) st = batch_mods(&whole, batch);
     if (st != SDPA_OK || !z.rows || !batch->heads_q) return st;
-    /* the executor writes a head's lse rows contiguous: rows of another stride go through a
-       staging area, [head][row] for one sequence, then to their places */
-    float *stage = NULL;
-    if (batch->lse && batch->lse_stride[0] != 1 && z.most_rows > 1) {
-        stage = malloc(z.most_rows * batch->heads_q * sizeof(float));
-        if (!stage)
-            return sdpa_fail(SDPA_ERR_SIZE, "no memory for lse's staging area (%zu floats)",
-                             z.most_rows * batch->heads_q);
-    }
     for (size_t s = 0; s < batch->num_seqs; s++) {
-        const size_t nq = (size_t)(batch->q_start[s + 1] - batch->q_start[s]);
-        if (!nq) continue;
-        float *lse_rows = nq > 1 ? stage : NULL;
+        if (batch->q_start[s + 1] == batch->q_start[s]) continue;
         attention_problem p;
-        sequence_problem(&p, &whole, batch, cache, s, k_pool, v_pool, lse_rows);
+        sequence_problem(&p, &whole, batch, cache, s, k_pool, v_pool);
         if (p.len_kv)
             attention_run_all(&p);
         else
             no_keys(&p);
-        if (!lse_rows) continue;
-        float *lse = batch->lse + (size_t)batch->q_start[s] * batch->lse_stride[0];
-        for (size_t h = 0; h < p.heads_q; h++)
-            for (size_t i = 0; i < nq; i++)
-                lse[i * batch->lse_stride[0] + h * batch->lse_stride[1]] = lse_rows[h * nq + i];
     }
-    free(stage);
     return SDPA_OK;
 }

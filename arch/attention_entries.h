@@ -121,8 +121,9 @@ static void ISA_NAME(pv_tile_t)(float *acc, size_t ld_acc, const float *p, size_
 
 #ifdef SDPA_ARCH_ATTENTION_PACKED_H
 
-static void ISA_NAME(pack_q)(float *qt, const float *q, size_t q_stride, size_t nq, size_t d) {
-    pack_q_loops(qt, q, q_stride, nq, d);
+static void ISA_NAME(pack_q)(float *qt, size_t ld_qt, const float *q, size_t q_stride, size_t nq,
+                             size_t d) {
+    pack_q_loops(qt, ld_qt, q, q_stride, nq, d);
 }
 
 static void ISA_NAME(scores_packed)(float *s, size_t ld_s, const float *qt, size_t nq,
@@ -149,6 +150,29 @@ static void ISA_NAME(exp_pv_sleef)(float *acc, size_t ld_acc, float *st, const f
                                    size_t nk, const float *v, size_t v_stride, size_t d_v) {
     exp_pv_loops(acc, ld_acc, st, m, m_new, alpha, sums, nq, nk, v, v_stride, d_v, SDPA_EXP_SLEEF,
                  EXP_PV_KEYS);
+}
+
+/* exp_keymajor's kind, in the faster form that exp_sum takes when the caller rounds to nearest
+ * (row_exp_nearest; none where the exps are exp_tile's) */
+ALWAYS_INLINE void exp_keymajor_entry(float *st, size_t ld_st, size_t nk, size_t nq,
+                                      const float *shift, int kind) {
+#ifndef ISA_EXP_TILE
+    if (row_exp_nearest(kind) != kind && rounds_to_nearest()) {
+        exp_keymajor_loops(st, ld_st, nk, nq, shift, row_exp_nearest(kind));
+        return;
+    }
+#endif
+    exp_keymajor_loops(st, ld_st, nk, nq, shift, kind);
+}
+
+static void ISA_NAME(exp_keymajor_fast)(float *st, size_t ld_st, size_t nk, size_t nq,
+                                        const float *shift) {
+    exp_keymajor_entry(st, ld_st, nk, nq, shift, SDPA_EXP_FAST);
+}
+
+static void ISA_NAME(exp_keymajor_sleef)(float *st, size_t ld_st, size_t nk, size_t nq,
+                                         const float *shift) {
+    exp_keymajor_entry(st, ld_st, nk, nq, shift, SDPA_EXP_SLEEF);
 }
 
 #ifdef ISA_EXP_TILE
@@ -183,6 +207,8 @@ const sdpa_attention_kernels ISA_NAME(sdpa_attention_kernels) = {
     .scores_packed = ISA_NAME(scores_packed),
     .scores_max = ISA_NAME(scores_max),
     .exp_pv = {ISA_NAME(exp_pv_fast), ISA_NAME(exp_pv_sleef)},
+    .scores_keymajor = ISA_NAME(scores_keymajor),
+    .exp_keymajor = {ISA_NAME(exp_keymajor_fast), ISA_NAME(exp_keymajor_sleef)},
 #endif
 };
 

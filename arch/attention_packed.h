@@ -1,10 +1,10 @@
-/* The packed attention microkernels (kernels.h: pack_q, scores_packed, scores_max, exp_pv, and
- * exp_tile), written once over a backend's vector operations as arch/attention_tiles.h is, for a
- * block of queries transposed once (qt[p][i], SDPA_ATTN_MAX_BLOCK_Q queries a row) and scores
- * kept key-major (st[j][i]), as a GEMM with broadcasts of k leaves them. In that layout a row's
- * max, its exps and its sum are vector operations across W queries at a time, with no
- * transposes, no horizontal sums and no call per row.
- * What a backend supplies for them is declared below, as in attention_tiles.h. */
+/* The packed attention microkernels (kernels.h: pack_q, scores_packed, scores_max, exp_pv,
+ * exp_tile, and the backward's scores_keymajor and exp_keymajor), written once over a backend's
+ * vector operations as arch/attention_tiles.h is, for a block of queries transposed once (qt[p][i],
+ * SDPA_ATTN_MAX_BLOCK_Q queries a row) and scores kept key-major (st[j][i]), as a GEMM with
+ * broadcasts of k leaves them. In that layout a row's max, its exps and its sum are vector
+ * operations across W queries at a time, with no transposes, no horizontal sums and no call per
+ * row. What a backend supplies for them is declared below, as in attention_tiles.h. */
 #ifndef SDPA_ARCH_ATTENTION_PACKED_H
 #define SDPA_ARCH_ATTENTION_PACKED_H
 
@@ -13,12 +13,12 @@
 
 /* ---- the backend's part (defined in <isa>_attention.c) ---- */
 
-/* st[j * SDPA_ATTN_MAX_BLOCK_Q + i] = scale * sum_p k[j * k_stride + p] qt[p][i] for j < nk and
- * i < SDPA_ATTN_MAX_BLOCK_Q, or only the first queries that hold nq (rounded up to a block); a
- * function of its own (scores_keymajor_avx512, ...), which both scores_packed and scores_max call
- */
-static void ISA_NAME(scores_keymajor)(float *st, const float *qt, const float *k, size_t k_stride,
-                                      size_t nk, size_t d, size_t nq, float scale);
+/* kernels.h's scores_keymajor: st[j * ld_st + i] = scale * sum_p k[j * k_stride + p]
+ * qt[p * ld_qt + i] for j < nk and i < SDPA_ATTN_MAX_BLOCK_Q, or only the first queries that hold
+ * nq (rounded up to a block); the entry itself, which scores_packed and scores_max call too */
+static void ISA_NAME(scores_keymajor)(float *st, size_t ld_st, const float *qt, size_t ld_qt,
+                                      size_t nq, const float *k, size_t k_stride, size_t nk,
+                                      size_t d, float scale);
 /* the constants of the exps (the fast exp's table), loaded once a call */
 ALWAYS_INLINE vf isa_exp_table(void);
 /* x[u] = exp(x[u]) for u < n (the exps side by side, as far as that helps), the exp of kind
@@ -31,18 +31,20 @@ ALWAYS_INLINE vf vf_load_upto_or(const float *p, size_t n, vpart m, float fill) 
     return VF_MASKED || n < W ? vf_load_part_or(p, m, fill) : vf_load(p);
 }
 
-/* kernels.h's pack_q: qt[p][i] = q[i][p], padded with zero queries up to SDPA_ATTN_MAX_BLOCK_Q,
- * W x W blocks through the register transpose (partial loads for the d tail). */
-ALWAYS_INLINE void pack_q_loops(float *qt, const float *q, size_t q_stride, size_t nq, size_t d) {
+/* kernels.h's pack_q: qt[p * ld_qt + i] = q[i][p], padded with zero queries up to
+ * SDPA_ATTN_MAX_BLOCK_Q, W x W blocks through the register transpose (partial loads for the d
+ * tail). */
+ALWAYS_INLINE void pack_q_loops(float *qt, size_t ld_qt, const float *q, size_t q_stride, size_t nq,
+                                size_t d) {
     for (size_t p0 = 0; p0 < d; p0 += W) {
         const size_t np = d - p0 < W ? d - p0 : W;
         const vpart m = vpart_first(np);
-        for (size_t i0 = 0; i0 < QT_LD; i0 += W) {
+        for (size_t i0 = 0; i0 < SDPA_ATTN_MAX_BLOCK_Q; i0 += W) {
             vf r[W];
             for (size_t t = 0; t < W; t++)
                 r[t] = i0 + t < nq ? vf_load_upto(q + (i0 + t) * q_stride + p0, np, m) : vf_zero();
             vf_transpose(r);
-            for (size_t t = 0; t < np; t++) vf_store(qt + (p0 + t) * QT_LD + i0, r[t]);
+            for (size_t t = 0; t < np; t++) vf_store(qt + (p0 + t) * ld_qt + i0, r[t]);
         }
     }
 }
@@ -50,11 +52,12 @@ ALWAYS_INLINE void pack_q_loops(float *qt, const float *q, size_t q_stride, size
 /* Key-major scores in blocks of nkeys keys x nv vectors of queries (the block repeated across
  * all SDPA_ATTN_MAX_BLOCK_Q queries), keys j.. while whole blocks are left; returns the first
  * key not done. */
-ALWAYS_INLINE size_t keymajor_blocks(float *st, const float *qt, const float *k, size_t k_stride,
-                                     size_t j, size_t nk, size_t d, vf vscale, int nkeys, int nv) {
+ALWAYS_INLINE size_t keymajor_blocks(float *st, size_t ld_st, const float *qt, size_t ld_qt,
+                                     const float *k, size_t k_stride, size_t j, size_t nk, size_t d,
+                                     vf vscale, int nkeys, int nv) {
     for (; j + nkeys <= nk; j += nkeys)
-        for (size_t h = 0; h < QT_LD; h += nv * W)
-            bcast_block(st + j * QT_LD + h, QT_LD, k + j * k_stride, k_stride, 1, qt + h, QT_LD,
+        for (size_t h = 0; h < SDPA_ATTN_MAX_BLOCK_Q; h += nv * W)
+            bcast_block(st + j * ld_st + h, ld_st, k + j * k_stride, k_stride, 1, qt + h, ld_qt,
                         SDPA_TYPE_F32, d, nkeys, nv, 1, NULL, &vscale, NULL);
     return j;
 }
@@ -64,7 +67,7 @@ ALWAYS_INLINE void scores_packed_loops(float *s, size_t ld_s, const float *qt, s
                                        const float *k, size_t k_stride, size_t nk, size_t d,
                                        float scale) {
     _Alignas(64) float st[SDPA_ATTN_MAX_BLOCK_KV * QT_LD];
-    ISA_NAME(scores_keymajor)(st, qt, k, k_stride, nk, d, nq, scale);
+    ISA_NAME(scores_keymajor)(st, QT_LD, qt, QT_LD, nq, k, k_stride, nk, d, scale);
     keymajor_to_rows(s, ld_s, st, nq, nk);
 }
 
@@ -72,7 +75,7 @@ ALWAYS_INLINE void scores_packed_loops(float *s, size_t ld_s, const float *qt, s
 ALWAYS_INLINE void scores_max_loops(float *st, float *tile_max, const float *qt, size_t nq,
                                     const float *k, size_t k_stride, size_t nk, size_t d_k,
                                     float scale) {
-    ISA_NAME(scores_keymajor)(st, qt, k, k_stride, nk, d_k, nq, scale);
+    ISA_NAME(scores_keymajor)(st, QT_LD, qt, QT_LD, nq, k, k_stride, nk, d_k, scale);
     keymajor_max(tile_max, st, nq, nk);
 }
 
@@ -157,6 +160,67 @@ ALWAYS_INLINE void exp_tile_loops(float *s, size_t ld_s, size_t nq, size_t nk, c
         }
         const vf late = t[2] + t[3]; /* first: the registers of the measured code */
         sums[i] = vf_hsum((t[0] + t[1]) + late);
+    }
+}
+
+/* The exps of exp_keymajor_loops: exp_tile's (isa_exps) where the backend has exp_tile, else
+ * exp_sum's at a zero shift (row_exps, the shift folded or subtracted as exp_sum_of does), the
+ * exps the forward's tiles take on the backend. kind is a constant at every call. */
+typedef struct keymajor_exps {
+    vf table;
+    row_exp c;
+    int kind, folded;
+} keymajor_exps;
+
+ALWAYS_INLINE keymajor_exps keymajor_exps_of(int kind) {
+    keymajor_exps e;
+    e.table = isa_exp_table();
+    e.kind = kind;
+    e.folded = row_exp_folds(kind);
+    e.c = row_exp_shift(0.0f, e.folded);
+    return e;
+}
+
+ALWAYS_INLINE void keymajor_exps_run(vf *z, int n, const keymajor_exps *e) {
+#ifdef ISA_EXP_TILE
+    isa_exps(z, n, e->table, e->kind);
+#else
+    if (!e->folded)
+        for (int u = 0; u < n; u++) z[u] = z[u] - e->c.shift;
+    row_exps(z, n, &e->c, e->kind);
+#endif
+}
+
+/* count (1..4) whole vectors of a key's row of a key-major tile, exp(row - shift) in place,
+ * their exps side by side (the chains overlap; with no sums, nothing joins them) */
+ALWAYS_INLINE void exp_keymajor_vectors(float *row, const float *shift, int count,
+                                        const keymajor_exps *e) {
+    vf z[4];
+    for (int x = 0; x < count; x++) z[x] = vf_load(row + x * W) - vf_load(shift + x * W);
+    keymajor_exps_run(z, count, e);
+    for (int x = 0; x < count; x++) vf_store(row + x * W, z[x]);
+}
+
+/* kernels.h's exp_keymajor: st[j][i] = exp(st[j][i] - shift[i]), a key's row at a time, four
+ * vectors a step, then two, then one (the last one partial where nq is not whole vectors). */
+ALWAYS_INLINE void exp_keymajor_loops(float *st, size_t ld_st, size_t nk, size_t nq,
+                                      const float *shift, int kind) {
+    const keymajor_exps e = keymajor_exps_of(kind);
+    for (size_t j = 0; j < nk; j++) {
+        float *row = st + j * ld_st;
+        size_t i = 0;
+        for (; i + 4 * W <= nq; i += 4 * W) exp_keymajor_vectors(row + i, shift + i, 4, &e);
+        if (i + 2 * W <= nq) {
+            exp_keymajor_vectors(row + i, shift + i, 2, &e);
+            i += 2 * W;
+        }
+        for (; i < nq; i += W) {
+            const size_t n = nq - i < W ? nq - i : W;
+            const vpart m = vpart_first(n);
+            vf z = vf_load_upto(row + i, n, m) - vf_load_upto(shift + i, n, m);
+            keymajor_exps_run(&z, 1, &e);
+            vf_store_upto(row + i, z, n, m);
+        }
     }
 }
 

@@ -34,20 +34,23 @@ enum sdpa_type { SDPA_TYPE_F32 = 0, SDPA_TYPE_F16 = 1, SDPA_TYPE_BF16 = 2, SDPA_
 typedef struct sdpa_attention_kernels {
     size_t block_q;  /* queries per tile, 1..SDPA_ATTN_MAX_BLOCK_Q */
     size_t block_kv; /* keys per tile, 1..SDPA_ATTN_MAX_BLOCK_KV */
-    /* s[i * ld_s + j] = scale * dot(q + i * q_stride, k + j * k_stride, d) for i < nq, j < nk;
-       nq <= block_q, nk <= block_kv (any nk for a single query, nq = 1), d >= 1 */
+    /* S = scale A B^T: s[i * ld_s + j] = scale * dot(q + i * q_stride, k + j * k_stride, d) for
+       i < nq, j < nk; nq <= block_q, nk <= block_kv (any nk for a single row, nq = 1), d >= 1.
+       The forward's scores (A = Q, B = K); the backward's S^T and dP^T (A = K or V, B = Q or
+       dO, nq a block of keys) where it has no packed path */
     void (*scores_tile)(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
                         const float *k, size_t k_stride, size_t nk, size_t d, float scale);
-    /* acc[i * ld_acc + c] += sum_j p[i * ld_p + j] * v[j * v_stride + c] for i < nq, c < d_v,
-       the sum over j < nk; every product is formed (0 * NaN is NaN), so the driver leaves out
-       the keys that must not count instead of passing them a zero weight */
+    /* C += A B: acc[i * ld_acc + c] += sum_j p[i * ld_p + j] * v[j * v_stride + c] for i < nq,
+       c < d_v, the sum over j < nk; every product is formed (0 * NaN is NaN), so the driver
+       leaves out the keys that must not count instead of passing them a zero weight. The
+       forward's P V; the backward's dV += P^T dO and dK += dS^T Q (rows: keys) */
     void (*pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq, size_t nk,
                     const float *v, size_t v_stride, size_t d_v);
-    /* pv_tile with the weights key-major: acc[i * ld_acc + c] += sum_j p[j * ld_p + i] *
-       v[j * v_stride + c], every product formed as in pv_tile; any nq and nk. p is 64-byte
-       aligned and ld_p a multiple of 16, as in a key-major tile (sse loads four rows' weights
-       with one aligned load). The backward's dQ += dS K, from the dS^T tile that its dK and dV
-       products read row by row. */
+    /* C += A^T B, pv_tile with the weights key-major: acc[i * ld_acc + c] += sum_j
+       p[j * ld_p + i] * v[j * v_stride + c], every product formed as in pv_tile; any nq and nk.
+       p is 64-byte aligned and ld_p a multiple of 16, as in a key-major tile (sse loads four
+       rows' weights with one aligned load). The backward's dQ += dS K, from the dS^T tile that
+       its dK and dV products read row by row. */
     void (*pv_tile_t)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq, size_t nk,
                       const float *v, size_t v_stride, size_t d_v);
     /* optional, per 16-bit type t (f16, bf16; NULL for f32 and where a backend has none):
@@ -71,14 +74,16 @@ typedef struct sdpa_attention_kernels {
     void (*exp_tile[SDPA_EXP_KINDS])(float *s, size_t ld_s, size_t nq, size_t nk,
                                      const float *shift, float *sums);
     /* optional pair (both or neither), used for blocks of at least 8 queries with
-       d <= SDPA_ATTN_PACK_MAX_D: pack_q stores qt[p * SDPA_ATTN_MAX_BLOCK_Q + i] =
-       q[i * q_stride + p] (unscaled) for p < d and i < nq, and 0 for nq <= i <
-       SDPA_ATTN_MAX_BLOCK_Q, once per block of queries; scores_packed then forms the same tile
-       as scores_tile from it (GEMM-style: broadcast k, vector loads of qt, no reductions), each
-       s_ij one multiply by scale of the finished dot, as in scores_tile: a q scaled first could
-       overflow or underflow where the dot does not, and a row's scores would then depend on the
-       path the driver picks for it */
-    void (*pack_q)(float *qt, const float *q, size_t q_stride, size_t nq, size_t d);
+       d <= SDPA_ATTN_PACK_MAX_D: pack_q stores qt[p * ld_qt + i] = q[i * q_stride + p]
+       (unscaled) for p < d and i < nq, and 0 for nq <= i < SDPA_ATTN_MAX_BLOCK_Q (a packed
+       block is that many queries wide; ld_qt, at least that and a multiple of 16, says where the
+       next row starts, and nothing in a row past the block is read or written), once per block
+       of queries; scores_packed then forms the same tile as scores_tile from it (GEMM-style:
+       broadcast k, vector loads of qt, no reductions), each s_ij one multiply by scale of the
+       finished dot, as in scores_tile: a q scaled first could overflow or underflow where the
+       dot does not, and a row's scores would then depend on the path the driver picks for it.
+       scores_packed, scores_max and exp_pv take qt and st with ld SDPA_ATTN_MAX_BLOCK_Q. */
+    void (*pack_q)(float *qt, size_t ld_qt, const float *q, size_t q_stride, size_t nq, size_t d);
     void (*scores_packed)(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
                           size_t k_stride, size_t nk, size_t d, float scale);
     /* optional pair (both or neither), with pack_q: one step of the online softmax for a block
@@ -101,6 +106,23 @@ typedef struct sdpa_attention_kernels {
     void (*exp_pv[SDPA_EXP_KINDS])(float *acc, size_t ld_acc, float *st, const float *m,
                                    const float *m_new, float *alpha, float *sums, size_t nq,
                                    size_t nk, const float *v, size_t v_stride, size_t d_v);
+    /* optional, with pack_q (the backward's packed path): S^T = scale K Q^T key-major, one job:
+       st[j * ld_st + i] = scale * dot(k_j, q_i) for j < nk (up to SDPA_ATTN_MAX_BLOCK_KV) and
+       i < nq, from qt as pack_q leaves it (ld_qt), each the finished dot times scale, the bits
+       of scores_max's tile. Columns nq <= i < SDPA_ATTN_MAX_BLOCK_Q are the backend's own
+       business; nothing past them in a row is read or written. st is 64-byte aligned and ld_st
+       a multiple of 16, at least SDPA_ATTN_MAX_BLOCK_Q. */
+    void (*scores_keymajor)(float *st, size_t ld_st, const float *qt, size_t ld_qt, size_t nq,
+                            const float *k, size_t k_stride, size_t nk, size_t d, float scale);
+    /* optional (NULL: exp_sum key by key), the backward's P^T from S^T, one job, no sums: a
+       key-major tile's st[j * ld_st + i] = exp(st[j * ld_st + i] - shift[i]) for j < nk and
+       i < nq, each difference rounded to float, then the exp the backend's forward tiles take,
+       bit for bit: exp_tile's at a zero shift where it has one, else exp_sum's at scale 1 and
+       shift 0. shift[i] is at least column i's max (an lse), and a weight below FLT_MIN may be
+       0 or any value below it, as in exp_tile. st is 64-byte aligned and ld_st a multiple of
+       16. */
+    void (*exp_keymajor[SDPA_EXP_KINDS])(float *st, size_t ld_st, size_t nk, size_t nq,
+                                         const float *shift);
 } sdpa_attention_kernels;
 
 /* An add-on of a backend: kernels compiled in a file of their own, with flags the backend's

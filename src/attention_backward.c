@@ -2,11 +2,11 @@
  *
  * FlashAttention-2's order: for each block of keys, every block of query rows that sees it. A
  * tile is key-major, st[key][query] with SDPA_ATTN_MAX_BLOCK_Q queries a key, the layout the
- * packed forward's scores_max leaves, so that the three products that need a transposed operand
+ * packed forward's scores leave, so that the three products that need a transposed operand
  * read it as it is:
- *     S^T  = scale K Q^T          scores_max (packed Q) or scores_tile (K rows as the queries)
+ *     S^T  = scale K Q^T          scores_keymajor (packed Q) or scores_tile (A = K, B = Q)
  *     dP^T = V dO^T               the same, with scale 1
- *     P^T  = exp(S^T - lse)       exp_tile, or exp_sum key by key
+ *     P^T  = exp(S^T - lse)       exp_keymajor, or exp_sum key by key
  *     dS^T = scale P^T (dP^T - D) here, D_i = dO_i . O_i
  *     dV  += P^T dO               pv_tile (rows: keys), sum_rows query rows at a time
  *     dK  += dS^T Q               pv_tile, the same
@@ -59,11 +59,11 @@ typedef struct backward_run {
     visibility vis; /* the keys each query row sees */
     const sdpa_kernels *k;
     const sdpa_attention_kernels *a;
-    int packed;  /* pack_q and scores_max for S^T and dP^T (d_k, d_v <= SDPA_ATTN_PACK_MAX_D) */
+    int packed; /* pack_q and scores_keymajor for S^T and dP^T (d_k, d_v <= SDPA_ATTN_PACK_MAX_D) */
     size_t keys; /* keys a tile: SDPA_ATTN_MAX_BLOCK_KV packed (the more keys, the fewer times
                     each block of queries is packed and its D formed), else block_q (the rows
                     of scores_tile, which here are keys) */
-    void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
+    void (*exp_keymajor)(float *st, size_t ld_st, size_t nk, size_t nq, const float *shift);
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
     backward_plan pl; /* units, key chunks, sum_rows (plan.h) */
 } backward_run;
@@ -191,11 +191,10 @@ static void tile_scores(const backward_run *run, tiles *t, const tile *x) {
     const size_t qs = p->q_stride[2], dos = bp->dout_stride[2], nq = x->nq, nk = x->nk;
     const key_block *kb = x->kb;
     if (run->packed) {
-        float tile_max[QT];
-        a->pack_q(t->qt, x->q, qs, nq, p->d_k);
-        a->scores_max(t->s, tile_max, t->qt, nq, kb->k, p->k_stride[2], nk, p->d_k, p->scale);
-        a->pack_q(t->qt, x->dout, dos, nq, p->d_v);
-        a->scores_max(t->ds, tile_max, t->qt, nq, kb->v, p->v_stride[2], nk, p->d_v, 1.0f);
+        a->pack_q(t->qt, QT, x->q, qs, nq, p->d_k);
+        a->scores_keymajor(t->s, QT, t->qt, QT, nq, kb->k, p->k_stride[2], nk, p->d_k, p->scale);
+        a->pack_q(t->qt, QT, x->dout, dos, nq, p->d_v);
+        a->scores_keymajor(t->ds, QT, t->qt, QT, nq, kb->v, p->v_stride[2], nk, p->d_v, 1.0f);
     } else {
         a->scores_tile(t->s, QT, kb->k, p->k_stride[2], nk, x->q, qs, nq, p->d_k, p->scale);
         a->scores_tile(t->ds, QT, kb->v, p->v_stride[2], nk, x->dout, dos, nq, p->d_v, 1.0f);
@@ -217,16 +216,14 @@ static void tile_scores(const backward_run *run, tiles *t, const tile *x) {
    dS^T = scale P^T (dP^T - D). */
 static void tile_grads(const backward_run *run, tiles *t, const tile *x) {
     const size_t nk = x->nk;
-    for (size_t j = 0; j < nk; j++) {
-        float *sj = t->s + j * QT;
-        for (size_t i = 0; i < QT; i++) sj[i] -= x->lse[i];
-    }
-    if (run->exp_tile) {
-        float sums[SDPA_ATTN_MAX_BLOCK_KV], zero[SDPA_ATTN_MAX_BLOCK_KV];
-        memset(zero, 0, nk * sizeof(float));
-        run->exp_tile(t->s, QT, nk, QT, zero, sums);
+    if (run->exp_keymajor) {
+        run->exp_keymajor(t->s, QT, nk, QT, x->lse);
     } else {
-        for (size_t j = 0; j < nk; j++) run->exp_sum(t->s + j * QT, t->s + j * QT, QT, 1.0f, 0.0f);
+        for (size_t j = 0; j < nk; j++) {
+            float *sj = t->s + j * QT;
+            for (size_t i = 0; i < QT; i++) sj[i] -= x->lse[i];
+            run->exp_sum(sj, sj, QT, 1.0f, 0.0f); /* its sum unused */
+        }
     }
     const float scale = run->bp->fwd.scale;
     for (size_t j = 0; j < nk; j++) {
@@ -556,9 +553,9 @@ static void backward_run_all(const backward_problem *bp) {
     run.k = sdpa_kernels_now();
     run.a = run.k->attention;
     const int kind = sdpa_exp_with(run.k);
-    run.exp_tile = run.a->exp_tile[kind];
+    run.exp_keymajor = run.a->exp_keymajor[kind];
     run.exp_sum = run.k->exp_sum[kind];
-    run.packed = run.a->pack_q && run.a->scores_max && p->d_k <= SDPA_ATTN_PACK_MAX_D &&
+    run.packed = run.a->pack_q && run.a->scores_keymajor && p->d_k <= SDPA_ATTN_PACK_MAX_D &&
                  p->d_v <= SDPA_ATTN_PACK_MAX_D;
     run.keys = run.packed ? SDPA_ATTN_MAX_BLOCK_KV : run.a->block_q;
     const size_t threads = sdpa_threads_for_call();

@@ -117,7 +117,7 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
         b->qb = key_rows_as_floats(run->k, p->q_type, q, q0, nq, p->q_stride[2], p->d_k,
                                    run->wide ? (b->packed ? run->wide->kv : run->wide->q) : NULL,
                                    &b->qs);
-    if (b->packed && !pairs) a->pack_q(b->qt.f, b->qb, b->qs, nq, p->d_k);
+    if (b->packed && !pairs) a->pack_q(b->qt.f, SDPA_ATTN_MAX_BLOCK_Q, b->qb, b->qs, nq, p->d_k);
 
     /* accumulate on the stack when the tile fits (always, for a 16-bit out: rows_max), else in
        the output rows themselves */

@@ -172,7 +172,7 @@ BACKEND_TEST(microkernels, packed_scores) {
         const shape *sh = &shapes[t];
         operands o = operands_alloc(&r, sh);
         const float scale = t % 3 == 0 ? 0.125f : t % 3 == 1 ? -1.5f : 1.0f;
-        a->pack_q(qt, o.q.p, o.q_stride, sh->nq, sh->d);
+        a->pack_q(qt, LD_Q, o.q.p, o.q_stride, sh->nq, sh->d);
         fill_sentinel(s_tile, sizeof s_tile / sizeof s_tile[0]);
         a->scores_packed(s_tile, LD_S, qt, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d, scale);
         expect_scores(s_tile, LD_S, 0, &o, sh, scale, "scores_packed");
@@ -195,9 +195,65 @@ BACKEND_TEST(microkernels, packed_scores) {
         const shape sh = {nqs[t % 4], SDPA_ATTN_MAX_BLOCK_KV, ds[t / 4]};
         operands o = operands_alloc(&r, &sh);
         float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
-        a->pack_q(qt, o.q.p, o.q_stride, sh.nq, sh.d);
+        a->pack_q(qt, LD_Q, o.q.p, o.q_stride, sh.nq, sh.d);
         a->scores_max(st, tile_max, qt, sh.nq, o.k.p, o.k_stride, sh.nk, sh.d, 0.5f);
         expect_scores(st, LD_Q, 1, &o, &sh, 0.5f, "scores_max");
+        operands_free(&o);
+    }
+}
+
+/* The backward's key-major scores: pack_q and scores_keymajor with leading dimensions wider than
+ * the packed block, at up to SDPA_ATTN_MAX_BLOCK_KV keys. The padding of every row (poisoned
+ * with NaN in qt, the sentinel in st) is never read or written, and the tile is scores_max's bit
+ * for bit (the backward's scores are the forward's). */
+BACKEND_TEST(microkernels, scores_keymajor) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    if (!a->scores_keymajor) cr_skip_test("%s has no scores_keymajor", k->name);
+    cr_assert(a->pack_q, "scores_keymajor reads pack_q's tile");
+    enum { LD_WIDE = SDPA_ATTN_MAX_BLOCK_Q + 16 };
+    static _Alignas(64) float qt_wide[SDPA_ATTN_PACK_MAX_D * LD_WIDE];
+    static _Alignas(64) float st_wide[(SDPA_ATTN_MAX_BLOCK_KV + 1) * LD_WIDE];
+    static _Alignas(64) float st_max[SDPA_ATTN_MAX_BLOCK_KV * LD_Q];
+    const size_t nqs[] = {1, 3, 8, 9, 17, SDPA_ATTN_MAX_BLOCK_Q - 1, SDPA_ATTN_MAX_BLOCK_Q};
+    const size_t nks[] = {1, 2, 5, 7, 8, 9, 31, 64, SDPA_ATTN_MAX_BLOCK_KV};
+    const size_t ds[] = {1, 3, 16, 17, 64, SDPA_ATTN_PACK_MAX_D};
+    rng r = rng_seed(16);
+    for (size_t t = 0; t < 7 * 9; t++) {
+        const shape sh = {nqs[t % 7], nks[t / 7], ds[t % 6]};
+        operands o = operands_alloc(&r, &sh);
+        const float scale = t % 2 ? -0.75f : 0.125f;
+        for (size_t e = 0; e < sizeof qt_wide / sizeof qt_wide[0]; e++) qt_wide[e] = NAN;
+        fill_sentinel(st_wide, sizeof st_wide / sizeof st_wide[0]);
+        a->pack_q(qt_wide, LD_WIDE, o.q.p, o.q_stride, sh.nq, sh.d);
+        for (size_t p = 0; p < sh.d; p++)
+            for (size_t i = 0; i < LD_WIDE; i++) {
+                const float got = qt_wide[p * LD_WIDE + i];
+                if (i < sh.nq)
+                    cr_assert_eq(got, o.q.p[i * o.q_stride + p], "pack_q: qt[%zu][%zu]", p, i);
+                else if (i < SDPA_ATTN_MAX_BLOCK_Q)
+                    cr_assert_eq(got, 0.0f, "pack_q nq %zu: query %zu not zero", sh.nq, i);
+                else
+                    cr_assert(isnan(got), "pack_q ld %d: wrote qt[%zu][%zu]", LD_WIDE, p, i);
+            }
+        a->scores_keymajor(st_wide, LD_WIDE, qt_wide, LD_WIDE, sh.nq, o.k.p, o.k_stride, sh.nk,
+                           sh.d, scale);
+        expect_scores(st_wide, LD_WIDE, 1, &o, &sh, scale, "scores_keymajor");
+        for (size_t j = 0; j <= sh.nk; j++)
+            for (size_t i = j < sh.nk ? SDPA_ATTN_MAX_BLOCK_Q : 0; i < LD_WIDE; i++)
+                cr_assert_eq(st_wide[j * LD_WIDE + i], SENTINEL,
+                             "scores_keymajor nq %zu nk %zu: wrote st[%zu][%zu]", sh.nq, sh.nk, j,
+                             i);
+        if (a->scores_max) {
+            float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
+            a->pack_q(qt, LD_Q, o.q.p, o.q_stride, sh.nq, sh.d);
+            a->scores_max(st_max, tile_max, qt, sh.nq, o.k.p, o.k_stride, sh.nk, sh.d, scale);
+            for (size_t j = 0; j < sh.nk; j++)
+                cr_assert(memcmp(st_wide + j * LD_WIDE, st_max + j * LD_Q, sh.nq * sizeof(float)) ==
+                              0,
+                          "scores_keymajor nq %zu nk %zu d %zu: key %zu not scores_max's bits",
+                          sh.nq, sh.nk, sh.d, j);
+        }
         operands_free(&o);
     }
 }
@@ -255,7 +311,8 @@ BACKEND_TEST(microkernels, pv_tile_t) { check_pv(1); }
 
 /* exp(s - shift), the difference rounded to float as the kernels' contract has it, within the
  * exp's bound (3 ULP fast, 1 ULP sleef; a little more with the shift folded in), and the row
- * sums. A weight whose exp is below FLT_MIN may be 0 or anything below FLT_MIN (kernels.h). */
+ * sums (sums not NULL). A weight whose exp is below FLT_MIN may be 0 or anything below FLT_MIN
+ * (kernels.h). */
 static void expect_exps(const float *got, const float *s0, size_t ld, int key_major, size_t nq,
                         size_t nk, const float *shift, const float *sums, const char *what) {
     for (size_t i = 0; i < nq; i++) {
@@ -272,8 +329,9 @@ static void expect_exps(const float *got, const float *s0, size_t ld, int key_ma
             cr_assert(fabs(e - want) <= 5e-7 * want, "%s nq %zu nk %zu [%zu][%zu]: %.9g want %.9g",
                       what, nq, nk, i, j, e, want);
         }
-        cr_assert(fabs(sums[i] - sum) <= 1e-6 * sum + 1e-30, "%s: row %zu sums %.9g, its exps %.9g",
-                  what, i, sums[i], sum);
+        if (sums)
+            cr_assert(fabs(sums[i] - sum) <= 1e-6 * sum + 1e-30,
+                      "%s: row %zu sums %.9g, its exps %.9g", what, i, sums[i], sum);
     }
 }
 
@@ -303,6 +361,53 @@ BACKEND_TEST(microkernels, exp_tile) {
         }
 }
 
+/* The backward's P^T = exp(S^T - lse) in a key-major tile whose rows are wider than the columns
+ * it takes (the padding, sentinels, never read or written): within the exp's bound, and bit for
+ * bit the exps the forward's tiles take (exp_tile at a zero shift where the backend has it, else
+ * exp_sum at a zero shift, each on s - shift rounded to float). */
+BACKEND_TEST(microkernels, exp_keymajor) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    if (!a->exp_keymajor[SDPA_EXP_FAST]) cr_skip_test("%s has no exp_keymajor", k->name);
+    enum { LD_WIDE = SDPA_ATTN_MAX_BLOCK_Q + 16, KEYS = SDPA_ATTN_MAX_BLOCK_KV };
+    static _Alignas(64) float got[(KEYS + 1) * LD_WIDE], s0[KEYS * LD_WIDE], want[KEYS * LD_WIDE];
+    const size_t nqs[] = {1, 3, 4, 5, 8, 15, 16, 17, 31, SDPA_ATTN_MAX_BLOCK_Q};
+    const size_t nks[] = {1, 2, 3, 7, 64, KEYS};
+    rng r = rng_seed(17);
+    for (int kind = 0; kind < SDPA_EXP_KINDS; kind++)
+        for (size_t t = 0; t < 10 * 6; t++) {
+            const size_t nq = nqs[t % 10], nk = nks[t / 10];
+            float shift[SDPA_ATTN_MAX_BLOCK_Q], zero[KEYS] = {0}, sums[KEYS];
+            fill_sentinel(got, sizeof got / sizeof got[0]);
+            for (size_t i = 0; i < nq; i++) {
+                float m = -INFINITY;
+                for (size_t j = 0; j < nk; j++) {
+                    const float v = (float)rng_uniform(&r, -90.0, 20.0); /* some flush to 0 */
+                    s0[j * LD_WIDE + i] = got[j * LD_WIDE + i] = v;
+                    m = v > m ? v : m;
+                }
+                shift[i] = m + (float)rng_uniform(&r, 0.0, 2.0); /* an lse: at least the max */
+            }
+            a->exp_keymajor[kind](got, LD_WIDE, nk, nq, shift);
+            const char *what = kind ? "exp_keymajor sleef" : "exp_keymajor fast";
+            expect_exps(got, s0, LD_WIDE, 1, nq, nk, shift, NULL, what);
+            for (size_t j = 0; j <= nk; j++)
+                for (size_t i = j < nk ? nq : 0; i < LD_WIDE; i++)
+                    cr_assert_eq(got[j * LD_WIDE + i], SENTINEL,
+                                 "%s nq %zu nk %zu: wrote [%zu][%zu]", what, nq, nk, j, i);
+            for (size_t j = 0; j < nk; j++) {
+                for (size_t i = 0; i < nq; i++)
+                    want[j * LD_WIDE + i] = s0[j * LD_WIDE + i] - shift[i];
+                if (!a->exp_tile[kind])
+                    k->exp_sum[kind](want + j * LD_WIDE, want + j * LD_WIDE, nq, 1.0f, 0.0f);
+            }
+            if (a->exp_tile[kind]) a->exp_tile[kind](want, LD_WIDE, nk, nq, zero, sums);
+            for (size_t j = 0; j < nk; j++)
+                cr_assert(memcmp(got + j * LD_WIDE, want + j * LD_WIDE, nq * sizeof(float)) == 0,
+                          "%s nq %zu nk %zu: key %zu not the forward's exps", what, nq, nk, j);
+        }
+}
+
 /* The online-softmax step of the packed path: scores_max, the driver's new maxima, then exp_pv:
  * alpha, the weights in place, their sums, and acc scaled by alpha plus the weights times v. */
 BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
@@ -321,7 +426,7 @@ BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
             float m[SDPA_ATTN_MAX_BLOCK_Q], m_new[SDPA_ATTN_MAX_BLOCK_Q],
                 tile_max[SDPA_ATTN_MAX_BLOCK_Q], alpha[SDPA_ATTN_MAX_BLOCK_Q],
                 sums[SDPA_ATTN_MAX_BLOCK_Q];
-            a->pack_q(qt, o.q.p, o.q_stride, sh->nq, sh->d);
+            a->pack_q(qt, LD_Q, o.q.p, o.q_stride, sh->nq, sh->d);
             a->scores_max(st, tile_max, qt, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d, 2.0f);
             memcpy(s0, st, sizeof s0);
             for (size_t i = 0; i < sh->nq; i++) {
@@ -773,6 +878,8 @@ BACKEND_TEST(microkernels, table_obeys_its_rules) {
     cr_assert(!a->scores_max == !a->exp_pv[0] && !a->exp_pv[0] == !a->exp_pv[1],
               "scores_max and exp_pv: all or none");
     cr_assert(!a->scores_max || a->pack_q, "scores_max needs pack_q");
+    cr_assert(!a->scores_keymajor || a->pack_q, "scores_keymajor needs pack_q");
+    cr_assert(!a->exp_keymajor[0] == !a->exp_keymajor[1], "exp_keymajor: both kinds or neither");
     cr_assert(!a->scores_tile_typed[SDPA_TYPE_F32] && !a->pv_tile_typed[SDPA_TYPE_F32],
               "typed entries: none for f32");
     for (int t = SDPA_TYPE_F16; t < SDPA_TYPES; t++)

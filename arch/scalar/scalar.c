@@ -182,12 +182,31 @@ static void pv_tile_t_scalar(float *acc, size_t ld_acc, const float *p, size_t l
     }
 }
 
+/* The backward's P^T from S^T, key-major: st[j][i] = exp(st[j][i] - shift[i]), by exp_sum's exps
+ * (which the forward's tiles take), with no sums. */
+static inline void exp_keymajor_with(float (*exp)(float), float *st, size_t ld_st, size_t nk,
+                                     size_t nq, const float *shift) {
+    for (size_t j = 0; j < nk; j++)
+        for (size_t i = 0; i < nq; i++) st[j * ld_st + i] = exp(st[j * ld_st + i] - shift[i]);
+}
+
+static void exp_keymajor_fast_scalar(float *st, size_t ld_st, size_t nk, size_t nq,
+                                     const float *shift) {
+    exp_keymajor_with(exp_fast_scalar, st, ld_st, nk, nq, shift);
+}
+
+static void exp_keymajor_sleef_scalar(float *st, size_t ld_st, size_t nk, size_t nq,
+                                      const float *shift) {
+    exp_keymajor_with(exp_sleef_scalar, st, ld_st, nk, nq, shift);
+}
+
 static const sdpa_attention_kernels attention_scalar = {
     .block_q = 16,
     .block_kv = 64,
     .scores_tile = scores_tile_scalar,
     .pv_tile = pv_tile_scalar,
     .pv_tile_t = pv_tile_t_scalar,
+    .exp_keymajor = {exp_keymajor_fast_scalar, exp_keymajor_sleef_scalar},
 };
 
 const sdpa_kernels sdpa_kernels_scalar = {

@@ -26,13 +26,14 @@ ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) { pv_tile_loops(o, vt, 6
 
 /* Key-major scores: 6 keys x 16 queries (12 accumulators, 2 loads of qt and 6 broadcasts for 12
  * FMAs a step), then 2 keys x 32 queries, then a last key. */
-static void ISA_NAME(scores_keymajor)(float *st, const float *qt, const float *k, size_t k_stride,
-                                      size_t nk, size_t d, size_t nq, float scale) {
+static void ISA_NAME(scores_keymajor)(float *st, size_t ld_st, const float *qt, size_t ld_qt,
+                                      size_t nq, const float *k, size_t k_stride, size_t nk,
+                                      size_t d, float scale) {
     (void)nq;
     const vf vscale = vf_set1(scale);
-    size_t j = keymajor_blocks(st, qt, k, k_stride, 0, nk, d, vscale, 6, 2);
-    j = keymajor_blocks(st, qt, k, k_stride, j, nk, d, vscale, 2, 4);
-    keymajor_blocks(st, qt, k, k_stride, j, nk, d, vscale, 1, 4);
+    size_t j = keymajor_blocks(st, ld_st, qt, ld_qt, k, k_stride, 0, nk, d, vscale, 6, 2);
+    j = keymajor_blocks(st, ld_st, qt, ld_qt, k, k_stride, j, nk, d, vscale, 2, 4);
+    keymajor_blocks(st, ld_st, qt, ld_qt, k, k_stride, j, nk, d, vscale, 1, 4);
 }
 
 ALWAYS_INLINE vf isa_exp_table(void) { return exp_table_avx2(); }

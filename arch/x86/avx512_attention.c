@@ -59,12 +59,13 @@ ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) {
 
 /* Key-major scores: 8 keys x 32 queries, 2 loads of qt and 8 broadcasts of k for 16 FMAs a step,
  * then the keys left over one at a time. */
-static void ISA_NAME(scores_keymajor)(float *st, const float *qt, const float *k, size_t k_stride,
-                                      size_t nk, size_t d, size_t nq, float scale) {
+static void ISA_NAME(scores_keymajor)(float *st, size_t ld_st, const float *qt, size_t ld_qt,
+                                      size_t nq, const float *k, size_t k_stride, size_t nk,
+                                      size_t d, float scale) {
     (void)nq;
     const vf vscale = vf_set1(scale);
-    const size_t j = keymajor_blocks(st, qt, k, k_stride, 0, nk, d, vscale, 8, 2);
-    keymajor_blocks(st, qt, k, k_stride, j, nk, d, vscale, 1, 2);
+    const size_t j = keymajor_blocks(st, ld_st, qt, ld_qt, k, k_stride, 0, nk, d, vscale, 8, 2);
+    keymajor_blocks(st, ld_st, qt, ld_qt, k, k_stride, j, nk, d, vscale, 1, 2);
 }
 
 /* the exps of scores minus their row's max, <= 0: exp_sum's light form */

@@ -174,51 +174,58 @@ ALWAYS_INLINE void isa_pv(const pv_operands *o, int v_type) {
  * (nkeys * nv = 8 accumulators): per 4 values of p one load of each key's row and 4 pshufd
  * broadcasts, each against nv vectors of qt. The scale multiplies the finished dots, as in
  * scores_tile: scaling q first could overflow or underflow where the dot does not. st is 16-byte
- * aligned. */
-ALWAYS_INLINE void keymajor_block_sse41(float *st, const float *qt, const float *k, size_t k_stride,
-                                        size_t d, __m128 vscale, int nkeys, int nv) {
-    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+ * aligned, and its rows ld_st floats apart (qt's ld_qt). */
+ALWAYS_INLINE void keymajor_block_sse41(float *st, size_t ld_st, const float *qt, size_t ld_qt,
+                                        const float *k, size_t k_stride, size_t d, __m128 vscale,
+                                        int nkeys, int nv) {
     __m128 a[8];
     for (int t = 0; t < nkeys * nv; t++) a[t] = _mm_setzero_ps();
     size_t p = 0;
     for (; p + 4 <= d; p += 4) {
-        const float *q0 = qt + p * ld;
+        const float *q0 = qt + p * ld_qt;
         for (int key = 0; key < nkeys; key++) {
             const __m128 k4 = _mm_loadu_ps(k + key * k_stride + p);
             madd_row(a + key * nv, BCAST(k4, 0), q0, nv);
-            madd_row(a + key * nv, BCAST(k4, 1), q0 + ld, nv);
-            madd_row(a + key * nv, BCAST(k4, 2), q0 + 2 * ld, nv);
-            madd_row(a + key * nv, BCAST(k4, 3), q0 + 3 * ld, nv);
+            madd_row(a + key * nv, BCAST(k4, 1), q0 + ld_qt, nv);
+            madd_row(a + key * nv, BCAST(k4, 2), q0 + 2 * ld_qt, nv);
+            madd_row(a + key * nv, BCAST(k4, 3), q0 + 3 * ld_qt, nv);
         }
     }
     for (; p < d; p++)
         for (int key = 0; key < nkeys; key++)
-            madd_row(a + key * nv, _mm_set1_ps(k[key * k_stride + p]), qt + p * ld, nv);
+            madd_row(a + key * nv, _mm_set1_ps(k[key * k_stride + p]), qt + p * ld_qt, nv);
     for (int key = 0; key < nkeys; key++)
         for (int t = 0; t < nv; t++)
-            _mm_store_ps(st + key * ld + t * W, _mm_mul_ps(a[key * nv + t], vscale));
+            _mm_store_ps(st + key * ld_st + t * W, _mm_mul_ps(a[key * nv + t], vscale));
+}
+
+/* nk keys from j in blocks of nkeys keys x nv vectors of queries; returns the first key not
+ * done */
+ALWAYS_INLINE size_t keymajor_blocks_sse41(float *st, size_t ld_st, const float *qt, size_t ld_qt,
+                                           const float *k, size_t k_stride, size_t j, size_t nk,
+                                           size_t d, __m128 vscale, int nkeys, int nv) {
+    for (; j + nkeys <= nk; j += nkeys)
+        keymajor_block_sse41(st + j * ld_st, ld_st, qt, ld_qt, k + j * k_stride, k_stride, d,
+                             vscale, nkeys, nv);
+    return j;
 }
 
 /* The key-major scores of nk keys for the first nq queries (rounded up to 8, 16 or all 32): one
  * key across 8 vectors, two across 4, four across 2. */
-static void ISA_NAME(scores_keymajor)(float *st, const float *qt, const float *k, size_t k_stride,
-                                      size_t nk, size_t d, size_t nq, float scale) {
-    const size_t ld = SDPA_ATTN_MAX_BLOCK_Q;
+static void ISA_NAME(scores_keymajor)(float *st, size_t ld_st, const float *qt, size_t ld_qt,
+                                      size_t nq, const float *k, size_t k_stride, size_t nk,
+                                      size_t d, float scale) {
     const __m128 vs = _mm_set1_ps(scale);
-    size_t j = 0;
     if (nq > 4 * W) {
-        for (; j < nk; j++)
-            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, vs, 1, 8);
+        keymajor_blocks_sse41(st, ld_st, qt, ld_qt, k, k_stride, 0, nk, d, vs, 1, 8);
     } else if (nq > 2 * W) {
-        for (; j + 2 <= nk; j += 2)
-            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, vs, 2, 4);
-        for (; j < nk; j++)
-            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, vs, 1, 4);
+        const size_t j =
+            keymajor_blocks_sse41(st, ld_st, qt, ld_qt, k, k_stride, 0, nk, d, vs, 2, 4);
+        keymajor_blocks_sse41(st, ld_st, qt, ld_qt, k, k_stride, j, nk, d, vs, 1, 4);
     } else {
-        for (; j + 4 <= nk; j += 4)
-            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, vs, 4, 2);
-        for (; j < nk; j++)
-            keymajor_block_sse41(st + j * ld, qt, k + j * k_stride, k_stride, d, vs, 1, 2);
+        const size_t j =
+            keymajor_blocks_sse41(st, ld_st, qt, ld_qt, k, k_stride, 0, nk, d, vs, 4, 2);
+        keymajor_blocks_sse41(st, ld_st, qt, ld_qt, k, k_stride, j, nk, d, vs, 1, 2);
     }
 }
 

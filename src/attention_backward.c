@@ -171,16 +171,13 @@ static int tile_clean(const backward_run *run, const tile *x) {
 }
 
 /* The forward's stage on S^T past the product (the mask below): a softcap, whose derivative
-   1 - (s / c)^2 goes to t->cap for tile_grads, then ALiBi. */
+   1 - tanh^2 goes to t->cap for tile_grads, then ALiBi. */
 static void tile_stage(const backward_run *run, tiles *t, const tile *x) {
     const score_stage *st = &x->h->st;
-    const size_t n = x->nk * QT;
-    if (st->softcap != 0.0f) {
-        const float c = st->softcap;
-        score_stage_softcap(t->s, n, c, t->cap, run->exp_sum);
-        for (size_t e = 0; e < n; e++) t->cap[e] = 1.0f - (t->s[e] / c) * (t->s[e] / c);
-    }
-    if (st->alibi) score_stage_alibi_keymajor(st, t->s, QT, x->q0, x->nq, x->kb->k0, x->nk);
+    if (st->softcap == 0.0f && !st->alibi) return;
+    const stage_kernels kn = stage_kernels_of(run->k, run->exp_sum);
+    score_stage_keymajor(st, t->s, QT, QT, x->q0, x->nq, x->kb->k0, x->nk, NULL,
+                         st->softcap != 0.0f ? t->cap : NULL, t->cap, &kn);
 }
 
 /* S^T (plus the mask) and dP^T, key-major; columns past nq hold zeros. */

@@ -186,8 +186,9 @@ static int scores_fused(const attention_run *run, const attention_problem *p, ro
                            p->scale);
     if (!score_stage_is_scale(stage)) { /* the stage on the tile, and its maxima */
         float scratch[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
-        score_stage_keymajor(stage, b->s, SDPA_ATTN_MAX_BLOCK_Q, b->q0, b->nq, k0, nk, b->m_new,
-                             scratch, run->exp_sum);
+        const stage_kernels kn = stage_kernels_of(run->k, run->exp_sum);
+        score_stage_keymajor(stage, b->s, SDPA_ATTN_MAX_BLOCK_Q, b->nq, b->q0, b->nq, k0, nk,
+                             b->m_new, NULL, scratch, &kn);
     }
     for (size_t r = 0; r < b->nq; r++) b->m_new[r] = b->m_new[r] > b->m[r] ? b->m_new[r] : b->m[r];
     return all_finite(b->m_new, b->nq);
@@ -220,7 +221,8 @@ static void row_keys(const row_block *b, size_t r, size_t k0, size_t nk, size_t 
 static int row_online(const attention_run *run, const attention_problem *p, row_block *b,
                       const score_stage *stage, size_t r, size_t k0, size_t a, size_t n) {
     float *s = b->s + r * run->keys_max + a, scratch[SDPA_ATTN_MAX_BLOCK_KV];
-    const int all = score_stage_row(stage, b->q0 + r, k0 + a, s, n, scratch, run->exp_sum);
+    const stage_kernels kn = stage_kernels_of(run->k, run->exp_sum);
+    const int all = score_stage_row(stage, b->q0 + r, k0 + a, s, n, scratch, &kn);
     const float bm = run->k->max_scaled(s, n, 1.0f);
     if (isnan(bm) || (bm == -INFINITY && row_has_nan(s, n))) {
         b->poisoned[r] = 1;

@@ -5,9 +5,9 @@
  * Beyond the vocabulary it uses the compiler's vector operators on vf (/, the comparisons, and
  * the bitwise ones on an integer vector of the same size), which every ISA's vf supports.
  *
- * The softcap c tanh(s / c), with a = |s| / c: for a >= 1/8, tanh a = (1 - t) / (1 + t) with
- * t = exp(-2a) in (0, 0.78] (1 - t cancels at most 4.5 times); below, where it would cancel
- * more, the series a - a^3/3 + 2a^5/15, whose next term is under 2^-24 a there. Both are
+ * The softcap c tanh(s / c), with a = |s| / c: for a >= 1/4, tanh a = (1 - t) / (1 + t) with
+ * t = exp(-2a) in (0, 0.61] (1 - t magnifies t's error at most 1.6 times); below, where it
+ * would magnify it more, the series to a^9, whose next term is under 2^-26 a there. Both are
  * formed for every lane and one is taken: the loop stays branch-free. docs/numerics.md states
  * the bound. */
 #ifndef SDPA_ARCH_SCORE_STAGE_TILE_H
@@ -35,8 +35,11 @@ ALWAYS_INLINE vf stage_tanh(vf s, vf inv_c, vf m2c, const row_exp *e, int kind) 
     const vf t = exp_whole(mag * m2c, e, kind);
     const vf one = vf_set1(1.0f), a = mag * inv_c, a2 = a * a;
     const vf ratio = (one - t) / (one + t);
-    const vf series = a * (one - a2 * (vf_set1(1.0f / 3.0f) - a2 * vf_set1(2.0f / 15.0f)));
-    const vf th = stage_select(a < vf_set1(0.125f), series, ratio);
+    const vf series =
+        a * (one - a2 * (vf_set1(1.0f / 3.0f) -
+                         a2 * (vf_set1(2.0f / 15.0f) -
+                               a2 * (vf_set1(17.0f / 315.0f) - a2 * vf_set1(62.0f / 2835.0f)))));
+    const vf th = stage_select(a < vf_set1(0.25f), series, ratio);
     return (vf)((stage_vi)th | sign);
 }
 

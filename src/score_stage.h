@@ -62,11 +62,11 @@ static inline int score_stage_removes(const score_stage *st, size_t i, size_t j)
     return st->mask && st->mask[i * st->mask_row + j] == -INFINITY;
 }
 
-/* The softcap of n scores: c tanh(s / c). For a = |s| / c >= 1/8, tanh a = (1 - t) / (1 + t)
-   with t = exp(-2a) in (0, 0.78] from the backend's exp (exp_sum: y = exp(scale x - shift));
-   below, where 1 - t would cancel, the series a - a^3/3 + 2a^5/15 (its next term is under
-   float's precision there). docs/numerics.md states the bound. */
-static inline void score_stage_softcap(float *s, size_t n, float c, float *t,
+/* The softcap of n scores, c tanh(s / c), where the backend has no stage_tile: the formula of
+   arch/score_stage_tile.h, for a = |s| / c >= 1/4 tanh a = (1 - t) / (1 + t) with t = exp(-2a)
+   from the backend's exp (exp_sum: y = exp(scale x - shift)), below the series to a^9; with
+   deriv, 1 - tanh^2 (the backward's). t is n floats of scratch, and may be deriv. */
+static inline void score_stage_softcap(float *s, size_t n, float c, float *t, float *deriv,
                                        float (*exp_sum)(float *, const float *, size_t, float,
                                                         float)) {
     for (size_t j = 0; j < n; j++) t[j] = fabsf(s[j]);
@@ -74,9 +74,13 @@ static inline void score_stage_softcap(float *s, size_t n, float c, float *t,
     const float inv_c = 1.0f / c;
     for (size_t j = 0; j < n; j++) { /* both forms, then a select: the loop vectorises */
         const float a = fabsf(s[j]) * inv_c, a2 = a * a;
-        const float series = a * (1.0f - a2 * (1.0f / 3.0f - a2 * (2.0f / 15.0f)));
+        const float series =
+            a * (1.0f - a2 * (1.0f / 3.0f - a2 * (2.0f / 15.0f -
+                                                  a2 * (17.0f / 315.0f - a2 * (62.0f / 2835.0f)))));
         const float ratio = (1.0f - t[j]) / (1.0f + t[j]);
-        s[j] = copysignf(c * (a < 0.125f ? series : ratio), s[j]);
+        const float th = a < 0.25f ? series : ratio;
+        if (deriv) deriv[j] = 1.0f - th * th;
+        s[j] = copysignf(c * th, s[j]);
     }
 }
 
@@ -106,7 +110,7 @@ static inline int score_stage_row(const score_stage *st, size_t i, size_t k0, fl
             &dist, NULL};
         kn->tile(&tile);
     } else {
-        if (st->softcap != 0.0f) score_stage_softcap(s, n, st->softcap, t, kn->exp_sum);
+        if (st->softcap != 0.0f) score_stage_softcap(s, n, st->softcap, t, NULL, kn->exp_sum);
         if (st->alibi) {
             const float slope = st->alibi[i * st->head_row];
             for (size_t j = 0; j < n; j++) s[j] += slope * (float)((ptrdiff_t)(k0 + j) - p);
@@ -164,12 +168,7 @@ static inline void score_stage_keymajor(const score_stage *st, float *s, size_t 
         kn->tile(&tile);
         return;
     }
-    if (st->softcap != 0.0f) {
-        const float c = st->softcap;
-        score_stage_softcap(s, nk * ld, c, t, kn->exp_sum);
-        if (deriv)
-            for (size_t e = 0; e < nk * ld; e++) deriv[e] = 1.0f - (s[e] / c) * (s[e] / c);
-    }
+    if (st->softcap != 0.0f) score_stage_softcap(s, nk * ld, st->softcap, t, deriv, kn->exp_sum);
     if (st->alibi)
         for (size_t j = 0; j < nk; j++) {
             float *row = s + j * ld;

@@ -55,7 +55,10 @@ typedef struct row_block {
     size_t kv_begin, kv_end;  /* the keys any row sees lie in [kv_begin, kv_end) */
     size_t all_from, all_see; /* every row sees the keys [all_from, all_see) */
     enum { STEP_NONE, STEP_FUSED, STEP_ROWS } step; /* what the scores of a block left for P V */
-    int simple; /* STEP_ROWS: every row sees every key of the block */
+    int simple;   /* STEP_ROWS: every row sees every key of the block, or (filled) has weight
+                     exactly 0 for the keys it does not see */
+    int filled;   /* the zeros are the window's, over values not yet known to be finite */
+    int zeros_ok; /* a window: a block's unseen keys may take weight 0 in the tile P V */
     float m[SDPA_ATTN_MAX_BLOCK_Q], m_new[SDPA_ATTN_MAX_BLOCK_Q];
     double l[SDPA_ATTN_MAX_BLOCK_Q];
     size_t from[SDPA_ATTN_MAX_BLOCK_Q], visible[SDPA_ATTN_MAX_BLOCK_Q]; /* row r sees keys
@@ -125,6 +128,8 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
     b->ld_acc = b->acc == acc_tile ? d_v : os;
     b->kv_begin = b->all_see = SIZE_MAX;
     b->kv_end = b->all_from = 0;
+    /* only with a window (a modifier): the one-row runs give causality's diagonal its bits */
+    b->zeros_ok = vis->before >= 0 || vis->after > 0;
     for (size_t r = 0; r < nq; r++) {
         const size_t from = visibility_row_first(vis, q0 + r),
                      seen = visibility_row_end(vis, q0 + r);
@@ -253,13 +258,26 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
     b->step = STEP_ROWS;
     scores_product(run, p, b, kr, nk);
     int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
+    int kept = 1;   /* the stage removed no key */
     for (size_t r = 0; r < nq; r++) {
         size_t a, e;
         row_keys(b, r, k0, nk, &a, &e);
         b->live[r] = 0;
         if (a != 0 || e < nk) simple = 0;
         if (b->poisoned[r] || a >= e) continue;
-        if (!row_online(run, p, b, stage, r, k0, a, e - a)) simple = 0;
+        if (!row_online(run, p, b, stage, r, k0, a, e - a)) kept = simple = 0;
+    }
+    b->filled = 0;
+    if (!simple && kept && b->zeros_ok && run->exp_tile) { /* a window's edge: -inf where unseen */
+        for (size_t r = 0; r < nq; r++) {
+            if (!b->live[r]) continue;
+            size_t a, e;
+            row_keys(b, r, k0, nk, &a, &e);
+            float *s = b->s + r * ld_s;
+            for (size_t j = 0; j < a; j++) s[j] = -INFINITY;
+            for (size_t j = e; j < nk; j++) s[j] = -INFINITY;
+        }
+        simple = b->filled = 1;
     }
     b->simple = simple;
 
@@ -302,6 +320,22 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
     }
 }
 
+/* The first nk rows of a block of values hold no inf or NaN, where a weight of 0 gives them a
+   product of 0: each float rows' run through the backend's dot against zeros, which is NaN where
+   a value is not finite. 16-bit rows are not checked (0: the caller takes the runs). */
+static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t nk, size_t d_v) {
+    static const float zeros[SDPA_ATTN_TYPED_MAX_D];
+    const row_runs *v = &vr->f;
+    if (vr->h.n || d_v > SDPA_ATTN_TYPED_MAX_D) return 0;
+    for (size_t i = 0; i < v->n && v->at[i] < nk; i++) {
+        const size_t n = (v->at[i + 1] < nk ? v->at[i + 1] : nk) - v->at[i];
+        const float *row = v->row[i];
+        for (size_t j = 0; j < n; j++)
+            if (k->dot(row + j * v->stride, zeros, d_v) != 0.0f) return 0;
+    }
+    return 1;
+}
+
 /* The second half: the weights of rows_scores times the block of values vr into acc (its float
  * rows for the fused path, else the 16-bit rows with typed_v, else the float rows). */
 static void rows_values(const attention_run *run, const attention_problem *p, row_block *b,
@@ -318,9 +352,18 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
         }
         return;
     }
-    if (b->simple) {
-        for (size_t r = 0; r < nq; r++)
-            if (!b->live[r]) memset(s_tile + r * ld_s, 0, nk * sizeof(float));
+    if (b->simple && (!b->filled || values_finite(run->k, vr, nk, d_v))) {
+        for (size_t r = 0; r < nq; r++) {
+            float *s = s_tile + r * ld_s;
+            if (!b->live[r]) {
+                memset(s, 0, nk * sizeof(float));
+            } else if (b->filled) { /* exactly 0, where the exp of -inf may leave a subnormal */
+                size_t a, e;
+                row_keys(b, r, k0, nk, &a, &e);
+                memset(s, 0, a * sizeof(float));
+                memset(s + e, 0, (nk - e) * sizeof(float));
+            }
+        }
         values_pv(run, p, b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vr, 0);
         return;
     }

@@ -235,15 +235,22 @@ static void tile_grads(const backward_run *run, tiles *t, const tile *x) {
         for (size_t e = 0; e < nk * QT; e++) t->ds[e] *= t->cap[e];
 }
 
-/* P = dS = 0 exactly where the pair does not count; under visibility alone, the rows before
-   the first that sees the key. */
+/* P = dS = 0 exactly where the pair does not count; under visibility alone (every row live, a
+   stage that removes no key), the rows that see key j are a run [lo, hi) that moves down as j
+   grows: the rows before it (causality, or not yet at the key) and, under a window, the rows
+   from the first that has left the key behind. */
 static void tile_zero_pairs(const backward_run *run, tiles *t, const tile *x) {
-    if (score_stage_keeps_keys(&x->h->st) && run->vis.before < 0 && x->live == x->nq) {
+    if (score_stage_keeps_keys(&x->h->st) && x->live == x->nq) {
+        size_t lo = 0, hi = 0;
         for (size_t j = 0; j < x->nk; j++) {
-            const size_t first = visibility_first_row(&run->vis, x->kb->k0 + j);
-            const size_t n = first <= x->q0 ? 0 : first - x->q0 < x->nq ? first - x->q0 : x->nq;
-            memset(t->s + j * QT, 0, n * sizeof(float));
-            memset(t->ds + j * QT, 0, n * sizeof(float));
+            const size_t k = x->kb->k0 + j;
+            while (lo < x->nq && visibility_row_end(&run->vis, x->q0 + lo) <= k) lo++;
+            if (hi < lo) hi = lo;
+            while (hi < x->nq && visibility_row_first(&run->vis, x->q0 + hi) <= k) hi++;
+            memset(t->s + j * QT, 0, lo * sizeof(float));
+            memset(t->ds + j * QT, 0, lo * sizeof(float));
+            memset(t->s + j * QT + hi, 0, (x->nq - hi) * sizeof(float));
+            memset(t->ds + j * QT + hi, 0, (x->nq - hi) * sizeof(float));
         }
         return;
     }

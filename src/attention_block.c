@@ -321,17 +321,21 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
 }
 
 /* The first nk rows of a block of values hold no inf or NaN, where a weight of 0 gives them a
-   product of 0: each float rows' run through the backend's dot against zeros, which is NaN where
-   a value is not finite. 16-bit rows are not checked (0: the caller takes the runs). */
+   product of 0: a finite sum of their squares (the backend's dot of each run with itself, in one
+   call where its rows are contiguous). Values large enough to overflow it, and 16-bit rows, give
+   0: the caller then takes the runs, which are right for any values. */
 static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t nk, size_t d_v) {
-    static const float zeros[SDPA_ATTN_TYPED_MAX_D];
     const row_runs *v = &vr->f;
-    if (vr->h.n || d_v > SDPA_ATTN_TYPED_MAX_D) return 0;
+    if (vr->h.n) return 0;
     for (size_t i = 0; i < v->n && v->at[i] < nk; i++) {
         const size_t n = (v->at[i + 1] < nk ? v->at[i + 1] : nk) - v->at[i];
         const float *row = v->row[i];
+        if (v->stride == d_v) {
+            if (!isfinite(k->dot(row, row, n * d_v))) return 0;
+            continue;
+        }
         for (size_t j = 0; j < n; j++)
-            if (k->dot(row + j * v->stride, zeros, d_v) != 0.0f) return 0;
+            if (!isfinite(k->dot(row + j * v->stride, row + j * v->stride, d_v))) return 0;
     }
     return 1;
 }

@@ -59,6 +59,7 @@ typedef struct row_block {
                      exactly 0 for the keys it does not see */
     int filled;   /* the zeros are the window's, over values not yet known to be finite */
     int zeros_ok; /* a window: a block's unseen keys may take weight 0 in the tile P V */
+    size_t skip;  /* filled: the block's first keys, which no row sees, left out of the products */
     float m[SDPA_ATTN_MAX_BLOCK_Q], m_new[SDPA_ATTN_MAX_BLOCK_Q];
     double l[SDPA_ATTN_MAX_BLOCK_Q];
     size_t from[SDPA_ATTN_MAX_BLOCK_Q], visible[SDPA_ATTN_MAX_BLOCK_Q]; /* row r sees keys
@@ -199,16 +200,19 @@ static int scores_fused(const attention_run *run, const attention_problem *p, ro
     return all_finite(b->m_new, b->nq);
 }
 
-/* The product: the block's scaled scores into b's tile. */
+/* The product: the block's scaled scores into b's tile, from key j0 on (packed blocks only; each
+   score is its own dot, so the others are those of the whole block). */
 static void scores_product(const attention_run *run, const attention_problem *p, row_block *b,
-                           const block_rows *kr, size_t nk) {
+                           const block_rows *kr, size_t j0, size_t nk) {
     const size_t ld_s = run->keys_max;
     if (b->packed && run->bf16_dot)
-        run->bf16_dot->scores_packed(b->s, ld_s, b->qt.pairs, b->nq, kr->h.row[0], kr->h.stride, nk,
-                                     p->d_k, p->scale);
+        run->bf16_dot->scores_packed(b->s + j0, ld_s, b->qt.pairs, b->nq,
+                                     (const uint16_t *)kr->h.row[0] + j0 * kr->h.stride,
+                                     kr->h.stride, nk - j0, p->d_k, p->scale);
     else if (b->packed)
-        run->a->scores_packed(b->s, ld_s, b->qt.f, b->nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
-                              p->scale);
+        run->a->scores_packed(b->s + j0, ld_s, b->qt.f, b->nq,
+                              (const float *)kr->f.row[0] + j0 * kr->f.stride, kr->f.stride,
+                              nk - j0, p->d_k, p->scale);
     else
         scores_runs(run, p, b, typed_k(run, p) ? &kr->h : &kr->f, typed_k(run, p), nk);
 }
@@ -256,7 +260,12 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
         return;
     }
     b->step = STEP_ROWS;
-    scores_product(run, p, b, kr, nk);
+    /* a window's first block: keys before every row's first take weight 0 (filled, below), and
+       so are not formed, from a multiple of 4 on, so that pv_tile's chains keep each key's
+       place (u keys a step) */
+    const int fills = b->zeros_ok && run->exp_tile && score_stage_keeps_keys(stage);
+    b->skip = fills && b->packed && b->kv_begin > k0 ? (b->kv_begin - k0) / 4 * 4 : 0;
+    scores_product(run, p, b, kr, b->skip, nk);
     int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
     int kept = 1;   /* the stage removed no key */
     for (size_t r = 0; r < nq; r++) {
@@ -268,11 +277,10 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
         if (!row_online(run, p, b, stage, r, k0, a, e - a)) kept = simple = 0;
     }
     b->filled = 0;
-    if (!simple && kept && b->zeros_ok && run->exp_tile) { /* a window's edge: -inf where unseen */
+    if (!simple && kept && fills) { /* a window's edge: -inf where unseen */
         for (size_t r = 0; r < nq; r++) {
-            if (!b->live[r]) continue;
-            size_t a, e;
-            row_keys(b, r, k0, nk, &a, &e);
+            size_t a = nk, e = nk; /* a row that takes no weight: all of it (zeros later) */
+            if (b->live[r]) row_keys(b, r, k0, nk, &a, &e);
             float *s = b->s + r * ld_s;
             for (size_t j = 0; j < a; j++) s[j] = -INFINITY;
             for (size_t j = e; j < nk; j++) s[j] = -INFINITY;
@@ -290,9 +298,8 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
             if (b->live[r]) b->l[r] += sums[r];
     } else {
         for (size_t r = 0; r < nq; r++) {
-            if (!b->live[r]) continue;
-            size_t a, e;
-            row_keys(b, r, k0, nk, &a, &e);
+            size_t a = nk, e = nk; /* a row that takes no weight: all of it (zeros later) */
+            if (b->live[r]) row_keys(b, r, k0, nk, &a, &e);
             float *s = b->s + r * ld_s + a;
             b->l[r] += run->exp_sum(s, s, e - a, 1.0f, b->m[r]);
         }
@@ -324,12 +331,15 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
    product of 0: a finite sum of their squares (the backend's dot of each run with itself, in one
    call where its rows are contiguous). Values large enough to overflow it, and 16-bit rows, give
    0: the caller then takes the runs, which are right for any values. */
-static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t nk, size_t d_v) {
+static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0, size_t nk,
+                         size_t d_v) {
     const row_runs *v = &vr->f;
     if (vr->h.n) return 0;
     for (size_t i = 0; i < v->n && v->at[i] < nk; i++) {
-        const size_t n = (v->at[i + 1] < nk ? v->at[i + 1] : nk) - v->at[i];
-        const float *row = v->row[i];
+        if (v->at[i + 1] <= j0) continue;
+        const size_t from = v->at[i] > j0 ? v->at[i] : j0;
+        const size_t n = (v->at[i + 1] < nk ? v->at[i + 1] : nk) - from;
+        const float *row = (const float *)v->row[i] + (from - v->at[i]) * v->stride;
         if (v->stride == d_v) {
             if (!isfinite(k->dot(row, row, n * d_v))) return 0;
             continue;
@@ -356,7 +366,7 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
         }
         return;
     }
-    if (b->simple && (!b->filled || values_finite(run->k, vr, nk, d_v))) {
+    if (b->simple && (!b->filled || values_finite(run->k, vr, b->skip, nk, d_v))) {
         for (size_t r = 0; r < nq; r++) {
             float *s = s_tile + r * ld_s;
             if (!b->live[r]) {
@@ -368,7 +378,8 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
                 memset(s + e, 0, (nk - e) * sizeof(float));
             }
         }
-        values_pv(run, p, b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vr, 0);
+        const size_t j0 = b->filled ? b->skip : 0;
+        values_pv(run, p, b->acc, b->ld_acc, s_tile + j0, ld_s, nq, nk - j0, vr, j0);
         return;
     }
     /* Rows that leave keys out: only the runs of keys they see are summed, so a removed key's

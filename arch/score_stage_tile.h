@@ -7,9 +7,9 @@
  *
  * The softcap c tanh(s / c), with a = |s| / c: for a >= 1/4, tanh a = (1 - t) / (1 + t) with
  * t = exp(-2a) in (0, 0.61] (1 - t magnifies t's error at most 1.6 times); below, where it
- * would magnify it more, the series to a^9, whose next term is under 2^-26 a there. Both are
- * formed for every lane and one is taken: the loop stays branch-free. docs/numerics.md states
- * the bound. */
+ * would magnify it more, the series to a^9, whose next term is under 2^-26 a there. Each lane
+ * takes the one for its a; the exp is formed only for vectors with a lane at or past 1/4, and a
+ * lane gives the same bits either way. docs/numerics.md states the bound. */
 #ifndef SDPA_ARCH_SCORE_STAGE_TILE_H
 #define SDPA_ARCH_SCORE_STAGE_TILE_H
 
@@ -32,14 +32,16 @@ ALWAYS_INLINE vf stage_select(stage_vi m, vf yes, vf no) {
 ALWAYS_INLINE vf stage_tanh(vf s, vf inv_c, vf m2c, const row_exp *e, int kind) {
     const stage_vi sign = (stage_vi)s & (int32_t)STAGE_SIGN;
     const vf mag = (vf)((stage_vi)s & (int32_t)~STAGE_SIGN);
-    const vf t = exp_whole(mag * m2c, e, kind);
     const vf one = vf_set1(1.0f), a = mag * inv_c, a2 = a * a;
-    const vf ratio = (one - t) / (one + t);
-    const vf series =
-        a * (one - a2 * (vf_set1(1.0f / 3.0f) -
-                         a2 * (vf_set1(2.0f / 15.0f) -
-                               a2 * (vf_set1(17.0f / 315.0f) - a2 * vf_set1(62.0f / 2835.0f)))));
-    const vf th = stage_select(a < vf_set1(0.25f), series, ratio);
+    vf th = a * (one - a2 * (vf_set1(1.0f / 3.0f) -
+                             a2 * (vf_set1(2.0f / 15.0f) - a2 * (vf_set1(17.0f / 315.0f) -
+                                                                 a2 * vf_set1(62.0f / 2835.0f)))));
+    /* the exp only where a lane needs it (scores well inside the cap need none); a NaN lane
+       gives NaN either way */
+    if (!(vf_hmax(a) < 0.25f)) {
+        const vf t = exp_whole(mag * m2c, e, kind);
+        th = stage_select(a < vf_set1(0.25f), th, (one - t) / (one + t));
+    }
     return (vf)((stage_vi)th | sign);
 }
 
@@ -53,13 +55,12 @@ typedef struct stage_consts {
 /* One vector of the tile at line j (float jf), positions [x, x + W): softcap (its derivative to
    deriv), ALiBi (slope times dist + j, or along a row dist + x + lane), as kernels.h's
    sdpa_stage_tile says. */
-ALWAYS_INLINE vf stage_vector(const sdpa_stage_tile *t, const stage_consts *k, vf s, float *deriv,
-                              vf slope, vf dist, vf jf, vpart part, int whole, int kind, int cap,
-                              int alibi) {
+ALWAYS_INLINE vf stage_vector(const stage_consts *k, vf s, float *deriv, vf slope, vf dist, vf jf,
+                              vpart part, int whole, int kind, int cap, int alibi) {
     if (cap) {
         const vf th = stage_tanh(s, k->inv_c, k->m2c, &k->e, kind);
         s = k->c * th;
-        if (t->deriv) store_some(deriv, part, whole, vf_set1(1.0f) - th * th);
+        if (deriv) store_some(deriv, part, whole, vf_set1(1.0f) - th * th);
     }
     if (alibi) s = s + slope * (dist + jf);
     return s;
@@ -83,9 +84,9 @@ ALWAYS_INLINE void stage_lanes(const sdpa_stage_tile *t, const stage_consts *k, 
     for (size_t j = 0; j < t->lines; j++) {
         float *p = t->s + j * t->ld + x;
         const vf jf = vf_set1((float)j);
-        const vf s = stage_vector(t, k, load_some(p, part, whole),
-                                  t->deriv ? t->deriv + j * t->ld + x : NULL, slope, dist, jf, part,
-                                  whole, kind, cap, alibi);
+        const vf s =
+            stage_vector(k, load_some(p, part, whole), t->deriv ? t->deriv + j * t->ld + x : NULL,
+                         slope, dist, jf, part, whole, kind, cap, alibi);
         store_some(p, part, whole, s);
         if (t->max) {
             top = vf_max(s, top);

@@ -45,7 +45,8 @@
 #error "src/attention_backward.c must be compiled for the baseline ISA, without -m flags"
 #endif
 
-#define QT SDPA_ATTN_MAX_BLOCK_Q /* queries a tile: the columns of the key-major tiles */
+#define QT        SDPA_ATTN_MAX_BLOCK_Q /* queries a tile: the columns of the key-major tiles */
+#define TRIM_KEYS 32 /* pv_tile_t's keys a pass (PV_T_KEYS, arch/attention_entries.h) */
 
 /* A key's dk and dv are summed over pl.sum_rows query rows at a time (plan.h) from 0 in stack
  * tiles, which are then added to the rows. A tile holds a block of keys times d up to
@@ -325,6 +326,26 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
     tile_rows(run, &x);
     if (!x.live) return 0;
     const int clean = tile_clean(run, &x);
+    /* a window that starts past the block's first keys: those no row of the tile sees are left
+       out of every product, from a multiple of TRIM_KEYS on (each pass of pv_tile_t keeps its
+       keys), with the block's k_finite known first */
+    key_block trimmed;
+    const size_t first = visibility_row_first(&run->vis, q0);
+    const size_t j0 = first > kb->k0 ? (first - kb->k0) / TRIM_KEYS * TRIM_KEYS : 0;
+    if (!clean && run->packed && j0 && j0 < x.nk) {
+        if (kb->k_finite < 0) kb->k_finite = rows_finite(kb->k, kb->nk, ks, p->d_k);
+        trimmed = *kb;
+        trimmed.k0 += j0;
+        trimmed.nk -= j0;
+        trimmed.k += j0 * ks;
+        trimmed.v += j0 * p->v_stride[2];
+        trimmed.dk += j0 * bp->dk_stride[2];
+        trimmed.dv += j0 * bp->dv_stride[2];
+        trimmed.dk_to += j0 * kb->dk_row;
+        trimmed.dv_to += j0 * kb->dv_row;
+        kb = x.kb = &trimmed;
+        x.nk -= j0;
+    }
     tile_scores(run, t, &x);
     tile_grads(run, t, &x);
     if (!clean) {

@@ -66,8 +66,8 @@ ALWAYS_INLINE vf stage_vector(const stage_consts *k, vf s, float *deriv, vf slop
     return s;
 }
 
-/* The positions [x, x + W) of every line, with the steps known at compile time (cap, alibi), so
-   that each instance has no branch in its loop. */
+/* The positions [x, x + W) of every line, with the steps known at compile time (cap, alibi);
+   deriv and max are tested in the loop, the same way for every line. */
 ALWAYS_INLINE void stage_lanes(const sdpa_stage_tile *t, const stage_consts *k, size_t x, int whole,
                                int kind, int cap, int alibi) {
     const vpart part = vpart_first(whole ? 1 : t->n - x); /* used when !whole */

@@ -153,6 +153,24 @@ typedef struct sdpa_bf16_dot_kernels {
                        size_t k_stride, size_t nk, size_t d_k, float scale);
 } sdpa_bf16_dot_kernels;
 
+/* A tile of scores for the score stage's softcap and ALiBi (src/score_stage.h): s[j * ld + x]
+ * for lines j < lines and positions x < n, changed in place, in this order:
+ *   cap != 0: s = cap tanh(s / cap) (arch/score_stage_tile.h; docs/numerics.md: its bound), and
+ *     where deriv is not NULL, deriv[j * ld + x] = 1 - tanh^2, the derivative of the cap;
+ *   slope not NULL: s += slope[x] * (dist[x] + j), a key-major tile (x a query row, j a key), or
+ *     with one_row (lines 1, x a key), s += slope[0] * (dist[0] + x);
+ *   max not NULL: max[x] = the max over j of the new s, NaN if one of them is NaN.
+ * dist holds integers below 2^24, so each bias is one rounding. */
+typedef struct sdpa_stage_tile {
+    float *s;
+    size_t ld, lines, n;
+    float cap;
+    int one_row;
+    float *deriv;
+    const float *slope, *dist;
+    float *max;
+} sdpa_stage_tile;
+
 typedef struct sdpa_kernels {
     const char *name; /* SDPA_BACKEND_NAME, which the build passes from the backend's record */
     /* sum a[i] * b[i]; n == 0 gives 0 and reads nothing (a and b may then be NULL) */
@@ -202,6 +220,9 @@ typedef struct sdpa_kernels {
        floating-point environment; a NaN stays a NaN, quieted, with its sign; past the largest
        f16 gives inf (arch/convert_portable.h is the definition). narrow[SDPA_TYPE_F32] is NULL. */
     void (*narrow[SDPA_TYPES])(void *dst, const float *src, size_t n);
+    /* optional (NULL: src/score_stage.h's loops): sdpa_stage_tile's steps, with the exp kind's
+       exp, for a tile with a softcap or ALiBi */
+    void (*stage_tile[SDPA_EXP_KINDS])(const sdpa_stage_tile *t);
     /* attention microkernels (every backend has them) */
     const sdpa_attention_kernels *attention;
 } sdpa_kernels;

@@ -45,7 +45,8 @@
 #error "src/attention_backward.c must be compiled for the baseline ISA, without -m flags"
 #endif
 
-#define QT SDPA_ATTN_MAX_BLOCK_Q /* queries a tile: the columns of the key-major tiles */
+#define QT        SDPA_ATTN_MAX_BLOCK_Q /* queries a tile: the columns of the key-major tiles */
+#define TRIM_KEYS 32 /* pv_tile_t's keys a pass (PV_T_KEYS, arch/attention_entries.h) */
 
 /* A key's dk and dv are summed over pl.sum_rows query rows at a time (plan.h) from 0 in stack
  * tiles, which are then added to the rows. A tile holds a block of keys times d up to
@@ -171,16 +172,13 @@ static int tile_clean(const backward_run *run, const tile *x) {
 }
 
 /* The forward's stage on S^T past the product (the mask below): a softcap, whose derivative
-   1 - (s / c)^2 goes to t->cap for tile_grads, then ALiBi. */
+   1 - tanh^2 goes to t->cap for tile_grads, then ALiBi. */
 static void tile_stage(const backward_run *run, tiles *t, const tile *x) {
     const score_stage *st = &x->h->st;
-    const size_t n = x->nk * QT;
-    if (st->softcap != 0.0f) {
-        const float c = st->softcap;
-        score_stage_softcap(t->s, n, c, t->cap, run->exp_sum);
-        for (size_t e = 0; e < n; e++) t->cap[e] = 1.0f - (t->s[e] / c) * (t->s[e] / c);
-    }
-    if (st->alibi) score_stage_alibi_keymajor(st, t->s, QT, x->q0, x->nq, x->kb->k0, x->nk);
+    if (st->softcap == 0.0f && !st->alibi) return;
+    const stage_kernels kn = stage_kernels_of(run->k, run->exp_sum);
+    score_stage_keymajor(st, t->s, QT, QT, x->q0, x->nq, x->kb->k0, x->nk, NULL,
+                         st->softcap != 0.0f ? t->cap : NULL, t->cap, &kn);
 }
 
 /* S^T (plus the mask) and dP^T, key-major; columns past nq hold zeros. */
@@ -235,15 +233,22 @@ static void tile_grads(const backward_run *run, tiles *t, const tile *x) {
         for (size_t e = 0; e < nk * QT; e++) t->ds[e] *= t->cap[e];
 }
 
-/* P = dS = 0 exactly where the pair does not count; under visibility alone, the rows before
-   the first that sees the key. */
+/* P = dS = 0 exactly where the pair does not count; under visibility alone (every row live, a
+   stage that removes no key), the rows that see key j are a run [lo, hi) that moves down as j
+   grows: the rows before it (causality, or not yet at the key) and, under a window, the rows
+   from the first that has left the key behind. */
 static void tile_zero_pairs(const backward_run *run, tiles *t, const tile *x) {
-    if (score_stage_keeps_keys(&x->h->st) && run->vis.before < 0 && x->live == x->nq) {
+    if (score_stage_keeps_keys(&x->h->st) && x->live == x->nq) {
+        size_t lo = 0, hi = 0;
         for (size_t j = 0; j < x->nk; j++) {
-            const size_t first = visibility_first_row(&run->vis, x->kb->k0 + j);
-            const size_t n = first <= x->q0 ? 0 : first - x->q0 < x->nq ? first - x->q0 : x->nq;
-            memset(t->s + j * QT, 0, n * sizeof(float));
-            memset(t->ds + j * QT, 0, n * sizeof(float));
+            const size_t k = x->kb->k0 + j;
+            while (lo < x->nq && visibility_row_end(&run->vis, x->q0 + lo) <= k) lo++;
+            if (hi < lo) hi = lo;
+            while (hi < x->nq && visibility_row_first(&run->vis, x->q0 + hi) <= k) hi++;
+            memset(t->s + j * QT, 0, lo * sizeof(float));
+            memset(t->ds + j * QT, 0, lo * sizeof(float));
+            memset(t->s + j * QT + hi, 0, (x->nq - hi) * sizeof(float));
+            memset(t->ds + j * QT + hi, 0, (x->nq - hi) * sizeof(float));
         }
         return;
     }
@@ -318,6 +323,26 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
     tile_rows(run, &x);
     if (!x.live) return 0;
     const int clean = tile_clean(run, &x);
+    /* a window that starts past the block's first keys: those no row of the tile sees are left
+       out of every product, from a multiple of TRIM_KEYS on (each pass of pv_tile_t keeps its
+       keys), with the block's k_finite known first */
+    key_block trimmed;
+    const size_t first = visibility_row_first(&run->vis, q0);
+    const size_t j0 = first > kb->k0 ? (first - kb->k0) / TRIM_KEYS * TRIM_KEYS : 0;
+    if (!clean && run->packed && j0 && j0 < x.nk) {
+        if (kb->k_finite < 0) kb->k_finite = rows_finite(kb->k, kb->nk, ks, p->d_k);
+        trimmed = *kb;
+        trimmed.k0 += j0;
+        trimmed.nk -= j0;
+        trimmed.k += j0 * ks;
+        trimmed.v += j0 * p->v_stride[2];
+        trimmed.dk += j0 * bp->dk_stride[2];
+        trimmed.dv += j0 * bp->dv_stride[2];
+        trimmed.dk_to += j0 * kb->dk_row;
+        trimmed.dv_to += j0 * kb->dv_row;
+        kb = x.kb = &trimmed;
+        x.nk -= j0;
+    }
     tile_scores(run, t, &x);
     tile_grads(run, t, &x);
     if (!clean) {

@@ -55,7 +55,11 @@ typedef struct row_block {
     size_t kv_begin, kv_end;  /* the keys any row sees lie in [kv_begin, kv_end) */
     size_t all_from, all_see; /* every row sees the keys [all_from, all_see) */
     enum { STEP_NONE, STEP_FUSED, STEP_ROWS } step; /* what the scores of a block left for P V */
-    int simple; /* STEP_ROWS: every row sees every key of the block */
+    int simple;   /* STEP_ROWS: every row sees every key of the block, or (filled) has weight
+                     exactly 0 for the keys it does not see */
+    int filled;   /* the zeros are the window's, over values not yet known to be finite */
+    int zeros_ok; /* a window: a block's unseen keys may take weight 0 in the tile P V */
+    size_t skip;  /* filled: the block's first keys, which no row sees, left out of the products */
     float m[SDPA_ATTN_MAX_BLOCK_Q], m_new[SDPA_ATTN_MAX_BLOCK_Q];
     double l[SDPA_ATTN_MAX_BLOCK_Q];
     size_t from[SDPA_ATTN_MAX_BLOCK_Q], visible[SDPA_ATTN_MAX_BLOCK_Q]; /* row r sees keys
@@ -125,6 +129,8 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
     b->ld_acc = b->acc == acc_tile ? d_v : os;
     b->kv_begin = b->all_see = SIZE_MAX;
     b->kv_end = b->all_from = 0;
+    /* only with a window (a modifier): the one-row runs give causality's diagonal its bits */
+    b->zeros_ok = vis->before >= 0 || vis->after > 0;
     for (size_t r = 0; r < nq; r++) {
         const size_t from = visibility_row_first(vis, q0 + r),
                      seen = visibility_row_end(vis, q0 + r);
@@ -186,23 +192,27 @@ static int scores_fused(const attention_run *run, const attention_problem *p, ro
                            p->scale);
     if (!score_stage_is_scale(stage)) { /* the stage on the tile, and its maxima */
         float scratch[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
-        score_stage_keymajor(stage, b->s, SDPA_ATTN_MAX_BLOCK_Q, b->q0, b->nq, k0, nk, b->m_new,
-                             scratch, run->exp_sum);
+        const stage_kernels kn = stage_kernels_of(run->k, run->exp_sum);
+        score_stage_keymajor(stage, b->s, SDPA_ATTN_MAX_BLOCK_Q, b->nq, b->q0, b->nq, k0, nk,
+                             b->m_new, NULL, scratch, &kn);
     }
     for (size_t r = 0; r < b->nq; r++) b->m_new[r] = b->m_new[r] > b->m[r] ? b->m_new[r] : b->m[r];
     return all_finite(b->m_new, b->nq);
 }
 
-/* The product: the block's scaled scores into b's tile. */
+/* The product: the block's scaled scores into b's tile, from key j0 on (packed blocks only; each
+   score is its own dot, so the others are those of the whole block). */
 static void scores_product(const attention_run *run, const attention_problem *p, row_block *b,
-                           const block_rows *kr, size_t nk) {
+                           const block_rows *kr, size_t j0, size_t nk) {
     const size_t ld_s = run->keys_max;
     if (b->packed && run->bf16_dot)
-        run->bf16_dot->scores_packed(b->s, ld_s, b->qt.pairs, b->nq, kr->h.row[0], kr->h.stride, nk,
-                                     p->d_k, p->scale);
+        run->bf16_dot->scores_packed(b->s + j0, ld_s, b->qt.pairs, b->nq,
+                                     (const uint16_t *)kr->h.row[0] + j0 * kr->h.stride,
+                                     kr->h.stride, nk - j0, p->d_k, p->scale);
     else if (b->packed)
-        run->a->scores_packed(b->s, ld_s, b->qt.f, b->nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
-                              p->scale);
+        run->a->scores_packed(b->s + j0, ld_s, b->qt.f, b->nq,
+                              (const float *)kr->f.row[0] + j0 * kr->f.stride, kr->f.stride,
+                              nk - j0, p->d_k, p->scale);
     else
         scores_runs(run, p, b, typed_k(run, p) ? &kr->h : &kr->f, typed_k(run, p), nk);
 }
@@ -220,7 +230,8 @@ static void row_keys(const row_block *b, size_t r, size_t k0, size_t nk, size_t 
 static int row_online(const attention_run *run, const attention_problem *p, row_block *b,
                       const score_stage *stage, size_t r, size_t k0, size_t a, size_t n) {
     float *s = b->s + r * run->keys_max + a, scratch[SDPA_ATTN_MAX_BLOCK_KV];
-    const int all = score_stage_row(stage, b->q0 + r, k0 + a, s, n, scratch, run->exp_sum);
+    const stage_kernels kn = stage_kernels_of(run->k, run->exp_sum);
+    const int all = score_stage_row(stage, b->q0 + r, k0 + a, s, n, scratch, &kn);
     const float bm = run->k->max_scaled(s, n, 1.0f);
     if (isnan(bm) || (bm == -INFINITY && row_has_nan(s, n))) {
         b->poisoned[r] = 1;
@@ -249,15 +260,32 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
         return;
     }
     b->step = STEP_ROWS;
-    scores_product(run, p, b, kr, nk);
+    /* a window's first block: keys before every row's first take weight 0 (filled, below), and
+       so are not formed, from a multiple of 4 on, so that pv_tile's chains keep each key's
+       place (u keys a step) */
+    const int fills = b->zeros_ok && run->exp_tile && score_stage_keeps_keys(stage);
+    b->skip = fills && b->packed && b->kv_begin > k0 ? (b->kv_begin - k0) / 4 * 4 : 0;
+    scores_product(run, p, b, kr, b->skip, nk);
     int simple = 1; /* every row sees every key of the block: one pv_tile for all rows */
+    int kept = 1;   /* the stage removed no key */
     for (size_t r = 0; r < nq; r++) {
         size_t a, e;
         row_keys(b, r, k0, nk, &a, &e);
         b->live[r] = 0;
         if (a != 0 || e < nk) simple = 0;
         if (b->poisoned[r] || a >= e) continue;
-        if (!row_online(run, p, b, stage, r, k0, a, e - a)) simple = 0;
+        if (!row_online(run, p, b, stage, r, k0, a, e - a)) kept = simple = 0;
+    }
+    b->filled = 0;
+    if (!simple && kept && fills) { /* a window's edge: -inf where unseen */
+        for (size_t r = 0; r < nq; r++) {
+            size_t a = nk, e = nk; /* a row that takes no weight: all of it (zeros later) */
+            if (b->live[r]) row_keys(b, r, k0, nk, &a, &e);
+            float *s = b->s + r * ld_s;
+            for (size_t j = 0; j < a; j++) s[j] = -INFINITY;
+            for (size_t j = e; j < nk; j++) s[j] = -INFINITY;
+        }
+        simple = b->filled = 1;
     }
     b->simple = simple;
 
@@ -270,9 +298,8 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
             if (b->live[r]) b->l[r] += sums[r];
     } else {
         for (size_t r = 0; r < nq; r++) {
-            if (!b->live[r]) continue;
-            size_t a, e;
-            row_keys(b, r, k0, nk, &a, &e);
+            size_t a = nk, e = nk; /* a row that takes no weight: all of it (zeros later) */
+            if (b->live[r]) row_keys(b, r, k0, nk, &a, &e);
             float *s = b->s + r * ld_s + a;
             b->l[r] += run->exp_sum(s, s, e - a, 1.0f, b->m[r]);
         }
@@ -300,6 +327,29 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
     }
 }
 
+/* The first nk rows of a block of values hold no inf or NaN, where a weight of 0 gives them a
+   product of 0: a finite sum of their squares (the backend's dot of each run with itself, in one
+   call where its rows are contiguous). Values large enough to overflow it, and 16-bit rows, give
+   0: the caller then takes the runs, which are right for any values. */
+static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0, size_t nk,
+                         size_t d_v) {
+    const row_runs *v = &vr->f;
+    if (vr->h.n) return 0;
+    for (size_t i = 0; i < v->n && v->at[i] < nk; i++) {
+        if (v->at[i + 1] <= j0) continue;
+        const size_t from = v->at[i] > j0 ? v->at[i] : j0;
+        const size_t n = (v->at[i + 1] < nk ? v->at[i + 1] : nk) - from;
+        const float *row = (const float *)v->row[i] + (from - v->at[i]) * v->stride;
+        if (v->stride == d_v) {
+            if (!isfinite(k->dot(row, row, n * d_v))) return 0;
+            continue;
+        }
+        for (size_t j = 0; j < n; j++)
+            if (!isfinite(k->dot(row + j * v->stride, row + j * v->stride, d_v))) return 0;
+    }
+    return 1;
+}
+
 /* The second half: the weights of rows_scores times the block of values vr into acc (its float
  * rows for the fused path, else the 16-bit rows with typed_v, else the float rows). */
 static void rows_values(const attention_run *run, const attention_problem *p, row_block *b,
@@ -316,10 +366,20 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
         }
         return;
     }
-    if (b->simple) {
-        for (size_t r = 0; r < nq; r++)
-            if (!b->live[r]) memset(s_tile + r * ld_s, 0, nk * sizeof(float));
-        values_pv(run, p, b->acc, b->ld_acc, s_tile, ld_s, nq, nk, vr, 0);
+    if (b->simple && (!b->filled || values_finite(run->k, vr, b->skip, nk, d_v))) {
+        for (size_t r = 0; r < nq; r++) {
+            float *s = s_tile + r * ld_s;
+            if (!b->live[r]) {
+                memset(s, 0, nk * sizeof(float));
+            } else if (b->filled) { /* exactly 0, where the exp of -inf may leave a subnormal */
+                size_t a, e;
+                row_keys(b, r, k0, nk, &a, &e);
+                memset(s, 0, a * sizeof(float));
+                memset(s + e, 0, (nk - e) * sizeof(float));
+            }
+        }
+        const size_t j0 = b->filled ? b->skip : 0;
+        values_pv(run, p, b->acc, b->ld_acc, s_tile + j0, ld_s, nq, nk - j0, vr, j0);
         return;
     }
     /* Rows that leave keys out: only the runs of keys they see are summed, so a removed key's

@@ -62,11 +62,11 @@ static inline int score_stage_removes(const score_stage *st, size_t i, size_t j)
     return st->mask && st->mask[i * st->mask_row + j] == -INFINITY;
 }
 
-/* The softcap of n scores: c tanh(s / c). For a = |s| / c >= 1/8, tanh a = (1 - t) / (1 + t)
-   with t = exp(-2a) in (0, 0.78] from the backend's exp (exp_sum: y = exp(scale x - shift));
-   below, where 1 - t would cancel, the series a - a^3/3 + 2a^5/15 (its next term is under
-   float's precision there). docs/numerics.md states the bound. */
-static inline void score_stage_softcap(float *s, size_t n, float c, float *t,
+/* The softcap of n scores, c tanh(s / c), where the backend has no stage_tile: the formula of
+   arch/score_stage_tile.h, for a = |s| / c >= 1/4 tanh a = (1 - t) / (1 + t) with t = exp(-2a)
+   from the backend's exp (exp_sum: y = exp(scale x - shift)), below the series to a^9; with
+   deriv, 1 - tanh^2 (the backward's). t is n floats of scratch, and may be deriv. */
+static inline void score_stage_softcap(float *s, size_t n, float c, float *t, float *deriv,
                                        float (*exp_sum)(float *, const float *, size_t, float,
                                                         float)) {
     for (size_t j = 0; j < n; j++) t[j] = fabsf(s[j]);
@@ -74,22 +74,47 @@ static inline void score_stage_softcap(float *s, size_t n, float c, float *t,
     const float inv_c = 1.0f / c;
     for (size_t j = 0; j < n; j++) { /* both forms, then a select: the loop vectorises */
         const float a = fabsf(s[j]) * inv_c, a2 = a * a;
-        const float series = a * (1.0f - a2 * (1.0f / 3.0f - a2 * (2.0f / 15.0f)));
+        const float series =
+            a * (1.0f - a2 * (1.0f / 3.0f - a2 * (2.0f / 15.0f -
+                                                  a2 * (17.0f / 315.0f - a2 * (62.0f / 2835.0f)))));
         const float ratio = (1.0f - t[j]) / (1.0f + t[j]);
-        s[j] = copysignf(c * (a < 0.125f ? series : ratio), s[j]);
+        const float th = a < 0.25f ? series : ratio;
+        if (deriv) deriv[j] = 1.0f - th * th;
+        s[j] = copysignf(c * th, s[j]);
     }
+}
+
+/* The kernels the stage runs on: the backend's stage_tile of the call's exp kind (NULL: the
+   loops here, with its exp_sum). */
+typedef float stage_exp_sum(float *y, const float *x, size_t n, float scale, float shift);
+typedef struct stage_kernels {
+    void (*tile)(const sdpa_stage_tile *t);
+    stage_exp_sum *exp_sum;
+} stage_kernels;
+
+/* Those of table k, for a run whose exp_sum is one of k's. */
+static inline stage_kernels stage_kernels_of(const sdpa_kernels *k, stage_exp_sum *exp_sum) {
+    const int kind = exp_sum == k->exp_sum[SDPA_EXP_SLEEF] ? SDPA_EXP_SLEEF : SDPA_EXP_FAST;
+    return (stage_kernels){k->stage_tile[kind], exp_sum};
 }
 
 /* Row i's scores s of keys [k0, k0 + n) through the stage; t is n floats of scratch. Returns 0
    if it removed a key. */
 static inline int score_stage_row(const score_stage *st, size_t i, size_t k0, float *s, size_t n,
-                                  float *t,
-                                  float (*exp_sum)(float *, const float *, size_t, float, float)) {
-    if (st->softcap != 0.0f) score_stage_softcap(s, n, st->softcap, t, exp_sum);
-    if (st->alibi) {
-        const float slope = st->alibi[i * st->head_row];
-        const ptrdiff_t p = (ptrdiff_t)i * (ptrdiff_t)st->row_step + st->shift;
-        for (size_t j = 0; j < n; j++) s[j] += slope * (float)((ptrdiff_t)(k0 + j) - p);
+                                  float *t, const stage_kernels *kn) {
+    const ptrdiff_t p = (ptrdiff_t)i * (ptrdiff_t)st->row_step + st->shift;
+    if (kn->tile && (st->softcap != 0.0f || st->alibi)) {
+        const float dist = (float)((ptrdiff_t)k0 - p);
+        const sdpa_stage_tile tile = {
+            s,     n,   1, n, st->softcap, 1, NULL, st->alibi ? st->alibi + i * st->head_row : NULL,
+            &dist, NULL};
+        kn->tile(&tile);
+    } else {
+        if (st->softcap != 0.0f) score_stage_softcap(s, n, st->softcap, t, NULL, kn->exp_sum);
+        if (st->alibi) {
+            const float slope = st->alibi[i * st->head_row];
+            for (size_t j = 0; j < n; j++) s[j] += slope * (float)((ptrdiff_t)(k0 + j) - p);
+        }
     }
     int all = 1;
     if (st->mask) {
@@ -114,35 +139,43 @@ static inline int score_stage_row(const score_stage *st, size_t i, size_t k0, fl
     return all;
 }
 
-/* ALiBi on a key-major tile, s[j * ld + r] for rows i0 + r (r < nq <= SDPA_ATTN_MAX_BLOCK_Q)
-   and keys k0 + j (j < nk), in loops over r, the contiguous axis, so that they vectorise. The
-   distance k0 + j - p_i is an integer held exactly in float (|k0 - p_i| < 2^24), so each bias
-   is one rounding, as in score_stage_row. */
-static inline void score_stage_alibi_keymajor(const score_stage *st, float *s, size_t ld, size_t i0,
-                                              size_t nq, size_t k0, size_t nk) {
-    float slope[SDPA_ATTN_MAX_BLOCK_Q], dist[SDPA_ATTN_MAX_BLOCK_Q];
+/* ALiBi's slopes and distances k0 - p_i of rows i0 + r (r < nq <= SDPA_ATTN_MAX_BLOCK_Q) for a
+   key-major tile from key k0 (sdpa_stage_tile's slope and dist); the distance is an integer held
+   exactly in float (|k0 - p_i| < 2^24), so each bias is one rounding, as in score_stage_row. */
+static inline void score_stage_alibi_rows(const score_stage *st, size_t i0, size_t nq, size_t k0,
+                                          float *slope, float *dist) {
     for (size_t r = 0; r < nq; r++) {
         const size_t i = i0 + r;
         const ptrdiff_t p = (ptrdiff_t)i * (ptrdiff_t)st->row_step + st->shift;
         slope[r] = st->alibi[i * st->head_row];
         dist[r] = (float)((ptrdiff_t)k0 - p);
     }
-    for (size_t j = 0; j < nk; j++) {
-        float *row = s + j * ld;
-        const float jf = (float)j;
-        for (size_t r = 0; r < nq; r++) row[r] += slope[r] * (dist[r] + jf);
-    }
 }
 
-/* The fused path's key-major tile (as above) through a stage that keeps every key; t is nk * ld
-   floats of scratch. Each row's max over the stage's scores goes to max[r], NaN if a score is
-   NaN. */
-static inline void score_stage_keymajor(const score_stage *st, float *s, size_t ld, size_t i0,
-                                        size_t nq, size_t k0, size_t nk, float *max, float *t,
-                                        float (*exp_sum)(float *, const float *, size_t, float,
-                                                         float)) {
-    if (st->softcap != 0.0f) score_stage_softcap(s, nk * ld, st->softcap, t, exp_sum);
-    if (st->alibi) score_stage_alibi_keymajor(st, s, ld, i0, nq, k0, nk);
+/* The stage's softcap and ALiBi on a key-major tile, s[j * ld + r] for rows i0 + r (r < n, the
+   first nq of them real, the others zeros that stay zeros) and keys k0 + j (j < nk); with
+   deriv, the softcap's derivative 1 - tanh^2 (as s); with max, each real row's max over the
+   stage's scores, NaN if one is NaN. t is nk * ld floats of scratch (it may be deriv). The loops
+   run over r, the contiguous axis, so that they vectorise where the backend has no stage_tile. */
+static inline void score_stage_keymajor(const score_stage *st, float *s, size_t ld, size_t n,
+                                        size_t i0, size_t nq, size_t k0, size_t nk, float *max,
+                                        float *deriv, float *t, const stage_kernels *kn) {
+    float slope[SDPA_ATTN_MAX_BLOCK_Q] = {0}, dist[SDPA_ATTN_MAX_BLOCK_Q] = {0};
+    if (st->alibi) score_stage_alibi_rows(st, i0, nq, k0, slope, dist);
+    if (kn->tile) {
+        const sdpa_stage_tile tile = {
+            s, ld, nk, n, st->softcap, 0, deriv, st->alibi ? slope : NULL, dist, max};
+        kn->tile(&tile);
+        return;
+    }
+    if (st->softcap != 0.0f) score_stage_softcap(s, nk * ld, st->softcap, t, deriv, kn->exp_sum);
+    if (st->alibi)
+        for (size_t j = 0; j < nk; j++) {
+            float *row = s + j * ld;
+            const float jf = (float)j;
+            for (size_t r = 0; r < nq; r++) row[r] += slope[r] * (dist[r] + jf);
+        }
+    if (!max) return;
     int nan = 0;
     for (size_t r = 0; r < nq; r++) max[r] = -INFINITY;
     for (size_t j = 0; j < nk; j++) {

@@ -855,6 +855,104 @@ Test(microkernels, amx_permission_waits_for_first_use) {
                  env ? env : "(unset)", amx_granted_now() ? "granted" : "not asked");
 }
 
+/* ulps of x's magnitude in float, at least the smallest subnormal's */
+static double float_ulp(double x) {
+    const float f = (float)fabs(x);
+    return f < FLT_MIN ? 0x1p-149 : (double)(nextafterf(f, INFINITY) - f);
+}
+
+/* stage_tile's softcap (docs/numerics.md: within 8 ulps of c tanh(s / c), its derivative within
+ * 2^-21 of 1 - tanh^2) over |s / c| from 1e-9 to 1e4, both signs, dense around the switch from
+ * the series at 1/4, with +-0, +-inf and NaN; then ALiBi after it, each bias one rounding of
+ * slope (dist + j), key-major with the row maxima (NaN where a score is) and along one row. */
+static void check_stage_cap(const sdpa_kernels *k, int kind, float c) {
+    enum { N = 4099 }; /* a partial last vector on every width */
+    static float s[N], s0[N], deriv[N];
+    for (size_t i = 0; i < N - 5; i++) {
+        const double a = i % 3 ? pow(10.0, -9.0 + 13.0 * (double)i / N) : 0.2 + 0.1 * i / N;
+        s0[i] = (float)((i % 2 ? -1.0 : 1.0) * c * a);
+    }
+    s0[N - 5] = 0.0f, s0[N - 4] = -0.0f, s0[N - 3] = INFINITY, s0[N - 2] = -INFINITY;
+    s0[N - 1] = NAN;
+    memcpy(s, s0, sizeof s);
+    const sdpa_stage_tile t = {s, N, 1, N, c, 0, deriv, NULL, NULL, NULL};
+    k->stage_tile[kind](&t);
+    for (size_t i = 0; i < N; i++) {
+        if (isnan(s0[i])) {
+            cr_assert(isnan(s[i]), "cap %g: softcap(NaN) = %g", c, s[i]);
+            continue;
+        }
+        const double th = tanh((double)s0[i] / c), want = c * th;
+        cr_assert(fabs(s[i] - want) <= 8.0 * float_ulp(want) && signbit(s[i]) == signbit(s0[i]),
+                  "kind %d cap %g: softcap(%.9g) = %.9g, want %.9g (%.1f ulps)", kind, c, s0[i],
+                  s[i], want, fabs(s[i] - want) / float_ulp(want));
+        cr_assert(fabs(deriv[i] - (1.0 - th * th)) <= 0x1p-21, "kind %d cap %g: %.9g: %.9g", kind,
+                  c, s0[i], deriv[i]);
+    }
+}
+
+static void check_stage_alibi(const sdpa_kernels *k, int kind, rng *r) {
+    enum { LD = SDPA_ATTN_MAX_BLOCK_Q, KEYS = 37 };
+    static float s[KEYS * LD], s0[KEYS * LD], capped[KEYS * LD];
+    float slope[LD], dist[LD], max[LD];
+    for (size_t n = 1; n <= LD; n++)
+        for (int cap = 0; cap < 2; cap++) {
+            for (size_t x = 0; x < LD; x++) {
+                slope[x] = (float)rng_uniform(r, -1.0, 1.0);
+                dist[x] = (float)(int)rng_uniform(r, -5000.0, 5000.0);
+            }
+            for (size_t e = 0; e < KEYS * LD; e++) s0[e] = (float)rng_uniform(r, -40.0, 40.0);
+            s0[(n - 1) * LD + (n - 1) / 2] = NAN; /* one row's max is NaN */
+            memcpy(s, s0, sizeof s);
+            memcpy(capped, s0, sizeof s);
+            const float c = cap ? 20.0f : 0.0f;
+            if (cap) { /* the softcap alone, checked above, gives the capped scores */
+                const sdpa_stage_tile t = {capped, LD, KEYS, n, c, 0, NULL, NULL, NULL, NULL};
+                k->stage_tile[kind](&t);
+            }
+            const sdpa_stage_tile t = {s, LD, KEYS, n, c, 0, NULL, slope, dist, max};
+            k->stage_tile[kind](&t);
+            for (size_t x = 0; x < n; x++) {
+                double m = -INFINITY;
+                int nan = 0;
+                for (size_t j = 0; j < KEYS; j++) {
+                    const float bias = (float)((double)slope[x] * (dist[x] + (double)j));
+                    const float want = capped[j * LD + x] + bias;
+                    const float got = s[j * LD + x];
+                    nan |= isnan(want);
+                    if (!isnan(want)) m = got > m ? got : m;
+                    cr_assert(isnan(want) ? isnan(got) : got == want,
+                              "n %zu cap %d [%zu][%zu]: %.9g, want %.9g", n, cap, j, x, got, want);
+                }
+                cr_assert(nan ? isnan(max[x]) : max[x] == m, "n %zu: max[%zu] %g, want %g", n, x,
+                          max[x], m);
+            }
+            for (size_t j = 0; j < KEYS; j++) /* positions from n on untouched */
+                for (size_t x = n; x < LD; x++)
+                    cr_assert(s[j * LD + x] == s0[j * LD + x] || isnan(s0[j * LD + x]));
+        }
+    for (size_t n = 1; n <= 131; n += 13) { /* one row: slope[0] (dist[0] + x) */
+        for (size_t x = 0; x < n; x++) s0[x] = s[x] = (float)rng_uniform(r, -40.0, 40.0);
+        const sdpa_stage_tile t = {s, n, 1, n, 0.0f, 1, NULL, slope, dist, NULL};
+        k->stage_tile[kind](&t);
+        for (size_t x = 0; x < n; x++)
+            cr_assert(s[x] == s0[x] + (float)((double)slope[0] * (dist[0] + (double)x)),
+                      "one row of %zu: [%zu]", n, x);
+    }
+}
+
+BACKEND_TEST(microkernels, stage_tile) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    if (!k->stage_tile[SDPA_EXP_FAST]) cr_skip_test("%s has no stage_tile", k->name);
+    rng r = rng_seed(37);
+    const float caps[] = {30.0f, 1.0f, 1e-3f, 1e20f};
+    for (int kind = 0; kind < SDPA_EXP_KINDS; kind++) {
+        for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++)
+            check_stage_cap(k, kind, caps[ci]);
+        check_stage_alibi(k, kind, &r);
+    }
+}
+
 /* The rules of arch/kernels.h that no call would show: required kernels present, optional
  * pairs both present or both absent, blocks within the driver's stack tiles. */
 BACKEND_TEST(microkernels, table_obeys_its_rules) {
@@ -880,6 +978,7 @@ BACKEND_TEST(microkernels, table_obeys_its_rules) {
     cr_assert(!a->scores_max || a->pack_q, "scores_max needs pack_q");
     cr_assert(!a->scores_keymajor || a->pack_q, "scores_keymajor needs pack_q");
     cr_assert(!a->exp_keymajor[0] == !a->exp_keymajor[1], "exp_keymajor: both kinds or neither");
+    cr_assert(!k->stage_tile[0] == !k->stage_tile[1], "stage_tile: both kinds or neither");
     cr_assert(!a->scores_tile_typed[SDPA_TYPE_F32] && !a->pv_tile_typed[SDPA_TYPE_F32],
               "typed entries: none for f32");
     for (int t = SDPA_TYPE_F16; t < SDPA_TYPES; t++)

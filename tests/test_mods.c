@@ -234,6 +234,52 @@ BACKEND_TEST(mods, window_edges_and_empty_rows) {
     check(&wide, &m, 5, "window in the middle of 3000 keys");
 }
 
+/* A window's unseen keys are never read: a NaN value and an infinite key poison exactly the rows
+ * whose windows hold them; every other row, including its neighbours in the same blocks of rows
+ * and keys, matches the reference (packed prefill rows, f32 and f16 values, ALiBi on or off). */
+BACKEND_TEST(mods, window_never_reads_unseen_keys) {
+    const shape shapes[] = {{1, 1, 1, 200, 200, 32, SDPA_F32, 1},
+                            {1, 1, 1, 200, 200, 32, SDPA_F16, 1}};
+    enum { NAN_V = 90, INF_K = 131, LEFT = 20 };
+    for (size_t si = 0; si < 2; si++)
+        for (int alibi = 0; alibi < 2; alibi++) {
+            const shape *s = &shapes[si];
+            inputs in = make_inputs(s, 60 + si);
+            const size_t d = s->d;
+            for (size_t c = 0; c < d; c++) {
+                in.v[NAN_V * d + c] = NAN;
+                in.k[INF_K * d + c] = INFINITY;
+            }
+            if (s->kv_type != SDPA_F32) {
+                cr_assert_eq(sdpa_convert(in.k16, s->kv_type, in.k, SDPA_F32, s->len_kv * d),
+                             SDPA_OK);
+                cr_assert_eq(sdpa_convert(in.v16, s->kv_type, in.v, SDPA_F32, s->len_kv * d),
+                             SDPA_OK);
+            }
+            sdpa_score_mods m = none();
+            m.window_left = LEFT;
+            if (alibi) m.alibi_slopes = in.slopes;
+            float *out = malloc(s->len_q * d * sizeof(float)), lse[200];
+            double want[32];
+            cr_assert_eq(run(s, &in, &m, out, lse), SDPA_OK);
+            for (size_t i = 0; i < s->len_q; i++) {
+                const int sees =
+                    (i >= NAN_V && i <= NAN_V + LEFT) || (i >= INF_K && i <= INF_K + LEFT);
+                if (sees) {
+                    cr_assert(isnan(out[i * d]), "row %zu sees a bad key: %g", i, out[i * d]);
+                    continue;
+                }
+                ref_row(s, &in, &m, 0, 0, i, 1.0 / sqrt((double)d), want);
+                for (size_t c = 0; c < d; c++)
+                    cr_assert(fabs(out[i * d + c] - want[c]) <= 2e-5,
+                              "shape %zu alibi %d row %zu col %zu: %.9g, want %.9g", si, alibi, i,
+                              c, out[i * d + c], want[c]);
+            }
+            free(out);
+            free_inputs(&in);
+        }
+}
+
 /* Same bits at 1 to 4 threads, with every modifier on the split decode and on prefill. */
 BACKEND_TEST(mods, same_bits_at_every_thread_count) {
     const shape shapes[] = {{1, 8, 2, 1, 2500, 64, SDPA_F16, 1},

@@ -63,8 +63,10 @@ ALWAYS_INLINE float32x4_t row_weight(float32x4_t e, float32x4_t factor, float32x
 }
 
 #include "row_kernels.h"
+#include "score_stage_tile.h"
 
 const sdpa_kernels sdpa_kernels_neon = {
     ROW_KERNELS(dot_neon),
+    STAGE_TILE_ENTRIES,
     .attention = &sdpa_attention_kernels_neon,
 };

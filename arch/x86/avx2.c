@@ -36,6 +36,7 @@ ALWAYS_INLINE __m256 row_weight(__m256 e, __m256 factor, __m256 keep_from, int f
  * others */
 #define ROW_KEEP_LAST 0
 #include "row_kernels.h"
+#include "score_stage_tile.h"
 #include "softmax_passes.h"
 
 /* Reading MXCSR waits for the floating-point work before it (its flags), which costs a short row
@@ -145,5 +146,6 @@ static int softmax_short_fast(float *y, const float *x, size_t n, float scale) {
 const sdpa_kernels sdpa_kernels_avx2 = {
     ROW_KERNELS(dot_avx2),
     SOFTMAX_PASSES_KERNELS(softmax_short_fast, softmax_short_sleef_entry),
+    STAGE_TILE_ENTRIES,
     .attention = &sdpa_attention_kernels_avx2,
 };

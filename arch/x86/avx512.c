@@ -36,6 +36,7 @@ ALWAYS_INLINE __m512 row_weight(__m512 e, __m512 factor, __m512 keep_from, int f
 
 #define ROW_KEEP_LAST 1 /* softmax_passes.h keeps a partial last vector in a register */
 #include "row_kernels.h"
+#include "score_stage_tile.h"
 #include "softmax_passes.h"
 
 /* weights_avx512 for one vector: e / total, one division where 1 / total takes one too, and no
@@ -213,5 +214,6 @@ static int softmax_short_fast(float *y, const float *x, size_t n, float scale) {
 const sdpa_kernels sdpa_kernels_avx512 = {
     ROW_KERNELS(dot_avx512),
     SOFTMAX_PASSES_KERNELS(softmax_short_fast, softmax_short_sleef_entry),
+    STAGE_TILE_ENTRIES,
     .attention = &sdpa_attention_kernels_avx512,
 };

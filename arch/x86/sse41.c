@@ -12,8 +12,10 @@ ALWAYS_INLINE __m128 row_weight(__m128 e, __m128 factor, __m128 keep_from, int f
 }
 
 #include "row_kernels.h"
+#include "score_stage_tile.h"
 
 const sdpa_kernels sdpa_kernels_sse41 = {
     ROW_KERNELS(dot_sse41),
+    STAGE_TILE_ENTRIES,
     .attention = &sdpa_attention_kernels_sse41,
 };

@@ -2,7 +2,7 @@
  * decoder written here from the formats' fields, in double; narrowing against the nearest of
  * those 256 values (ties to the even code) for every value, every midpoint between neighbours
  * and the floats on either side of each midpoint, and past the range; under each rounding mode
- * and with FTZ/DAZ on, every backend. */
+ * and with FTZ/DAZ on, every backend; and each backend's kernel that widens them to f16. */
 #include <fenv.h>
 #include <math.h>
 #include <stdint.h>
@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "dispatch.h"
 #include "reference.h"
 
 /* The value of code c of e4m3 (type 3) or e5m2 (4) from its fields; NaN for a NaN. */
@@ -102,6 +103,55 @@ BACKEND_TEST(fp8, widen_exact_and_narrow_to_nearest_even_in_every_environment) {
             for (int type = 3; type <= 4; type++) {
                 check_widen(type);
                 check_narrow(type);
+            }
+            set_ftz_daz(0);
+            fesetround(FE_TONEAREST);
+        }
+}
+
+/* The value of f16 bits h, from the format's fields; NaN for a NaN. */
+static double f16_value(uint16_t h) {
+    const int e = h >> 10 & 0x1f, m = h & 0x3ff;
+    const double sign = h & 0x8000 ? -1.0 : 1.0;
+    if (e == 0x1f) return m ? NAN : sign * INFINITY;
+    return sign * (e ? ldexp(1024 + m, e - 25) : ldexp(m, -24));
+}
+
+/* The backend's widening to f16 (arch/kernels.h's widen_fp8) of n codes from `first`, the
+   source ending at a guard page and the destination too: every f16 is the code's value (e4m3:
+   times 2^-8, the factor the driver takes back in the scales), NaN for NaN, with the sign. */
+static void check_widen_kernel(const sdpa_kernels *k, int type, size_t n, unsigned first) {
+    guarded gs = guard_alloc((n + 3) / 4, GUARD_AFTER), gd = guard_alloc((n + 1) / 2, GUARD_AFTER);
+    uint8_t *src = (uint8_t *)(gs.p + (n + 3) / 4) - n;
+    uint16_t *dst = (uint16_t *)(gd.p + (n + 1) / 2) - n;
+    for (size_t i = 0; i < n; i++) src[i] = (uint8_t)(first + i);
+    k->widen_fp8[type - 3](dst, src, n);
+    const double unit = type == 3 ? 0x1p-8 : 1.0;
+    for (size_t i = 0; i < n; i++) {
+        const double want = decode(src[i], type) * unit, got = f16_value(dst[i]);
+        if (isnan(want))
+            cr_assert(isnan(got), "%s type %d code 0x%02x: 0x%04x, want NaN", k->name, type, src[i],
+                      dst[i]);
+        else
+            cr_assert(got == want && !signbit(got) == !signbit(want),
+                      "%s type %d code 0x%02x (n %zu): 0x%04x is %.9g, want %.9g", k->name, type,
+                      src[i], n, dst[i], got, want);
+    }
+    guard_free(&gs);
+    guard_free(&gd);
+}
+
+BACKEND_TEST(fp8, widen_kernel_every_code_every_tail_every_environment) {
+    const sdpa_kernels *k = sdpa_backend_kernels(sdpa_backend());
+    cr_assert(k && k->widen_fp8[0] && k->widen_fp8[1]);
+    for (size_t r = 0; r < 4; r++)
+        for (int ftz = 0; ftz < 2; ftz++) {
+            fesetround(ROUNDINGS[r]);
+            set_ftz_daz(ftz);
+            for (int type = 3; type <= 4; type++) {
+                check_widen_kernel(k, type, 256, 0); /* every code, in one call */
+                for (size_t n = 1; n <= 40; n++)     /* every tail of the widest vector step */
+                    check_widen_kernel(k, type, n, (unsigned)(n * 37 + 0x70));
             }
             set_ftz_daz(0);
             fesetround(FE_TONEAREST);

@@ -182,7 +182,7 @@ BACKEND_TEST(fp8, with_the_16_bit_types) {
  * values (scale times the decoded codes), within sdpa_mha's bound; decode split over keys and
  * prefill blocks, causal, GQA; a masked key's NaN never read. */
 static void fp8_attention_case(int type, size_t heads_q, size_t heads_kv, size_t len_q,
-                               size_t len_kv, size_t d, int causal, uint64_t seed) {
+                               size_t len_kv, size_t d, int causal, uint64_t seed, int tiny) {
     rng r = rng_seed(seed);
     const size_t nq = heads_q * len_q * d, nk = heads_kv * len_kv * d;
     float *q = calloc(nq, 4), *kf = calloc(nk, 4), *vf = calloc(nk, 4), *out = calloc(nq, 4);
@@ -191,9 +191,17 @@ static void fp8_attention_case(int type, size_t heads_q, size_t heads_kv, size_t
     fill_normal(&r, q, nq);
     fill_normal(&r, kf, nk);
     fill_normal(&r, vf, nk);
-    const float k_scale = 0.25f, v_scale = 3.0f;
+    /* tiny: every code a subnormal one, scaled up to values near 1, which a DAZ or FTZ anywhere
+       on their way would lose */
+    const float k_scale = tiny ? (type == 3 ? 64.0f : 8192.0f) : 0.25f;
+    const float v_scale = tiny ? 2 * k_scale : 3.0f;
     cr_assert_eq(sdpa_convert(k8, (sdpa_dtype)type, kf, SDPA_F32, nk), SDPA_OK);
     cr_assert_eq(sdpa_convert(v8, (sdpa_dtype)type, vf, SDPA_F32, nk), SDPA_OK);
+    for (size_t i = 0; tiny && i < nk; i++) {
+        const int top = type == 3 ? 7 : 3;
+        k8[i] = (uint8_t)((k8[i] & 0x80) | (1 + k8[i] % top));
+        v8[i] = (uint8_t)((v8[i] & 0x80) | (1 + v8[i] % top));
+    }
     for (size_t i = 0; i < nk; i++) { /* the dequantized values the reference sees */
         kf[i] = (float)(k_scale * decode(k8[i], type));
         vf[i] = (float)(v_scale * decode(v8[i], type));
@@ -230,9 +238,24 @@ static void fp8_attention_case(int type, size_t heads_q, size_t heads_kv, size_t
 
 BACKEND_TEST(fp8, attention_over_8_bit_caches) {
     for (int type = 3; type <= 4; type++) {
-        fp8_attention_case(type, 8, 2, 1, 3000, 64, 0, 1); /* grouped decode, split over keys */
-        fp8_attention_case(type, 2, 1, 70, 150, 32, 1, 2); /* packed prefill blocks, causal */
-        fp8_attention_case(type, 2, 2, 3, 40, 136, 0, 3);  /* unpacked rows, d past 128 */
+        fp8_attention_case(type, 8, 2, 1, 3000, 64, 0, 1, 0); /* grouped decode, split over keys */
+        fp8_attention_case(type, 2, 1, 70, 150, 32, 1, 2, 0); /* packed prefill blocks, causal */
+        fp8_attention_case(type, 2, 2, 3, 40, 136, 0, 3, 0);  /* unpacked rows, d past 128 */
+    }
+}
+
+/* Subnormal codes under FTZ/DAZ and every rounding mode: the widening is exact in any
+   environment, so decode and prefill still meet the bound. */
+BACKEND_TEST(fp8, attention_over_subnormal_codes_in_every_environment) {
+    for (size_t r = 0; r < 4; r++) {
+        fesetround(ROUNDINGS[r]);
+        set_ftz_daz(1);
+        for (int type = 3; type <= 4; type++) {
+            fp8_attention_case(type, 8, 2, 1, 200, 64, 0, 4, 1);
+            fp8_attention_case(type, 2, 1, 40, 90, 32, 1, 5, 1);
+        }
+        set_ftz_daz(0);
+        fesetround(FE_TONEAREST);
     }
 }
 

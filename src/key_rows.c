@@ -144,6 +144,19 @@ void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_
     row_runs in;
     page_runs(src, values, k0, nk, &in);
     r->f.n = r->h.n = 0;
+    if (sdpa_type_is_fp8(src->type) && as_float && !as_16 &&
+        !k->attention->scores_tile_typed[SDPA_F16]) {
+        /* a backend without 16-bit loads (scalar) converts an element at a time: one table
+           load each, the values of the two conversions below */
+        const float *table = sdpa_fp8_kernel_floats(src->type);
+        for (size_t i = 0; i < in.n; i++)
+            for (size_t j = in.at[i]; j < in.at[i + 1]; j++) {
+                const uint8_t *row = (const uint8_t *)in.row[i] + (j - in.at[i]) * in.stride;
+                for (size_t c = 0; c < d; c++) tile_f[j * d + c] = table[row[c]];
+            }
+        one_run(&r->f, tile_f, d, nk);
+        return;
+    }
     if (sdpa_type_is_fp8(src->type) && (as_float || as_16)) {
         /* widened to f16 rows (and from them, when asked, to float rows in one call) */
         fp8_runs_as_f16(k, src->type, &in, d, tile_h, &r->h);

@@ -46,9 +46,13 @@ ALWAYS_INLINE vu16_fp8_ e4m3_to_f16_vector(vu16_fp8_ c) {
     return h | (nan & 0x7c00);
 }
 
-/* dst[i] = src[i] as f16 bits for i < n: FP8_LANES codes a step, the tail by the scalar form */
+/* dst[i] = src[i] as f16 bits for i < n: FP8_LANES codes a step (or the ISA's own
+   vf_widen_fp8 of VF_FP8_LANES, where its header has one), the tail by the scalar form */
 ALWAYS_INLINE void widen_fp8_loops(uint16_t *dst, const uint8_t *src, size_t n, int e5m2) {
     size_t i = 0;
+#ifdef VF_FP8_LANES
+    for (; i + VF_FP8_LANES <= n; i += VF_FP8_LANES) vf_widen_fp8(dst + i, src + i, e5m2);
+#endif
     for (; i + FP8_LANES <= n; i += FP8_LANES) {
         vi8_fp8_ raw;
         memcpy(&raw, src + i, sizeof raw);

@@ -15,6 +15,7 @@
 #define SDPA_ARCH_CONVERT_ROWS_H
 
 #include "any_address.h"
+#include "convert_fp8.h"
 #include "convert_portable.h"
 #include "kernels.h"
 
@@ -116,9 +117,9 @@ static inline void narrow_bf16_row(void *dst, const float *src, size_t n) {
     narrow_row(dst, src, n, SDPA_TYPE_BF16);
 }
 
-/* the table's entries, indexed by type (f32 needs none) */
+/* the table's entries, indexed by type (f32 needs none), and the 8-bit ones */
 #define CONVERT_ENTRIES                                                                            \
     .widen = {NULL, widen_f16_row, widen_bf16_row},                                                \
-    .narrow = {NULL, narrow_f16_row, narrow_bf16_row}
+    .narrow = {NULL, narrow_f16_row, narrow_bf16_row}, FP8_ENTRIES
 
 #endif

@@ -18,6 +18,11 @@ enum sdpa_exp_kind { SDPA_EXP_FAST = 0, SDPA_EXP_SLEEF = 1, SDPA_EXP_KINDS = 2 }
 
 /* Element types, as sdpa.h's sdpa_dtype numbers them (src/convert.c asserts it). */
 enum sdpa_type { SDPA_TYPE_F32 = 0, SDPA_TYPE_F16 = 1, SDPA_TYPE_BF16 = 2, SDPA_TYPES = 3 };
+/* The 8-bit types (OCP fp8), which kernels widen only to f16 (widen_fp8, indexed from E4M3):
+ * e5m2 to its values, e4m3 to 2^-SDPA_FP8_E4M3_F16_SHIFT times its values (arch/convert_fp8.h
+ * says why), a factor the caller takes back in the scales. */
+enum sdpa_type_fp8 { SDPA_TYPE_FP8_E4M3 = 3, SDPA_TYPE_FP8_E5M2 = 4 };
+#define SDPA_FP8_E4M3_F16_SHIFT 8
 
 /* Largest tile the attention driver (src/attention.c) keeps on its stack: a backend's block_q
  * and block_kv must not exceed these. */
@@ -223,6 +228,10 @@ typedef struct sdpa_kernels {
     /* optional (NULL: src/score_stage.h's loops): sdpa_stage_tile's steps, with the exp kind's
        exp, for a tile with a softcap or ALiBi */
     void (*stage_tile[SDPA_EXP_KINDS])(const sdpa_stage_tile *t);
+    /* dst[i] = src[i] of the 8-bit type SDPA_TYPE_FP8_E4M3 + t as f16 bits, exactly, e4m3 times
+       2^-SDPA_FP8_E4M3_F16_SHIFT (every such value is an f16; a NaN stays a NaN), in integer
+       operations, so in any floating-point environment (arch/convert_fp8.h is the definition) */
+    void (*widen_fp8[2])(uint16_t *dst, const uint8_t *src, size_t n);
     /* attention microkernels (every backend has them) */
     const sdpa_attention_kernels *attention;
 } sdpa_kernels;

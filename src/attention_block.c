@@ -23,7 +23,9 @@
  * Where the backend has typed entries (kernels.h, scores_tile_typed and pv_tile_typed), the
  * unpacked blocks (fewer than 8 rows: decode) read 16-bit K as it is, and every P V step but the
  * fused one reads 16-bit V so, each vector widened in registers: widened first, each element
- * would be stored and loaded again for only nq FMAs. */
+ * would be stored and loaded again for only nq FMAs. An 8-bit K/V (fp8) is widened a block at a
+ * time to f16 rows by the backend's widen_fp8 (key_rows.c), exactly, and from there takes the
+ * f16 path: the typed entries where they apply, else float rows widened from the f16 ones. */
 #include "attention_block.h"
 
 #include <math.h>
@@ -147,15 +149,23 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
     }
 }
 
+/* The type of the 16-bit rows the typed entries read: K and V's own, or f16 for an 8-bit K/V,
+ * which key_rows.c widens to f16 rows a block at a time (exactly: every fp8 value is an f16). */
+static uint32_t rows16_type(const attention_problem *p) {
+    return sdpa_type_is_fp8(p->kv_type) ? SDPA_F16 : p->kv_type;
+}
+
 /* Whether the backend's typed entries (kernels.h) take this problem's 16-bit K (for unpacked
- * blocks) and V as they are. */
+ * blocks) and V as they are (8-bit: as f16 rows). */
 static int typed_k(const attention_run *run, const attention_problem *p) {
-    return (p->kv_type == SDPA_F16 || p->kv_type == SDPA_BF16) && p->d_k <= SDPA_ATTN_TYPED_MAX_D &&
-           run->a->scores_tile_typed[p->kv_type];
+    const uint32_t t = rows16_type(p);
+    return (t == SDPA_F16 || t == SDPA_BF16) && p->d_k <= SDPA_ATTN_TYPED_MAX_D &&
+           run->a->scores_tile_typed[t];
 }
 static int typed_v(const attention_run *run, const attention_problem *p) {
-    return (p->kv_type == SDPA_F16 || p->kv_type == SDPA_BF16) && p->d_v <= SDPA_ATTN_TYPED_MAX_D &&
-           run->a->pv_tile_typed[p->kv_type];
+    const uint32_t t = rows16_type(p);
+    return (t == SDPA_F16 || t == SDPA_BF16) && p->d_v <= SDPA_ATTN_TYPED_MAX_D &&
+           run->a->pv_tile_typed[t];
 }
 
 /* An unpacked block's scores, run by run (each score is its own dot, so runs give the bits of
@@ -167,8 +177,8 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
         const size_t j = k->at[i], n = (k->at[i + 1] < nk ? k->at[i + 1] : nk) - j;
         key_rows_prefetch_next(k, i, p->d_k, typed ? 2 : 4);
         if (typed)
-            run->a->scores_tile_typed[p->kv_type](b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i],
-                                                  k->stride, n, p->d_k, p->scale);
+            run->a->scores_tile_typed[rows16_type(p)](b->s + j, ld_s, b->qb, b->qs, b->nq,
+                                                      k->row[i], k->stride, n, p->d_k, p->scale);
         else
             run->a->scores_tile(b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i], k->stride, n,
                                 p->d_k, p->scale);
@@ -320,8 +330,8 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
         const void *rows = (const char *)v->row[i] + (from - v->at[i]) * v->stride * size;
         key_rows_prefetch_next(v, i, p->d_v, size);
         if (vr->h.n)
-            run->a->pv_tile_typed[p->kv_type](acc, ld_acc, w + (from - j), ld_w, nq, n, rows,
-                                              v->stride, p->d_v);
+            run->a->pv_tile_typed[rows16_type(p)](acc, ld_acc, w + (from - j), ld_w, nq, n, rows,
+                                                  v->stride, p->d_v);
         else
             run->a->pv_tile(acc, ld_acc, w + (from - j), ld_w, nq, n, rows, v->stride, p->d_v);
     }

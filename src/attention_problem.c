@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "kernels.h"
 #include "sizes.h"
 
 /* desc's caller compiled a header that has `field` (struct_size says how much of the struct it
@@ -218,6 +219,11 @@ sdpa_status sdpa_problem_check(attention_problem *p, uint32_t flags) {
     if (p->scale == SDPA_DEFAULT_SCALE && p->d_k) p->scale = (float)(1.0 / sqrt((double)p->d_k));
     /* an 8-bit K stands for k_scale times its values: folded into the scores' scale once */
     if (p->k_scale != 0.0f) p->scale *= p->k_scale;
+    if (p->kv_type == SDPA_FP8_E4M3) { /* the kernels read e4m3 at 2^-8 (arch/kernels.h) */
+        const float undo = (float)(1 << SDPA_FP8_E4M3_F16_SHIFT);
+        p->scale *= undo;
+        p->v_scale = (p->v_scale != 0.0f ? p->v_scale : 1.0f) * undo;
+    }
     p->causal = (flags & SDPA_CAUSAL) != 0;
     return SDPA_OK;
 }

@@ -73,16 +73,24 @@ static uint32_t narrow_code(uint32_t a, const fp8_format *f) {
     return code > f->max_code ? overflow : code;
 }
 
-/* Every code's float, a table a type, made once: a load an element. */
-static float widen_table[2][256];
+/* Every code's float, a table a type, made once: a load an element; and the same at the scale
+   of the kernels' widen_fp8 (e4m3 at 2^-8, exactly: the smallest, 2^-17, is a normal float). */
+static float widen_table[2][256], kernel_table[2][256];
 static pthread_once_t widen_once = PTHREAD_ONCE_INIT;
 
 static void widen_tables(void) {
     for (uint32_t t = 0; t < 2; t++) {
         const fp8_format f = format_of(3 + t);
-        for (uint32_t c = 0; c < 256; c++)
+        for (uint32_t c = 0; c < 256; c++) {
             widen_table[t][c] = bits_float((c & 0x80) << 24 | widen_bits(c & 0x7fu, &f));
+            kernel_table[t][c] = widen_table[t][c] * (t == 0 ? 0x1p-8f : 1.0f);
+        }
     }
+}
+
+const float *sdpa_fp8_kernel_floats(uint32_t type) {
+    pthread_once(&widen_once, widen_tables);
+    return kernel_table[type - 3];
 }
 
 void sdpa_fp8_widen(float *dst, const uint8_t *src, size_t n, uint32_t type) {

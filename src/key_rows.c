@@ -1,11 +1,28 @@
 /* The key source's rows (key_source.h): a block of keys or values as the kernels read it,
- * in place a page at a time, gathered, or widened to float. */
+ * in place a page at a time, gathered, or widened to float; an 8-bit block widened to f16 rows
+ * first, which the 16-bit kernels then read as they read an f16 cache. */
 #include <stdint.h>
 #include <string.h>
 
 #include "attention_problem.h"
 #include "fp8.h"
 #include "key_source.h"
+
+/* Elements an 8-bit row is widened to f16 at a time, on the stack, on its way to float. */
+#define FP8_CHUNK 256
+
+/* n rows of 8-bit elements, `stride` apart, as float rows of `row` floats in tile: each chunk
+   widened to f16 by the backend, then to float by its widen[f16], both exact. */
+static void fp8_rows_as_floats(const sdpa_kernels *k, uint32_t type, const uint8_t *src, size_t n,
+                               size_t stride, size_t row, float *tile) {
+    uint16_t h[FP8_CHUNK];
+    for (size_t i = 0; i < n; i++)
+        for (size_t c = 0; c < row; c += FP8_CHUNK) {
+            const size_t m = row - c < FP8_CHUNK ? row - c : FP8_CHUNK;
+            k->widen_fp8[type - SDPA_TYPE_FP8_E4M3](h, src + i * stride + c, m);
+            k->widen[SDPA_F16](tile + i * row + c, h, m);
+        }
+}
 
 const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void *base, size_t r0,
                                 size_t n, size_t stride, size_t row, float *tile,
@@ -15,9 +32,8 @@ const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void
         return (const float *)base + r0 * stride;
     }
     *float_stride = row;
-    if (sdpa_type_is_fp8(type)) { /* no backend widens the 8-bit floats: fp8.c does */
-        const uint8_t *src = (const uint8_t *)base + r0 * stride;
-        for (size_t i = 0; i < n; i++) sdpa_fp8_widen(tile + i * row, src + i * stride, row, type);
+    if (sdpa_type_is_fp8(type)) {
+        fp8_rows_as_floats(k, type, (const uint8_t *)base + r0 * stride, n, stride, row, tile);
         return tile;
     }
     const uint16_t *src = (const uint16_t *)base + r0 * stride;
@@ -132,6 +148,33 @@ static void gather_runs(const sdpa_kernels *k, uint32_t type, const row_runs *in
     one_run(out, tile, d, in->at[in->n]);
 }
 
+/* Rows ahead of the one widened whose lines are prefetched: decode reads an 8-bit cache from
+   beyond L2 through this loop alone, a conversion and a store a vector, too little work for
+   the out-of-order window to keep enough misses in flight (an address past the run, the next
+   block's rows in a dense layout, is fine: a prefetch never faults). */
+#define FP8_AHEAD 16
+
+/* The runs of `in` (8-bit) widened to f16 into tile as one run of rows d apart. */
+static void fp8_runs_as_f16(const sdpa_kernels *k, uint32_t type, const row_runs *in, size_t d,
+                            uint16_t *tile, row_runs *out) {
+    void (*widen)(uint16_t *, const uint8_t *, size_t) = k->widen_fp8[type - SDPA_TYPE_FP8_E4M3];
+    for (size_t i = 0; i < in->n; i++) {
+        const uint8_t *row = in->row[i];
+        uint16_t *to = tile + in->at[i] * d;
+        const size_t n = in->at[i + 1] - in->at[i];
+        if (in->stride == d) { /* rows back to back: the hardware's prefetchers follow them */
+            widen(to, row, n * d);
+            continue;
+        }
+        for (size_t r = 0; r < n; r++) {
+            for (size_t b = 0; b < d; b += 64)
+                __builtin_prefetch(row + (r + FP8_AHEAD) * in->stride + b);
+            widen(to + r * d, row + r * in->stride, d);
+        }
+    }
+    one_run(out, tile, d, in->at[in->n]);
+}
+
 /* One run (dense, or within a page) is read in place where the type allows. A block across
    pages is read in place a page at a time where every kernel takes runs (!whole) and pages
    hold RUN_MIN_KEYS; otherwise it is gathered into the tiles. Either way each key meets the
@@ -143,6 +186,29 @@ void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_
     row_runs in;
     page_runs(src, values, k0, nk, &in);
     r->f.n = r->h.n = 0;
+    if (sdpa_type_is_fp8(src->type) && as_float && !as_16 &&
+        !k->attention->scores_tile_typed[SDPA_F16]) {
+        /* a backend without 16-bit loads (scalar) converts an element at a time: one table
+           load each, the values of the two conversions below */
+        const float *table = sdpa_fp8_kernel_floats(src->type);
+        for (size_t i = 0; i < in.n; i++)
+            for (size_t j = in.at[i]; j < in.at[i + 1]; j++) {
+                const uint8_t *row = (const uint8_t *)in.row[i] + (j - in.at[i]) * in.stride;
+                for (size_t c = 0; c < d; c++) tile_f[j * d + c] = table[row[c]];
+            }
+        one_run(&r->f, tile_f, d, nk);
+        return;
+    }
+    if (sdpa_type_is_fp8(src->type) && (as_float || as_16)) {
+        /* widened to f16 rows (and from them, when asked, to float rows in one call) */
+        fp8_runs_as_f16(k, src->type, &in, d, tile_h, &r->h);
+        if (as_float) {
+            k->widen[SDPA_F16](tile_f, tile_h, nk * d);
+            one_run(&r->f, tile_f, d, nk);
+        }
+        if (!as_16) r->h.n = 0;
+        return;
+    }
     const int gather = in.n > 1 && (whole || src->page_size < RUN_MIN_KEYS);
     if (as_float && (src->type != SDPA_F32 || gather)) /* widened or gathered: one run */
         gather_runs(k, src->type, &in, d, 1, tile_f, &r->f);

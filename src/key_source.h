@@ -65,15 +65,17 @@ typedef struct block_rows {
 } block_rows;
 
 /* Rows [r0, r0 + n) of a view, `stride` elements apart, as float rows of `row` floats: in place
-   for f32 (*float_stride = stride), else widened into tile (*float_stride = row). */
+   for f32 (*float_stride = stride), else widened into tile (*float_stride = row); an 8-bit view
+   through widen_fp8, so e4m3 at 2^-8 of its values (kernels.h). */
 const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void *base, size_t r0,
                                 size_t n, size_t stride, size_t row, float *tile,
                                 size_t *float_stride);
 
 /* Keys (values: 0) or values (1) [k0, k0 + nk) of src into r: as float rows when as_float (into
    tile_f, keys_max x d floats, when they must be widened or gathered), as the 16-bit rows when
-   as_16 (a 16-bit source; gathered into tile_h); whole: every kernel that reads them wants one
-   run (the packed and fused ones). */
+   as_16 (a 16-bit source, gathered into tile_h; an 8-bit one, widened there to f16 by the
+   backend's widen_fp8, e4m3 at 2^-8 of its values, as its float rows are too); whole: every
+   kernel that reads them wants one run (the packed and fused ones). */
 void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_t k0, size_t nk,
                  int as_float, int as_16, int whole, float *tile_f, uint16_t *tile_h,
                  block_rows *r);

@@ -2,7 +2,7 @@
  * decoder written here from the formats' fields, in double; narrowing against the nearest of
  * those 256 values (ties to the even code) for every value, every midpoint between neighbours
  * and the floats on either side of each midpoint, and past the range; under each rounding mode
- * and with FTZ/DAZ on, every backend. */
+ * and with FTZ/DAZ on, every backend; and each backend's kernel that widens them to f16. */
 #include <fenv.h>
 #include <math.h>
 #include <stdint.h>
@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "dispatch.h"
 #include "reference.h"
 
 /* The value of code c of e4m3 (type 3) or e5m2 (4) from its fields; NaN for a NaN. */
@@ -108,6 +109,55 @@ BACKEND_TEST(fp8, widen_exact_and_narrow_to_nearest_even_in_every_environment) {
         }
 }
 
+/* The value of f16 bits h, from the format's fields; NaN for a NaN. */
+static double f16_value(uint16_t h) {
+    const int e = h >> 10 & 0x1f, m = h & 0x3ff;
+    const double sign = h & 0x8000 ? -1.0 : 1.0;
+    if (e == 0x1f) return m ? NAN : sign * INFINITY;
+    return sign * (e ? ldexp(1024 + m, e - 25) : ldexp(m, -24));
+}
+
+/* The backend's widening to f16 (arch/kernels.h's widen_fp8) of n codes from `first`, the
+   source ending at a guard page and the destination too: every f16 is the code's value (e4m3:
+   times 2^-8, the factor the driver takes back in the scales), NaN for NaN, with the sign. */
+static void check_widen_kernel(const sdpa_kernels *k, int type, size_t n, unsigned first) {
+    guarded gs = guard_alloc((n + 3) / 4, GUARD_AFTER), gd = guard_alloc((n + 1) / 2, GUARD_AFTER);
+    uint8_t *src = (uint8_t *)(gs.p + (n + 3) / 4) - n;
+    uint16_t *dst = (uint16_t *)(gd.p + (n + 1) / 2) - n;
+    for (size_t i = 0; i < n; i++) src[i] = (uint8_t)(first + i);
+    k->widen_fp8[type - 3](dst, src, n);
+    const double unit = type == 3 ? 0x1p-8 : 1.0;
+    for (size_t i = 0; i < n; i++) {
+        const double want = decode(src[i], type) * unit, got = f16_value(dst[i]);
+        if (isnan(want))
+            cr_assert(isnan(got), "%s type %d code 0x%02x: 0x%04x, want NaN", k->name, type, src[i],
+                      dst[i]);
+        else
+            cr_assert(got == want && !signbit(got) == !signbit(want),
+                      "%s type %d code 0x%02x (n %zu): 0x%04x is %.9g, want %.9g", k->name, type,
+                      src[i], n, dst[i], got, want);
+    }
+    guard_free(&gs);
+    guard_free(&gd);
+}
+
+BACKEND_TEST(fp8, widen_kernel_every_code_every_tail_every_environment) {
+    const sdpa_kernels *k = sdpa_backend_kernels(sdpa_backend());
+    cr_assert(k && k->widen_fp8[0] && k->widen_fp8[1]);
+    for (size_t r = 0; r < 4; r++)
+        for (int ftz = 0; ftz < 2; ftz++) {
+            fesetround(ROUNDINGS[r]);
+            set_ftz_daz(ftz);
+            for (int type = 3; type <= 4; type++) {
+                check_widen_kernel(k, type, 256, 0); /* every code, in one call */
+                for (size_t n = 1; n <= 40; n++)     /* every tail of the widest vector step */
+                    check_widen_kernel(k, type, n, (unsigned)(n * 37 + 0x70));
+            }
+            set_ftz_daz(0);
+            fesetround(FE_TONEAREST);
+        }
+}
+
 /* To and from the 16-bit types (through float: each element rounded once), and errors. */
 BACKEND_TEST(fp8, with_the_16_bit_types) {
     uint8_t codes[256], back[256];
@@ -132,7 +182,7 @@ BACKEND_TEST(fp8, with_the_16_bit_types) {
  * values (scale times the decoded codes), within sdpa_mha's bound; decode split over keys and
  * prefill blocks, causal, GQA; a masked key's NaN never read. */
 static void fp8_attention_case(int type, size_t heads_q, size_t heads_kv, size_t len_q,
-                               size_t len_kv, size_t d, int causal, uint64_t seed) {
+                               size_t len_kv, size_t d, int causal, uint64_t seed, int tiny) {
     rng r = rng_seed(seed);
     const size_t nq = heads_q * len_q * d, nk = heads_kv * len_kv * d;
     float *q = calloc(nq, 4), *kf = calloc(nk, 4), *vf = calloc(nk, 4), *out = calloc(nq, 4);
@@ -141,9 +191,17 @@ static void fp8_attention_case(int type, size_t heads_q, size_t heads_kv, size_t
     fill_normal(&r, q, nq);
     fill_normal(&r, kf, nk);
     fill_normal(&r, vf, nk);
-    const float k_scale = 0.25f, v_scale = 3.0f;
+    /* tiny: every code a subnormal one, scaled up to values near 1, which a DAZ or FTZ anywhere
+       on their way would lose */
+    const float k_scale = tiny ? (type == 3 ? 64.0f : 8192.0f) : 0.25f;
+    const float v_scale = tiny ? 2 * k_scale : 3.0f;
     cr_assert_eq(sdpa_convert(k8, (sdpa_dtype)type, kf, SDPA_F32, nk), SDPA_OK);
     cr_assert_eq(sdpa_convert(v8, (sdpa_dtype)type, vf, SDPA_F32, nk), SDPA_OK);
+    for (size_t i = 0; tiny && i < nk; i++) {
+        const int top = type == 3 ? 7 : 3;
+        k8[i] = (uint8_t)((k8[i] & 0x80) | (1 + k8[i] % top));
+        v8[i] = (uint8_t)((v8[i] & 0x80) | (1 + v8[i] % top));
+    }
     for (size_t i = 0; i < nk; i++) { /* the dequantized values the reference sees */
         kf[i] = (float)(k_scale * decode(k8[i], type));
         vf[i] = (float)(v_scale * decode(v8[i], type));
@@ -180,9 +238,24 @@ static void fp8_attention_case(int type, size_t heads_q, size_t heads_kv, size_t
 
 BACKEND_TEST(fp8, attention_over_8_bit_caches) {
     for (int type = 3; type <= 4; type++) {
-        fp8_attention_case(type, 8, 2, 1, 3000, 64, 0, 1); /* grouped decode, split over keys */
-        fp8_attention_case(type, 2, 1, 70, 150, 32, 1, 2); /* packed prefill blocks, causal */
-        fp8_attention_case(type, 2, 2, 3, 40, 136, 0, 3);  /* unpacked rows, d past 128 */
+        fp8_attention_case(type, 8, 2, 1, 3000, 64, 0, 1, 0); /* grouped decode, split over keys */
+        fp8_attention_case(type, 2, 1, 70, 150, 32, 1, 2, 0); /* packed prefill blocks, causal */
+        fp8_attention_case(type, 2, 2, 3, 40, 136, 0, 3, 0);  /* unpacked rows, d past 128 */
+    }
+}
+
+/* Subnormal codes under FTZ/DAZ and every rounding mode: the widening is exact in any
+   environment, so decode and prefill still meet the bound. */
+BACKEND_TEST(fp8, attention_over_subnormal_codes_in_every_environment) {
+    for (size_t r = 0; r < 4; r++) {
+        fesetround(ROUNDINGS[r]);
+        set_ftz_daz(1);
+        for (int type = 3; type <= 4; type++) {
+            fp8_attention_case(type, 8, 2, 1, 200, 64, 0, 4, 1);
+            fp8_attention_case(type, 2, 1, 40, 90, 32, 1, 5, 1);
+        }
+        set_ftz_daz(0);
+        fesetround(FE_TONEAREST);
     }
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "any_address.h"
+#include "convert_fp8.h"
 #include "convert_portable.h"
 #include "exp_constants.h"
 #include "kernels.h"
@@ -124,6 +125,14 @@ static void widen_bf16_scalar(f32_any *dst, const void *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
 }
 
+static void widen_e4m3_scalar(uint16_t *dst, const uint8_t *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = fp8_e4m3_to_f16(src[i]);
+}
+
+static void widen_e5m2_scalar(uint16_t *dst, const uint8_t *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = fp8_e5m2_to_f16(src[i]);
+}
+
 static void narrow_f16_scalar(void *dst, const f32_any *src, size_t n) {
     u16_any *d = dst;
     for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
@@ -222,5 +231,6 @@ const sdpa_kernels sdpa_kernels_scalar = {
     .exp = {exp_fast_array_scalar, exp_sleef_array_scalar},
     .widen = {NULL, widen_f16_scalar, widen_bf16_scalar},
     .narrow = {NULL, narrow_f16_scalar, narrow_bf16_scalar},
+    .widen_fp8 = {widen_e4m3_scalar, widen_e5m2_scalar},
     .attention = &attention_scalar,
 };

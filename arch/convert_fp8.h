@@ -1,0 +1,76 @@
+/* The OCP 8-bit floats widened to f16 (kernels.h's widen_fp8), in integer operations only, so
+ * that no rounding mode, FTZ or DAZ changes a result.
+ *
+ * e5m2 is f16's top byte (the same exponent bias, two of its ten mantissa bits). e4m3's fields
+ * placed in f16's (the exponent's four bits in the low four of f16's five, the three mantissa
+ * bits at the top of its ten) are an f16 of 2^-8 times the e4m3 value, subnormals included: the
+ * two formats differ only in the bias (7 against 15), and both read an exponent field of 0 as
+ * 2^(1 - bias) times 0.m. So an e4m3 code is widened by a shift, with no case but NaN
+ * (S.1111.111, its only one), which becomes an f16 NaN with the sign kept; the caller takes
+ * the 2^8 back in a scale (SDPA_FP8_E4M3_F16_SHIFT).
+ *
+ * The scalar form is the definition (the scalar backend's, and every backend's tail); a SIMD
+ * backend (one that defines W, its floats a vector) also gets the same steps on vectors of
+ * 16-bit lanes, as GCC's vector extensions compile them for its ISA. */
+#ifndef SDPA_ARCH_CONVERT_FP8_H
+#define SDPA_ARCH_CONVERT_FP8_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* the f16 bits of 2^-8 times e4m3 code c: the code's seven bits moved up by 7, its sign to
+   f16's; NaN's exponent made all ones */
+static inline uint16_t fp8_e4m3_to_f16(uint8_t c) {
+    const unsigned a = c & 0x7fu, nan = a == 0x7fu ? 0x7c00u : 0;
+    return (uint16_t)((c & 0x80u) << 8 | a << 7 | nan);
+}
+
+/* the f16 bits of e5m2 code c */
+static inline uint16_t fp8_e5m2_to_f16(uint8_t c) { return (uint16_t)(c << 8); }
+
+#ifdef W
+/* 2 W lanes, at most 16: 256 bits of 16-bit lanes, which AVX-512F (no BW) handles as AVX2 does */
+#define FP8_LANES (2 * W < 16 ? 2 * W : 16)
+typedef int8_t vi8_fp8_ __attribute__((vector_size(FP8_LANES)));
+typedef int16_t vi16_fp8_ __attribute__((vector_size(2 * FP8_LANES)));
+typedef uint16_t vu16_fp8_ __attribute__((vector_size(2 * FP8_LANES)));
+
+/* fp8_e4m3_to_f16 on FP8_LANES codes c, sign-extended to 16 bits: shifted up by 7, the sign's
+   copies land on bits 15 and 14, and the mask clears 14; shifted up by 9, only a NaN's seven
+   ones are left (0xfe00) */
+ALWAYS_INLINE vu16_fp8_ e4m3_to_f16_vector(vu16_fp8_ c) {
+    const vu16_fp8_ h = (c << 7) & 0xbfff, nan = (vu16_fp8_)((c << 9) == 0xfe00);
+    return h | (nan & 0x7c00);
+}
+
+/* dst[i] = src[i] as f16 bits for i < n: FP8_LANES codes a step (or the ISA's own
+   vf_widen_fp8 of VF_FP8_LANES, where its header has one), the tail by the scalar form */
+ALWAYS_INLINE void widen_fp8_loops(uint16_t *dst, const uint8_t *src, size_t n, int e5m2) {
+    size_t i = 0;
+#ifdef VF_FP8_LANES
+    for (; i + VF_FP8_LANES <= n; i += VF_FP8_LANES) vf_widen_fp8(dst + i, src + i, e5m2);
+#endif
+    for (; i + FP8_LANES <= n; i += FP8_LANES) {
+        vi8_fp8_ raw;
+        memcpy(&raw, src + i, sizeof raw);
+        const vu16_fp8_ c = (vu16_fp8_) __builtin_convertvector(raw, vi16_fp8_);
+        const vu16_fp8_ h = e5m2 ? c << 8 : e4m3_to_f16_vector(c);
+        memcpy(dst + i, &h, sizeof h);
+    }
+    for (; i < n; i++) dst[i] = e5m2 ? fp8_e5m2_to_f16(src[i]) : fp8_e4m3_to_f16(src[i]);
+}
+
+static inline void widen_e4m3_f16_row(uint16_t *dst, const uint8_t *src, size_t n) {
+    widen_fp8_loops(dst, src, n, 0);
+}
+static inline void widen_e5m2_f16_row(uint16_t *dst, const uint8_t *src, size_t n) {
+    widen_fp8_loops(dst, src, n, 1);
+}
+
+#define FP8_ENTRIES .widen_fp8 = {widen_e4m3_f16_row, widen_e5m2_f16_row}
+#endif
+
+#endif

@@ -8,22 +8,6 @@
 #include "fp8.h"
 #include "key_source.h"
 
-/* Elements an 8-bit row is widened to f16 at a time, on the stack, on its way to float. */
-#define FP8_CHUNK 256
-
-/* n rows of 8-bit elements, `stride` apart, as float rows of `row` floats in tile: each chunk
-   widened to f16 by the backend, then to float by its widen[f16], both exact. */
-static void fp8_rows_as_floats(const sdpa_kernels *k, uint32_t type, const uint8_t *src, size_t n,
-                               size_t stride, size_t row, float *tile) {
-    uint16_t h[FP8_CHUNK];
-    for (size_t i = 0; i < n; i++)
-        for (size_t c = 0; c < row; c += FP8_CHUNK) {
-            const size_t m = row - c < FP8_CHUNK ? row - c : FP8_CHUNK;
-            k->widen_fp8[type - SDPA_TYPE_FP8_E4M3](h, src + i * stride + c, m);
-            k->widen[SDPA_F16](tile + i * row + c, h, m);
-        }
-}
-
 const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void *base, size_t r0,
                                 size_t n, size_t stride, size_t row, float *tile,
                                 size_t *float_stride) {
@@ -32,10 +16,6 @@ const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void
         return (const float *)base + r0 * stride;
     }
     *float_stride = row;
-    if (sdpa_type_is_fp8(type)) {
-        fp8_rows_as_floats(k, type, (const uint8_t *)base + r0 * stride, n, stride, row, tile);
-        return tile;
-    }
     const uint16_t *src = (const uint16_t *)base + r0 * stride;
     if (stride == row || n == 1) {
         k->widen[type](tile, src, n * row);
@@ -154,6 +134,10 @@ static void gather_runs(const sdpa_kernels *k, uint32_t type, const row_runs *in
    block's rows in a dense layout, is fine: a prefetch never faults). */
 #define FP8_AHEAD 16
 
+/* Bytes widened a call where rows are back to back, each call prefetching as many of the next
+   block's: between blocks the kernels compute and nothing else keeps misses in flight. */
+#define FP8_PIECE 1024
+
 /* The runs of `in` (8-bit) widened to f16 into tile as one run of rows d apart. */
 static void fp8_runs_as_f16(const sdpa_kernels *k, uint32_t type, const row_runs *in, size_t d,
                             uint16_t *tile, row_runs *out) {
@@ -162,8 +146,12 @@ static void fp8_runs_as_f16(const sdpa_kernels *k, uint32_t type, const row_runs
         const uint8_t *row = in->row[i];
         uint16_t *to = tile + in->at[i] * d;
         const size_t n = in->at[i + 1] - in->at[i];
-        if (in->stride == d) { /* rows back to back: the hardware's prefetchers follow them */
-            widen(to, row, n * d);
+        if (in->stride == d) { /* rows back to back: the next block's follow them */
+            for (size_t c = 0; c < n * d; c += FP8_PIECE) {
+                const size_t m = n * d - c < FP8_PIECE ? n * d - c : FP8_PIECE;
+                for (size_t b = 0; b < m; b += 64) __builtin_prefetch(row + n * d + c + b);
+                widen(to + c, row + c, m);
+            }
             continue;
         }
         for (size_t r = 0; r < n; r++) {

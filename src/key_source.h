@@ -65,8 +65,7 @@ typedef struct block_rows {
 } block_rows;
 
 /* Rows [r0, r0 + n) of a view, `stride` elements apart, as float rows of `row` floats: in place
-   for f32 (*float_stride = stride), else widened into tile (*float_stride = row); an 8-bit view
-   through widen_fp8, so e4m3 at 2^-8 of its values (kernels.h). */
+   for f32 (*float_stride = stride), else (16-bit) widened into tile (*float_stride = row). */
 const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void *base, size_t r0,
                                 size_t n, size_t stride, size_t row, float *tile,
                                 size_t *float_stride);

@@ -276,7 +276,8 @@ SDPA_API sdpa_status sdpa_mha_f32(const sdpa_mha_desc *desc, float *out, const f
 /* sdpa_mha_f32 with the types of desc->q_type, kv_type and out_type (f32 for a v1 descriptor):
  * views are widened to float exactly, computed as f32, and out rounded once. kv_type may be
  * an 8-bit type, standing for k_scale and v_scale times its values (a v3 descriptor; 0 or
- * v2: 1): k_scale joins the scores' scale, v_scale the output's normalisation. d_k and d_v at
+ * v2: 1): k_scale joins the scores' scale, v_scale the output's normalisation (a product
+ * there past float's range: SDPA_ERR_ARG). d_k and d_v at
  * most 8192 with a view narrower than f32 (else SDPA_ERR_SIZE). The f32 bound plus that
  * rounding; all-bf16 calls may use the bf16 dot add-ons (docs/numerics.md, "bf16 Q.K"). */
 SDPA_API sdpa_status sdpa_mha(const sdpa_mha_desc *desc, void *out, const void *q, const void *k,

@@ -217,13 +217,19 @@ sdpa_status sdpa_problem_check(attention_problem *p, uint32_t flags) {
         if (st != SDPA_OK) return st;
     }
     if (p->scale == SDPA_DEFAULT_SCALE && p->d_k) p->scale = (float)(1.0 / sqrt((double)p->d_k));
-    /* an 8-bit K stands for k_scale times its values: folded into the scores' scale once */
-    if (p->k_scale != 0.0f) p->scale *= p->k_scale;
-    if (p->kv_type == SDPA_FP8_E4M3) { /* the kernels read e4m3 at 2^-8 (arch/kernels.h) */
-        const float undo = (float)(1 << SDPA_FP8_E4M3_F16_SHIFT);
-        p->scale *= undo;
-        p->v_scale = (p->v_scale != 0.0f ? p->v_scale : 1.0f) * undo;
-    }
+    /* an 8-bit K stands for k_scale times its values: folded into the scores' scale once; the
+       kernels read e4m3 at 2^-8 (arch/kernels.h), put back here too */
+    const float undo = p->kv_type == SDPA_FP8_E4M3 ? (float)(1 << SDPA_FP8_E4M3_F16_SHIFT) : 1.0f;
+    const float scale = p->scale * (p->k_scale != 0.0f ? p->k_scale : 1.0f) * undo;
+    const float v_scale =
+        undo != 1.0f ? (p->v_scale != 0.0f ? p->v_scale : 1.0f) * undo : p->v_scale;
+    if (!isfinite(scale) || !isfinite(v_scale))
+        return sdpa_fail(SDPA_ERR_ARG,
+                         "%s overflows float times the scale of the 8-bit values (scale %g, "
+                         "k_scale %g, v_scale %g)",
+                         isfinite(scale) ? "v_scale" : "k_scale", (double)p->scale,
+                         (double)p->k_scale, (double)p->v_scale);
+    p->scale = scale, p->v_scale = v_scale;
     p->causal = (flags & SDPA_CAUSAL) != 0;
     return SDPA_OK;
 }

@@ -238,9 +238,42 @@ static void fp8_attention_case(int type, size_t heads_q, size_t heads_kv, size_t
 
 BACKEND_TEST(fp8, attention_over_8_bit_caches) {
     for (int type = 3; type <= 4; type++) {
-        fp8_attention_case(type, 8, 2, 1, 3000, 64, 0, 1, 0); /* grouped decode, split over keys */
-        fp8_attention_case(type, 2, 1, 70, 150, 32, 1, 2, 0); /* packed prefill blocks, causal */
-        fp8_attention_case(type, 2, 2, 3, 40, 136, 0, 3, 0);  /* unpacked rows, d past 128 */
+        fp8_attention_case(type, 8, 2, 1, 3000, 64, 0, 1, 0);  /* grouped decode, split over keys */
+        fp8_attention_case(type, 2, 1, 70, 150, 32, 1, 2, 0);  /* packed prefill blocks, causal */
+        fp8_attention_case(type, 2, 2, 3, 40, 136, 0, 3, 0);   /* unpacked rows, d past 128 */
+        fp8_attention_case(type, 4, 1, 1, 32768, 64, 0, 6, 0); /* MQA decode over 32768 keys */
+    }
+}
+
+/* Scales whose product with the scores' scale, or with e4m3's 2^8, passes float's range are
+   SDPA_ERR_ARG naming them, and nothing is written; e5m2 takes a v_scale e4m3 cannot. */
+Test(fp8, scales_that_overflow_are_errors) {
+    float q[4] = {1, 2, 3, 4}, out[4] = {7, 7, 7, 7};
+    uint8_t k8[8] = {0x38, 0x38, 0x38, 0x38, 0x30, 0x30, 0x30, 0x30}, v8[8] = {0};
+    const struct {
+        int type;
+        float k_scale, v_scale;
+        const char *named; /* NULL: accepted */
+    } cases[] = {{3, 3e38f, 1.0f, "k_scale"},
+                 {4, 3e38f, 1.0f, "k_scale"},
+                 {3, 1.0f, 3e38f, "v_scale"},
+                 {4, 1.0f, 3e38f, NULL},
+                 {3, 1e30f, 1e30f, NULL}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        sdpa_mha_desc desc;
+        cr_assert_eq(sdpa_mha_desc_dense(&desc, 1, 1, 1, 1, 2, 4, 4, 4.0f, 0), SDPA_OK);
+        cr_assert_eq(sdpa_mha_desc_set_mods(&desc, NULL), SDPA_OK);
+        desc.kv_type = (uint32_t)cases[i].type;
+        desc.k_scale = cases[i].k_scale, desc.v_scale = cases[i].v_scale;
+        const sdpa_status st = sdpa_mha(&desc, out, q, k8, v8);
+        if (!cases[i].named) {
+            cr_assert_eq(st, SDPA_OK, "case %zu: %s", i, sdpa_last_error_detail());
+            continue;
+        }
+        cr_assert_eq(st, SDPA_ERR_ARG, "case %zu", i);
+        cr_assert(strstr(sdpa_last_error_detail(), cases[i].named), "case %zu: %s", i,
+                  sdpa_last_error_detail());
+        for (int c = 0; c < 4; c++) cr_assert(out[c] == 7.0f, "case %zu wrote out", i);
     }
 }
 

@@ -99,12 +99,6 @@ typedef struct tiles {
     _Alignas(64) float cap[SDPA_ATTN_MAX_BLOCK_KV * QT]; /* a softcap's derivative, S^T's shape */
 } tiles;
 
-/* The sum tiles start as zeros, and rows_against_keys leaves them so. */
-static void tiles_init(tiles *t) {
-    memset(t->dk, 0, sizeof t->dk);
-    memset(t->dv, 0, sizeof t->dv);
-}
-
 /* No inf or NaN in n rows of `row` floats: the exponent bits of every float, OR-ed (integer
  * operations, which the compiler vectorizes where isfinite would branch per float). */
 static int rows_finite(const float *x, size_t n, size_t stride, size_t row) {
@@ -472,8 +466,8 @@ static void backward_task(void *arg, size_t index) {
     const attention_problem *p = &bp->fwd;
     const size_t b0 = index / run->pl.tasks_h * run->pl.task_b,
                  h0 = index % run->pl.tasks_h * run->pl.task_h;
-    tiles t;
-    tiles_init(&t);
+    tiles t; /* its sum tiles start as zeros, and rows_against_keys leaves them so */
+    memset(t.dk, 0, sizeof t.dk), memset(t.dv, 0, sizeof t.dv);
     for (size_t b = b0; b < b0 + run->pl.task_b; b++)
         for (size_t hk = h0; hk < h0 + run->pl.task_h; hk++) {
             zero_rows(bp->dk, bp->dk_stride, b, hk, 0, p->len_kv, p->d_k);
@@ -500,8 +494,8 @@ static void backward_task(void *arg, size_t index) {
 
 static void chunk_with_scratch(const void *ctx, void (*body)(void *arg, void *scratch), void *arg) {
     (void)ctx;
-    tiles t;
-    tiles_init(&t);
+    tiles t; /* its sum tiles start as zeros, and rows_against_keys leaves them so */
+    memset(t.dk, 0, sizeof t.dk), memset(t.dv, 0, sizeof t.dv);
     body(arg, &t);
 }
 

@@ -20,7 +20,9 @@
  *
  * K and V may also be 8-bit (fp8 e4m3 or e5m2, with a power-of-two k_scale and v_scale now and
  * then), compared against the f32 path on their values times the scales: bit for bit where the
- * scales are 1, within the bound otherwise.
+ * scales are 1, within the bound otherwise. e4m3's values go to the f32 path at 2^-8 with the
+ * scale at 2^8 and out at 2^8 after, as the library reads them (docs/numerics.md): the 2^-8
+ * moves where a product underflows (which can tip a tie in a sum) and where a dot overflows.
  *
  * Run it with scripts/fuzz; a crash file it leaves reproduces with build-fuzz/fuzz_types. */
 #include "fuzz_common.h"
@@ -115,6 +117,8 @@ static void run_case(fuzz_reader *r) {
     const int fp8 = kt >= SDPA_FP8_E4M3, scaled = fp8 && sel >> 5 & 1;
     const float k_scale = scaled ? ldexpf(1.0f, fuzz_u8(r) % 7 - 3) : 0.0f;
     const float v_scale = scaled ? ldexpf(1.0f, fuzz_u8(r) % 7 - 3) : 0.0f;
+    const int e4m3_at = kt == SDPA_FP8_E4M3 && !scaled;
+    const float at = e4m3_at ? 0x1p-8f : 1.0f;
     sdpa_set_exp_mode(sel >> 7 ? "sleef" : "fast");
 
     sdpa_mha_desc desc;
@@ -141,7 +145,7 @@ static void run_case(fuzz_reader *r) {
             } else if (in_types[a] >= SDPA_FP8_E4M3) {
                 const uint8_t c = pattern8(r, in_types[a], specials);
                 ((uint8_t *)inputs[a].p)[i] = c;
-                x = decode8(c, in_types[a]) * (scaled ? (a == 1 ? k_scale : v_scale) : 1.0f);
+                x = decode8(c, in_types[a]) * (scaled ? (a == 1 ? k_scale : v_scale) : at);
             } else {
                 uint16_t h = pattern(r, in_types[a], specials);
                 ((uint16_t *)inputs[a].p)[i] = h;
@@ -157,6 +161,8 @@ static void run_case(fuzz_reader *r) {
             mask[i] = fuzz_u8(r) < 64 ? -INFINITY : (float)(fuzz_u8(r) % 9) * 0.25f - 1.0f;
         sdpa_mha_desc_set_mask(&desc, mask, 0, 0, len_kv);
     }
+    sdpa_mha_desc desc32 = desc;
+    if (e4m3_at) desc32.scale = (float)(1.0 / sqrt((double)d_k)) / at;
     /* copies of the inputs, to check they are never written */
     const size_t in_bytes[3] = {nq * size_of(qt), nk * size_of(kt), nv * size_of(kt)};
     void *saved[3];
@@ -173,7 +179,8 @@ static void run_case(fuzz_reader *r) {
         typed_desc.struct_size = sizeof typed_desc; /* the v3 tail: no modifiers, the scales */
         typed_desc.mods = NULL, typed_desc.k_scale = k_scale, typed_desc.v_scale = v_scale;
         const sdpa_status st = sdpa_mha(&typed_desc, out.p, q.p, k.p, v.p);
-        const sdpa_status st32 = sdpa_mha_f32(&desc, o32.p, q32.p, k32.p, v32.p);
+        const sdpa_status st32 = sdpa_mha_f32(&desc32, o32.p, q32.p, k32.p, v32.p);
+        for (size_t i = 0; st32 == SDPA_OK && i < no; i++) o32.p[i] /= at;
         FUZZ_CHECK(st == st32, "status %d, the f32 path's %d", st, st32);
         for (int a = 0; a < 3; a++)
             FUZZ_CHECK(memcmp(saved[a], inputs[a].p, in_bytes[a]) == 0, "input %d written", a);
@@ -196,9 +203,8 @@ static void run_case(fuzz_reader *r) {
         }
         const int same_blocks = qt == SDPA_F32 && d_k <= 128 && d_v <= 128 && !scaled;
         const double half_ulp = ot == SDPA_F16 ? 0x1p-11 : ot == SDPA_BF16 ? 0x1p-8 : 0.0;
-        /* e4m3 is read at 2^-8 of its values (numerics.md): a product that falls below FLT_MIN
-           there may round otherwise, which moves only results far below any normal one */
-        const double slack = kt == SDPA_FP8_E4M3 ? 0x1p-100 : 0.0;
+        /* out at 2^-8 rounds where it falls below FLT_MIN, and out takes its 2^8 after */
+        const double slack = e4m3_at ? 0x1p-100 : 0.0;
         for (size_t i = 0; i < no; i++) {
             const float a = got[i], e = o32.p[i];
             if (same_blocks) {

@@ -18,8 +18,11 @@
  * slopes 2^(-8 (h + 1) / heads)), sink (a sink of 0 a head); types is kvf16 or kvbf16 (K and V
  * of that type, q and out f32; kve4m3 and kve5m2 likewise for the 8-bit floats), or f16 or bf16
  * (every view), f32 without; then paged<block> (sdpa_attention_paged over the same values, each
- * sequence's keys in blocks of that many tokens scattered in a pool: paged.c below). The op's
- * sizes are 1-based indices into attention_shapes; --shape replaces the defaults. */
+ * sequence's keys in blocks of that many tokens scattered in a pool: paged.c below). A shape
+ * that starts mixedh<heads_q>... in place of b<batch>..k<len_kv> is a serving engine's mixed
+ * batch, paged only: seven decodes over 1024 to 8192 keys and a 512-token prefill on 1536
+ * cached (MIXED_Q, MIXED_KV), its dense row sdpa_mha once per sequence. The op's sizes are
+ * 1-based indices into attention_shapes; --shape replaces the defaults. */
 
 typedef struct att_shape {
     char name[40];
@@ -31,13 +34,28 @@ typedef struct att_shape {
     float softcap; /* 0: none */
     int alibi, sink;
     size_t block; /* paged<block>: tokens per block of the paged cache; 0: dense */
+    int mixed;    /* the mixed batch: batch, len_q and len_kv are MIXED_*'s and their maxima */
 } att_shape;
+
+/* The mixed batch's sequences: query rows (their newest tokens) and keys. */
+#define MIXED_SEQS 8
+static const size_t MIXED_Q[MIXED_SEQS] = {1, 1, 1, 1, 1, 1, 1, 512};
+static const size_t MIXED_KV[MIXED_SEQS] = {1024, 2048, 3072, 4096, 5120, 6144, 8192, 2048};
+
+/* Sequence b's query rows and keys, and its first token in a packed [token] layout. */
+static size_t seq_q(const att_shape *s, size_t b) { return s->mixed ? MIXED_Q[b] : s->len_q; }
+static size_t seq_kv(const att_shape *s, size_t b) { return s->mixed ? MIXED_KV[b] : s->len_kv; }
+static size_t seq_token(const att_shape *s, size_t b) {
+    size_t t = 0;
+    for (size_t c = 0; c < b; c++) t += seq_q(s, c);
+    return t;
+}
 
 #define F32_     SDPA_F32, SDPA_F32, SDPA_F32
 #define KV16_    SDPA_F32, SDPA_F16, SDPA_F32
 #define KVBF_    SDPA_F32, SDPA_BF16, SDPA_F32
 #define BF16_    SDPA_BF16, SDPA_BF16, SDPA_BF16
-#define NO_MODS_ 0, 0, 0.0f, 0, 0, 0 /* and dense */
+#define NO_MODS_ 0, 0, 0.0f, 0, 0, 0, 0 /* and dense, not mixed */
 
 static att_shape attention_shapes[MAX_SHAPES] = {
     {"b1h1q1k4096d128", 1, 1, 1, 1, 4096, 128, 0, F32_, NO_MODS_},      /* decode, one head */
@@ -98,8 +116,13 @@ static int parse_shape(const char *text, att_shape *s) {
     const char *p = text;
     size_t *field[] = {&s->batch, &s->heads_q, &s->heads_kv, &s->len_q, &s->len_kv, &s->d};
     static const char *const tags[] = {"b", "h", "kv", "q", "k", "d"};
+    if (strncmp(p, "mixed", 5) == 0) {
+        s->mixed = 1, p += 5;
+        s->batch = MIXED_SEQS, s->len_q = 512, s->len_kv = 8192;
+    }
     for (int f = 0; f < 6; f++) {
         size_t len = strlen(tags[f]);
+        if (s->mixed && (f == 0 || f == 3 || f == 4)) continue;
         if (strncmp(p, tags[f], len) != 0) {
             if (f == 2) continue; /* kv is optional: heads_kv = heads_q */
             return 0;
@@ -145,21 +168,25 @@ static int parse_shape(const char *text, att_shape *s) {
         t++;
     if (t == sizeof TYPES / sizeof TYPES[0]) return 0;
     s->q_type = TYPES[t].q, s->kv_type = TYPES[t].kv, s->out_type = TYPES[t].out;
-    if (s->heads_q % s->heads_kv) return 0;
+    if (s->heads_q % s->heads_kv || (s->mixed && !s->block)) return 0;
     snprintf(s->name, sizeof s->name, "%s", text);
     return 1;
 }
 
-/* (query, key) pairs computed per head: causal and a window skip the keys a row does not see */
+/* (query, key) pairs computed per head over the batch: causal and a window skip the keys a row
+   does not see */
 static double pairs_of(const att_shape *s) {
     double pairs = 0;
-    for (size_t i = 0; i < s->len_q; i++) {
-        const double p = (double)i + (double)s->len_kv - (double)s->len_q; /* the row's position */
-        double end = s->flags & SDPA_CAUSAL ? p + 1 : (double)s->len_kv;
-        double first = s->windowed ? p - (double)s->window : 0;
-        end = end > (double)s->len_kv ? (double)s->len_kv : end;
-        first = first < 0 ? 0 : first;
-        pairs += end > first ? end - first : 0;
+    for (size_t b = 0; b < s->batch; b++) {
+        const double len_q = (double)seq_q(s, b), len_kv = (double)seq_kv(s, b);
+        for (double i = 0; i < len_q; i++) {
+            const double p = i + len_kv - len_q; /* the row's position */
+            double end = s->flags & SDPA_CAUSAL ? p + 1 : len_kv;
+            double first = s->windowed ? p - (double)s->window : 0;
+            end = end > len_kv ? len_kv : end;
+            first = first < 0 ? 0 : first;
+            pairs += end > first ? end - first : 0;
+        }
     }
     return pairs;
 }
@@ -203,7 +230,7 @@ static void *paged_pool(const att_shape *s, const void *dense, const int32_t *ta
     for (size_t b = 1; b < num_blocks; b++) memcpy(pool + b * block_bytes, pool, block_bytes);
     for (size_t q = 0; q < s->batch; q++)
         for (size_t h = 0; h < s->heads_kv; h++)
-            for (size_t j = 0; j < s->len_kv; j++) {
+            for (size_t j = 0; j < seq_kv(s, q); j++) {
                 const size_t b = (size_t)table[q * per_seq + j / s->block];
                 memcpy(pool + b * block_bytes + (h * s->block + j % s->block) * row,
                        (const char *)dense + ((q * s->heads_kv + h) * s->len_kv + j) * row, row);
@@ -211,15 +238,15 @@ static void *paged_pool(const att_shape *s, const void *dense, const int32_t *ta
     return pool;
 }
 
-/* Rows of [batch][heads][len_q][d] (elements of `size` bytes) to [batch len_q][heads][d], or
-   back (to_tokens 0). */
+/* Rows of [batch][heads][len_q][d] (elements of `size` bytes) to [token][heads][d], or back
+   (to_tokens 0): sequence b's rows are its first seq_q, at its tokens from seq_token. */
 static void move_rows(void *to, const void *from, const att_shape *s, size_t size, int to_tokens) {
     const size_t row = s->d * size;
     for (size_t b = 0; b < s->batch; b++)
         for (size_t h = 0; h < s->heads_q; h++)
-            for (size_t i = 0; i < s->len_q; i++) {
+            for (size_t i = 0; i < seq_q(s, b); i++) {
                 const size_t dense = ((b * s->heads_q + h) * s->len_q + i) * row;
-                const size_t token = ((b * s->len_q + i) * s->heads_q + h) * row;
+                const size_t token = ((seq_token(s, b) + i) * s->heads_q + h) * row;
                 memcpy((char *)to + (to_tokens ? token : dense),
                        (const char *)from + (to_tokens ? dense : token), row);
             }
@@ -252,8 +279,8 @@ static void paged_prepare(paged_view *pv, const att_shape *s, const void *q, con
     const size_t nq = s->batch * s->heads_q * s->len_q * s->d;
     pv->q = xalloc(nq);
     move_rows(pv->q, q, s, type_bytes(s->q_type), 1);
-    for (size_t b = 0; b <= s->batch; b++) pv->q_start[b] = (int32_t)(b * s->len_q);
-    for (size_t b = 0; b < s->batch; b++) pv->kv_len[b] = (int32_t)s->len_kv;
+    for (size_t b = 0; b <= s->batch; b++) pv->q_start[b] = (int32_t)seq_token(s, b);
+    for (size_t b = 0; b < s->batch; b++) pv->kv_len[b] = (int32_t)seq_kv(s, b);
     const size_t d = s->d, block = s->block, hkv = s->heads_kv, token = s->heads_q * d;
     pv->cache = (sdpa_kv_cache){.struct_size = sizeof(sdpa_kv_cache),
                                 .kv_type = s->kv_type,
@@ -296,9 +323,10 @@ typedef struct att_state {
     float *out_f32;            /* that row's out */
     int f32_last;              /* the last run was that row's: its out is in out_f32 */
     paged_view paged;          /* a paged shape's views (paged.q NULL for a dense shape) */
-    int paged_last;            /* the last run was the paged call's: out is [token][head][d] */
+    sdpa_mha_desc seq_desc[MIXED_SEQS]; /* the mixed batch's dense calls, a sequence each */
+    int paged_last; /* the last run was the paged call's: out is [token][head][d] */
     size_t n_out;
-    double pairs; /* (query, key) pairs computed, per head: causal skips the rest */
+    double pairs; /* (query, key) pairs computed per head over the batch */
 } att_state;
 
 /* x's n floats as type t in an array of their own (a copy for f32); x takes the values it holds */
@@ -319,8 +347,6 @@ static void widen_in_place(float *y, size_t n, sdpa_dtype t) {
     free(wide);
 }
 
-/* The shape's modifiers into st->desc */
-
 /* The shape's modifiers into bm and desc (a v3 descriptor then) */
 static void set_mods(bench_mods *bm, sdpa_mha_desc *desc, const att_shape *s) {
     memset(&bm->m, 0, sizeof bm->m);
@@ -336,6 +362,31 @@ static void set_mods(bench_mods *bm, sdpa_mha_desc *desc, const att_shape *s) {
     if (s->alibi) bm->m.alibi_slopes = bm->slopes;
     if (s->sink) bm->m.sinks = bm->sinks;
     sdpa_mha_desc_set_mods(desc, &bm->m);
+}
+
+/* The mixed batch's dense calls: sequence b's first rows and keys of batch entry b of desc's
+   views (at element offsets b * stride[0], which mixed_dense adds). */
+static void mixed_descs(att_state *st) {
+    const att_shape *s = st->shape;
+    for (size_t b = 0; b < s->batch; b++) {
+        sdpa_mha_desc *d = &st->seq_desc[b];
+        *d = st->desc;
+        d->batch = 1, d->len_q = seq_q(s, b), d->len_kv = seq_kv(s, b);
+    }
+}
+
+/* sdpa_mha once per sequence of the mixed batch, out [batch][heads][len_q][d] as desc's */
+static void mixed_dense(const att_state *st, void *out) {
+    const att_shape *s = st->shape;
+    const size_t qs = type_bytes(s->q_type), ks = type_bytes(s->kv_type);
+    const size_t os = type_bytes(s->out_type);
+    for (size_t b = 0; b < s->batch; b++) {
+        const sdpa_mha_desc *d = &st->seq_desc[b];
+        sdpa_mha(d, (char *)out + b * d->out_stride[0] * os,
+                 (const char *)st->q16 + b * d->q_stride[0] * qs,
+                 (const char *)st->k16 + b * d->k_stride[0] * ks,
+                 (const char *)st->v16 + b * d->v_stride[0] * ks);
+    }
 }
 
 static void attention_prepare(job *j) {
@@ -364,12 +415,16 @@ static void attention_prepare(job *j) {
     if (attention_has_mods(s)) set_mods(&st->mods, &st->desc, s);
     st->desc_f32 = st->desc;
     st->desc.q_type = s->q_type, st->desc.kv_type = s->kv_type, st->desc.out_type = s->out_type;
+    if (s->mixed) mixed_descs(st);
     st->pairs = pairs_of(s);
     /* ns/elem is per (query, key) pair of every head */
-    j->n = (size_t)st->pairs * s->batch * s->heads_q;
+    j->n = (size_t)st->pairs * s->heads_q;
     sdpa_set_exp_mode("fast");
     use_scalar();
-    if (sdpa_mha(&st->desc, j->ref, st->q16, st->k16, st->v16) != SDPA_OK) {
+    if (s->mixed) {
+        memset(j->ref, 0, nq * sizeof(float));
+        mixed_dense(st, j->ref);
+    } else if (sdpa_mha(&st->desc, j->ref, st->q16, st->k16, st->v16) != SDPA_OK) {
         fprintf(stderr, "bench: sdpa_mha refused %s\n", s->name);
         exit(2);
     }
@@ -401,7 +456,11 @@ static void attention_run(enum kind kind, job *j, size_t iters) {
     switch (kind) {
     case KIND_SDPA:
     case KIND_DENSE: /* a paged shape's values, dense */
-        for (size_t i = 0; i < iters; i++) sdpa_mha(&st->desc, j->y, st->q16, st->k16, st->v16);
+        for (size_t i = 0; i < iters; i++)
+            if (s->mixed)
+                mixed_dense(st, j->y);
+            else
+                sdpa_mha(&st->desc, j->y, st->q16, st->k16, st->v16);
         break;
     case KIND_F32: /* q, k and v hold the 16-bit views' values */
         for (size_t i = 0; i < iters; i++)
@@ -442,8 +501,12 @@ static int attention_verify(const job *j, int exp_index) {
         y = dense;
     }
     int ok = 1;
-    for (size_t i = 0; i < st->n_out && ok; i++)
+    const att_shape *s = st->shape;
+    const size_t per_seq = s->heads_q * s->len_q * s->d;
+    for (size_t i = 0; i < st->n_out && ok; i++) {
+        if (i / s->d % s->len_q >= seq_q(s, i / per_seq)) continue; /* a mixed batch's unused row */
         ok = fabs((double)y[i] - j->ref[i]) <= 2e-5 + ulp * fabs(j->ref[i]);
+    }
     if (y != j->y && y != st->out_f32) free(y);
     return ok;
 }
@@ -452,13 +515,14 @@ static int attention_verify(const job *j, int exp_index) {
 static void attention_cost(const job *j, double *flops, double *bytes, double *working_set) {
     const att_state *st = j->extra;
     const att_shape *s = st->shape;
-    double heads = (double)(s->batch * s->heads_q);
-    *flops = 4 * heads * st->pairs * (double)s->d;
-    const double q_bytes = s->q_type == SDPA_F32 ? 4 : 2;
-    const double kv_bytes = s->kv_type == SDPA_F32 ? 4 : s->kv_type <= SDPA_BF16 ? 2 : 1;
-    const double out_bytes = s->out_type == SDPA_F32 ? 4 : 2;
-    *bytes = *working_set = (q_bytes + out_bytes) * (double)st->n_out +
-                            2 * kv_bytes * (double)(s->batch * s->heads_kv * s->len_kv * s->d);
+    *flops = 4 * (double)s->heads_q * st->pairs * (double)s->d;
+    size_t rows = 0, keys = 0;
+    for (size_t b = 0; b < s->batch; b++) rows += seq_q(s, b), keys += seq_kv(s, b);
+    const double q_bytes = (double)type_bytes(s->q_type),
+                 out_bytes = (double)type_bytes(s->out_type);
+    *bytes = *working_set =
+        (q_bytes + out_bytes) * (double)(rows * s->heads_q * s->d) +
+        2 * (double)type_bytes(s->kv_type) * (double)(keys * s->heads_kv * s->d);
 }
 
 static void attention_release(job *j) {
@@ -469,14 +533,16 @@ static void attention_release(job *j) {
     paged_release(&st->paged), free(st);
 }
 
-int attention_modified(const job *j) {
-    return attention_has_mods(((const att_state *)j->extra)->shape);
+int attention_uniform(const job *j) {
+    const att_shape *s = ((const att_state *)j->extra)->shape;
+    return !attention_has_mods(s) && !s->mixed;
 }
 
 int attention_paged(const job *j) { return ((const att_state *)j->extra)->shape->block != 0; }
 
 int attention_typed(const job *j) {
     const att_shape *s = ((const att_state *)j->extra)->shape;
+    if (s->mixed) return 0; /* its f32 row would run desc's whole batch, not the sequences */
     return s->q_type != SDPA_F32 || s->kv_type != SDPA_F32 || s->out_type != SDPA_F32;
 }
 /* Sizes are 1-based indices into attention_shapes. */
@@ -500,6 +566,8 @@ int attention_set_shape(size_t index, const char *text) {
 }
 
 void attention_use_shapes(size_t n) { n_attention_shapes = n; }
+
+int attention_shape_mixed(size_t index) { return attention_shapes[index - 1].mixed; }
 
 /* ---- backward: sdpa_mha_backward_f32 on the f32 values of an attention shape ----
  * The forward (untimed, in prepare) gives out and lse; the upstream gradient is uniform in
@@ -555,7 +623,7 @@ static void backward_prepare(job *j) {
     memcpy(g->dv_stride, d->v_stride, sizeof g->dv_stride);
     memcpy(g->dout_stride, d->out_stride, sizeof g->dout_stride);
     st->pairs = pairs_of(s);
-    j->n = (size_t)st->pairs * s->batch * s->heads_q;
+    j->n = (size_t)st->pairs * s->heads_q;
     sdpa_set_exp_mode("fast");
     use_scalar();
     g->dq = j->ref, g->dk = j->ref + st->n_q, g->dv = j->ref + st->n_q + st->n_kv;
@@ -592,7 +660,7 @@ static int backward_verify(const job *j, int exp_index) {
 static void backward_cost(const job *j, double *flops, double *bytes, double *working_set) {
     const bwd_state *st = j->extra;
     const att_shape *s = st->shape;
-    *flops = 10 * (double)(s->batch * s->heads_q) * st->pairs * (double)s->d;
+    *flops = 10 * (double)s->heads_q * st->pairs * (double)s->d;
     *bytes = *working_set = 4.0 * (4 * (double)st->n_q + 4 * (double)st->n_kv);
 }
 

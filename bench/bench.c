@@ -328,8 +328,8 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
     if (o->peers)
         for (int p = 0; p < 2; p++) {
             enum kind k = op->peers[p];
-            /* the composite knows no score modifier */
-            if (k == KIND_OPENBLAS && !(op == &ATTENTION_OP && attention_modified(&j)) &&
+            /* the composite knows no score modifier and no mixed batch */
+            if (k == KIND_OPENBLAS && (op != &ATTENTION_OP || attention_uniform(&j)) &&
                 peer_openblas_describe())
                 ims[n_impls++] = (impl){.kind = KIND_OPENBLAS, .label = "openblas"};
             if (k == KIND_DNNL && (j.dnnl = peer_dnnl_softmax_create(j.y, j.x, n)))
@@ -477,7 +477,9 @@ static void usage(int status) {
             "sc<cap> (softcap), alibi, sink; then kvf16, kvbf16, kve4m3, kve5m2, f16 or bf16\n"
             "for other types; last paged<block>: sdpa_attention_paged on the same values, each\n"
             "of the batch's sequences in blocks of that many tokens scattered in a pool, with a\n"
-            "row of sdpa_mha on them dense (b16h32kv8q1k4096d128kvf16paged16). --shape replaces\n"
+            "row of sdpa_mha on them dense (b16h32kv8q1k4096d128kvf16paged16); mixed in place\n"
+            "of b..k..: 7 decodes over 1024-8192 keys and a 512-token prefill on 1536 cached,\n"
+            "paged only (mixedh32kv8d128causalkvf16paged16). --shape replaces\n"
             "the default shapes; alone, it selects the attention op. --smoke: tiny sizes, one\n"
             "round, no roofline; --threads 1,2: attention rows of the active\n"
             "backend at those thread counts too (wall clock, pinned to as many cores as the\n"
@@ -693,8 +695,11 @@ int main(int argc, char **argv) {
         static const size_t NO_DIM[] = {0, 0};
         if (!dims[0]) dims = NO_DIM;
         for (size_t di = 0; di == 0 || dims[di]; di++)
-            for (size_t s = 0; s < MAX_SIZES && sizes[s]; s++)
+            for (size_t s = 0; s < MAX_SIZES && sizes[s]; s++) {
+                /* the mixed batch is a paged call, which has no backward */
+                if (op == &BACKWARD_OP && attention_shape_mixed(sizes[s])) continue;
                 failures += bench_one(&o, op, sizes[s], dims[di], csv);
+            }
     }
     if (csv) fclose(csv);
     char sleef[32];

@@ -341,19 +341,22 @@ sdpa_status sdpa_backward_problem(backward_problem *bp, const sdpa_mha_desc *des
 void sdpa_problem_single(attention_problem *p, void *out, const float *q, const float *k,
                          const float *v, size_t len_q, size_t len_kv, size_t d_k, size_t d_v,
                          float scale) {
-    memset(p, 0, sizeof *p);
-    p->batch = p->heads_q = p->heads_kv = 1;
-    p->len_q = len_q;
-    p->len_kv = len_kv;
-    p->d_k = d_k;
-    p->d_v = d_v;
-    p->scale = scale;
-    p->q = q;
-    p->k = k;
-    p->v = v;
-    p->out = out;
-    p->q_stride[2] = p->k_stride[2] = d_k;
-    p->v_stride[2] = p->out_stride[2] = d_v;
+    *p = (attention_problem){.batch = 1,
+                             .heads_q = 1,
+                             .heads_kv = 1,
+                             .len_q = len_q,
+                             .len_kv = len_kv,
+                             .d_k = d_k,
+                             .d_v = d_v,
+                             .scale = scale,
+                             .q = q,
+                             .k = k,
+                             .v = v,
+                             .out = out,
+                             .q_stride = {0, 0, d_k},
+                             .k_stride = {0, 0, d_k},
+                             .v_stride = {0, 0, d_v},
+                             .out_stride = {0, 0, d_v}};
 }
 
 /* The descriptor's struct_size: at least the v1 struct, and not ending inside one of the groups

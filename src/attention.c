@@ -279,13 +279,23 @@ static void split_done(const void *ctx, void *scratch, size_t u, size_t part, fl
 
 static const chunk_ops split_ops = {split_with_scratch, split_chunk, split_merge, split_done};
 
+static void forward_call_init(forward_call *pl, const attention_problem *p, size_t threads) {
+    pl->wide = attention_run_init(&pl->run, p);
+    pl->p = p;
+    plan_forward(&pl->f, p, pl->run.rows_max,
+                 pl->run.a->pack_q != NULL && p->d_k <= SDPA_ATTN_PACK_MAX_D, threads);
+}
+
+int attention_shares_threads(const attention_problem *p, size_t threads) {
+    forward_call pl;
+    forward_call_init(&pl, p, threads);
+    return pl.f.parallel;
+}
+
 void attention_run_all(const attention_problem *p) {
     forward_call pl;
-    pl.wide = attention_run_init(&pl.run, p);
-    pl.p = p;
     const size_t threads = sdpa_threads_for_call();
-    plan_forward(&pl.f, p, pl.run.rows_max,
-                 pl.run.a->pack_q != NULL && p->d_k <= SDPA_ATTN_PACK_MAX_D, threads);
+    forward_call_init(&pl, p, threads);
     const chunk_plan r = plan_forward_chunks(&pl.f);
     work_run(&r, &split_ops, unit_task, &pl, pl.f.parallel, threads);
 }

@@ -9,4 +9,8 @@
    threads: its planned units, split over keys where the plan says, merged in key order. */
 void attention_run_all(const attention_problem *p);
 
+/* Whether p's plan shares it among `threads` threads (plan.h): one that does not costs too
+   little to wake a thread for, and a batch of them runs side by side, one a thread. */
+int attention_shares_threads(const attention_problem *p, size_t threads);
+
 #endif

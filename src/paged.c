@@ -1,5 +1,8 @@
 /* sdpa_attention_paged: the batch's checks, then one attention problem a sequence, whose keys
- * the executor finds through the sequence's row of the block table (attention_problem.h). */
+ * the executor finds through the sequence's row of the block table (attention_problem.h). A
+ * sequence whose plan shares it among the call's threads runs on all of them, one after
+ * another; the others (a short decode) run side by side, one a thread. Each sequence's plan,
+ * and so its bits, are the same either way (plan.h). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -10,6 +13,7 @@
 #include "paged.h"
 #include "sdpa.h"
 #include "sizes.h"
+#include "threads.h"
 
 /* the whole sdpa_batch of ABI 1.4 */
 #define BATCH_V1_SIZE (offsetof(sdpa_batch, mods) + sizeof(void *))
@@ -257,6 +261,32 @@ static void no_keys(const attention_problem *p) {
         }
 }
 
+/* A checked batch and the threads of its call. */
+typedef struct paged_call {
+    const sdpa_batch *batch;
+    const sdpa_kv_cache *cache;
+    const attention_problem *whole;
+    const void *k_pool, *v_pool;
+    size_t threads;
+} paged_call;
+
+/* Sequence s, if it has rows and is `shared` (its plan shares it among the call's threads) or
+   not as asked. */
+static void run_sequence(const paged_call *c, size_t s, int shared) {
+    if (c->batch->q_start[s + 1] == c->batch->q_start[s]) return;
+    attention_problem p;
+    sequence_problem(&p, c->whole, c->batch, c->cache, s, c->k_pool, c->v_pool);
+    const int shares = p.len_kv && c->threads > 1 && attention_shares_threads(&p, c->threads);
+    if (shares != shared) return;
+    if (p.len_kv)
+        attention_run_all(&p);
+    else
+        no_keys(&p);
+}
+
+/* a task of sdpa_parallel_run: sequence s if it runs on one thread (as a task, on this one) */
+static void one_thread_sequence(void *arg, size_t s) { run_sequence(arg, s, 0); }
+
 SDPA_API sdpa_status sdpa_attention_paged(const sdpa_batch *batch, const sdpa_kv_cache *cache,
                                           void *out, const void *q, const void *k_pool,
                                           const void *v_pool) {
@@ -265,14 +295,9 @@ SDPA_API sdpa_status sdpa_attention_paged(const sdpa_batch *batch, const sdpa_kv
     sdpa_status st = paged_check(&whole, &z, batch, cache, out, q, k_pool, v_pool);
     if (st == SDPA_OK) st = batch_mods(&whole, batch);
     if (st != SDPA_OK || !z.rows || !batch->heads_q) return st;
-    for (size_t s = 0; s < batch->num_seqs; s++) {
-        if (batch->q_start[s + 1] == batch->q_start[s]) continue;
-        attention_problem p;
-        sequence_problem(&p, &whole, batch, cache, s, k_pool, v_pool);
-        if (p.len_kv)
-            attention_run_all(&p);
-        else
-            no_keys(&p);
-    }
+    paged_call c = {batch, cache, &whole, k_pool, v_pool, sdpa_threads_for_call()};
+    sdpa_parallel_run(one_thread_sequence, &c, batch->num_seqs, c.threads);
+    if (c.threads > 1)
+        for (size_t s = 0; s < batch->num_seqs; s++) run_sequence(&c, s, 1);
     return SDPA_OK;
 }

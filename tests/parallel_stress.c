@@ -1,6 +1,7 @@
 /* The threaded driver under concurrency, as a plain program (Criterion's runner cannot start under
  * ThreadSanitizer; scripts/test-sanitizers runs this one under TSan):
- *   - several host threads call at once, each result bitwise the 1-thread one;
+ *   - several host threads call at once, each result bitwise the 1-thread one (sdpa_mha, and a
+ *     paged batch whose short decodes run side by side, one a pool thread);
  *   - the same while another thread changes the thread count and switches a host parallel_for
  *     on and off;
  *   - fork() while the pool exists and another thread is calling: the child calls at once, gets
@@ -111,11 +112,87 @@ static int call_matches(const problem *p, float *out, float *lse) {
            memcmp(lse, p->want_lse, p->n_lse * sizeof(float)) == 0;
 }
 
+/* A paged batch over an f16 cache in blocks of 16, placed in the pool in reverse order: short
+   decodes that each take one thread, and sequences (a long decode, a 40-row prefill) that take
+   every thread. */
+#define PAGED_SEQS   6
+#define PAGED_BLOCK  16
+#define PAGED_HQ     8
+#define PAGED_HKV    2
+#define PAGED_D      64
+#define PAGED_STRIDE 190 /* table entries a sequence: 3000 keys in blocks of 16 */
+static const int32_t PAGED_ROWS[PAGED_SEQS] = {1, 1, 40, 1, 1, 1};
+static const int32_t PAGED_KEYS[PAGED_SEQS] = {40, 3000, 600, 100, 7, 64};
+
+typedef struct paged_problem {
+    sdpa_batch batch;
+    sdpa_kv_cache cache;
+    int32_t q_start[PAGED_SEQS + 1], table[PAGED_SEQS * PAGED_STRIDE];
+    float *q;
+    uint16_t *k_pool, *v_pool;
+    size_t n_out;
+    float *want;
+} paged_problem;
+
+static paged_problem D;
+
+static void make_paged(paged_problem *p) {
+    size_t blocks = 0;
+    for (size_t s = 0; s < PAGED_SEQS; s++)
+        blocks += (PAGED_KEYS[s] + PAGED_BLOCK - 1) / PAGED_BLOCK;
+    for (size_t s = 0, used = 0; s < PAGED_SEQS; s++) { /* the last blocks of the pool first */
+        p->q_start[s + 1] = p->q_start[s] + PAGED_ROWS[s];
+        for (int32_t n = 0; n * PAGED_BLOCK < PAGED_KEYS[s]; n++)
+            p->table[s * PAGED_STRIDE + n] = (int32_t)(blocks - 1 - used++);
+    }
+    const size_t pool = blocks * PAGED_HKV * PAGED_BLOCK * PAGED_D, rows = p->q_start[PAGED_SEQS];
+    float *k = filled(pool), *v = filled(pool);
+    p->k_pool = malloc(pool * 2), p->v_pool = malloc(pool * 2);
+    REQUIRE(p->k_pool && p->v_pool, "out of memory");
+    REQUIRE(sdpa_convert(p->k_pool, SDPA_F16, k, SDPA_F32, pool) == SDPA_OK, "convert");
+    REQUIRE(sdpa_convert(p->v_pool, SDPA_F16, v, SDPA_F32, pool) == SDPA_OK, "convert");
+    free(k), free(v);
+    p->n_out = rows * PAGED_HQ * PAGED_D;
+    p->q = filled(p->n_out);
+    const size_t block = PAGED_HKV * PAGED_BLOCK * PAGED_D, head = PAGED_BLOCK * PAGED_D;
+    p->cache = (sdpa_kv_cache){.struct_size = sizeof(sdpa_kv_cache),
+                               .kv_type = SDPA_F16,
+                               .num_blocks = blocks,
+                               .block_size = PAGED_BLOCK,
+                               .heads_kv = PAGED_HKV,
+                               .d_k = PAGED_D,
+                               .d_v = PAGED_D,
+                               .k_stride = {block, head, PAGED_D},
+                               .v_stride = {block, head, PAGED_D},
+                               .block_table = p->table,
+                               .block_table_stride = PAGED_STRIDE};
+    p->batch = (sdpa_batch){.struct_size = sizeof(sdpa_batch),
+                            .flags = SDPA_CAUSAL,
+                            .num_seqs = PAGED_SEQS,
+                            .heads_q = PAGED_HQ,
+                            .q_start = p->q_start,
+                            .kv_len = PAGED_KEYS,
+                            .scale = SDPA_DEFAULT_SCALE,
+                            .q_stride = {PAGED_HQ * PAGED_D, PAGED_D},
+                            .out_stride = {PAGED_HQ * PAGED_D, PAGED_D}};
+    p->want = malloc(p->n_out * sizeof(float));
+    REQUIRE(p->want, "out of memory");
+    REQUIRE(sdpa_attention_paged(&p->batch, &p->cache, p->want, p->q, p->k_pool, p->v_pool) ==
+                SDPA_OK,
+            "1-thread paged run");
+}
+
+static int paged_matches(const paged_problem *p, float *out) {
+    return sdpa_attention_paged(&p->batch, &p->cache, out, p->q, p->k_pool, p->v_pool) == SDPA_OK &&
+           memcmp(out, p->want, p->n_out * sizeof(float)) == 0;
+}
+
 static atomic_int failures, callers_left;
 
 static void *caller(void *unused) {
     (void)unused;
-    float *out = malloc((A.n_out > B.n_out ? A.n_out : B.n_out) * sizeof(float));
+    const size_t n_out = A.n_out > B.n_out ? A.n_out : B.n_out;
+    float *out = malloc((n_out > D.n_out ? n_out : D.n_out) * sizeof(float));
     float *lse = malloc((A.n_lse > B.n_lse ? A.n_lse : B.n_lse) * sizeof(float));
     REQUIRE(out && lse, "out of memory");
     const char *quick = getenv("SDPA_TEST_QUICK"); /* emulated: one round (races are native's) */
@@ -124,6 +201,7 @@ static void *caller(void *unused) {
         if (!call_matches(&A, out, lse)) atomic_fetch_add(&failures, 1);
         if (!call_matches(&B, out, lse)) atomic_fetch_add(&failures, 1);
         if (!call_matches(&C, out, lse)) atomic_fetch_add(&failures, 1);
+        if (!paged_matches(&D, out)) atomic_fetch_add(&failures, 1);
     }
     free(out);
     free(lse);
@@ -219,6 +297,7 @@ int main(void) {
     make(&A, 8, 2, 1, 3000, 64, 0, 1, SDPA_F32);
     make(&B, 2, 2, 160, 160, 64, SDPA_CAUSAL, 0, SDPA_F32);
     make(&C, 8, 2, 1, 2100, 64, 0, 0, SDPA_F16);
+    make_paged(&D);
 
     sdpa_set_num_threads(2);
     run_callers(0, "host threads at once, 2 threads");
@@ -236,5 +315,6 @@ int main(void) {
     release(&A);
     release(&B);
     release(&C);
+    free(D.q), free(D.k_pool), free(D.v_pool), free(D.want);
     return 0;
 }

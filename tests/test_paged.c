@@ -421,11 +421,12 @@ BACKEND_TEST(paged, long_decodes) {
     check_case(&r, &c);
 }
 
-/* the same bits at 1 to 5 threads */
+/* the same bits at 1 to 5 threads, and right: sequences that take every thread (60 rows, 3000
+   keys) and short decodes that run side by side, one a thread */
 BACKEND_TEST(paged, same_bits_at_every_thread_count) {
     rng r = rng_seed(3603);
     paged_case c = {0};
-    c.num_seqs = 4;
+    c.num_seqs = 8;
     c.heads_kv = 2;
     c.heads_q = 4;
     c.d_k = c.d_v = 32;
@@ -433,7 +434,8 @@ BACKEND_TEST(paged, same_bits_at_every_thread_count) {
     c.kv_type = SDPA_BF16;
     c.causal = 1;
     c.lse = 1;
-    const int32_t rows[4] = {1, 60, 0, 1}, keys[4] = {900, 200, 30, 3000};
+    const int32_t rows[8] = {1, 60, 0, 1, 1, 2, 1, 1};
+    const int32_t keys[8] = {900, 200, 30, 3000, 40, 70, 5, 130};
     memcpy(c.rows, rows, sizeof rows);
     memcpy(c.keys, keys, sizeof keys);
     paged_data d;
@@ -452,6 +454,8 @@ BACKEND_TEST(paged, same_bits_at_every_thread_count) {
         cr_assert(memcmp(first_lse, d.lse, d.lse_floats * sizeof *first_lse) == 0,
                   "lse differs at %zu threads", n);
     }
+    for (size_t s = 0; s < c.num_seqs; s++)
+        if (c.rows[s]) check_reference(&c, &d, s);
     sdpa_set_num_threads(0);
     free(first);
     free(first_lse);

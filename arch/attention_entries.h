@@ -11,7 +11,11 @@
  *   ISA_EXP_TILE            defined, to give the table exp_tile: where one call a tile measured
  *                           faster than the driver's exp_sum row by row
  *   ISA_TYPED_LOADS         defined, to give the table scores_tile_typed and pv_tile_typed
- *                           (attention_tiles.h: the backend then has vpart_count) */
+ *                           (attention_tiles.h: the backend then has vpart_count)
+ *   ISA_FP8_LOADS_E4M3, ISA_FP8_LOADS_E5M2  defined (with ISA_TYPED_LOADS), to give the table
+ *                           scores_tile_fp8 and pv_tile_fp8 for that type: where widening
+ *                           each vector in the loads measured faster than key_rows.c's pass
+ *                           to f16 rows */
 #ifndef SDPA_ARCH_ATTENTION_ENTRIES_H
 #define SDPA_ARCH_ATTENTION_ENTRIES_H
 
@@ -101,6 +105,42 @@ static void ISA_NAME(pv_tile_f16)(float *acc, size_t ld_acc, const float *p, siz
     else
         ISA_NAME(pv_tile_f16_exact)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);
 }
+
+/* kernels.h's scores_tile_fp8 and pv_tile_fp8, for the 8-bit types the backend names
+ * (ISA_FP8_LOADS_E4M3, ISA_FP8_LOADS_E5M2): 8-bit rows widened in registers, through the f16
+ * conversion the f16 entries would take in the caller's environment (attention_tiles.h,
+ * TILE_FP8) */
+#define FP8_TILE_ENTRIES(t, kt)                                                                    \
+    TYPED_ENTRIES(t##_fast, kt)                                                                    \
+    TYPED_ENTRIES(t##_exact, (kt) | TILE_FP8_EXACT)                                                \
+    static void ISA_NAME(scores_tile_##t)(float *s, size_t ld_s, const float *q, size_t q_stride,  \
+                                          size_t nq, const void *k, size_t k_stride, size_t nk,    \
+                                          size_t d, float scale) {                                 \
+        scores_rows_fn *f = vf_widen_f16_ok() ? ISA_NAME(scores_tile_##t##_fast)                   \
+                                              : ISA_NAME(scores_tile_##t##_exact);                 \
+        f(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);                                    \
+    }                                                                                              \
+    static void ISA_NAME(pv_tile_##t)(float *acc, size_t ld_acc, const float *p, size_t ld_p,      \
+                                      size_t nq, size_t nk, const void *v, size_t v_stride,        \
+                                      size_t d_v) {                                                \
+        if (vf_widen_f16_ok())                                                                     \
+            ISA_NAME(pv_tile_##t##_fast)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);          \
+        else                                                                                       \
+            ISA_NAME(pv_tile_##t##_exact)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);         \
+    }
+
+#ifdef ISA_FP8_LOADS_E4M3
+FP8_TILE_ENTRIES(e4m3, TILE_FP8)
+#define FP8_E4M3_(entry) ISA_NAME(entry##_e4m3)
+#else
+#define FP8_E4M3_(entry) NULL
+#endif
+#ifdef ISA_FP8_LOADS_E5M2
+FP8_TILE_ENTRIES(e5m2, TILE_FP8 | TILE_FP8_E5M2)
+#define FP8_E5M2_(entry) ISA_NAME(entry##_e5m2)
+#else
+#define FP8_E5M2_(entry) NULL
+#endif
 
 #endif
 
@@ -198,6 +238,8 @@ const sdpa_attention_kernels ISA_NAME(sdpa_attention_kernels) = {
 #ifdef ISA_TYPED_LOADS
     .scores_tile_typed = {NULL, ISA_NAME(scores_tile_f16), ISA_NAME(scores_tile_bf16)},
     .pv_tile_typed = {NULL, ISA_NAME(pv_tile_f16), ISA_NAME(pv_tile_bf16)},
+    .scores_tile_fp8 = {FP8_E4M3_(scores_tile), FP8_E5M2_(scores_tile)},
+    .pv_tile_fp8 = {FP8_E4M3_(pv_tile), FP8_E5M2_(pv_tile)},
 #endif
 #ifdef SDPA_ARCH_ATTENTION_PACKED_H
 #ifdef ISA_EXP_TILE

@@ -50,9 +50,10 @@ ALWAYS_INLINE void isa_pv(const pv_operands *o, int v_type);
  * codes become f16 bits in registers (convert_fp8.h's fp8_to_f16_lanes, e4m3 at 2^-8 of its
  * values), and those floats as an f16 row's would (the ISA's conversion, or TILE_F16_EXACT's),
  * so the results are those of widen_fp8 and then the f16 entry, bit for bit. */
-#define TILE_FP8       8
-#define TILE_FP8_E5M2  1
-#define TILE_FP8_EXACT 2
+#define TILE_FP8        8
+#define TILE_FP8_E5M2   1
+#define TILE_FP8_EXACT  2
+#define TILE_FP8_NO_NAN 4 /* e4m3 rows known to hold no NaN: its fix-up left out */
 
 ALWAYS_INLINE size_t elem_size(int type) {
     return type == SDPA_TYPE_F32 ? sizeof(float) : type >= TILE_FP8 ? 1 : sizeof(uint16_t);
@@ -78,10 +79,18 @@ ALWAYS_INLINE vf widen_as(const uint16_t *p, int type) {
 
 /* W 8-bit codes at p as floats (TILE_FP8 above) */
 ALWAYS_INLINE vf widen_fp8_as(const uint8_t *p, int type) {
-    const vu16_fp8_w_ h = fp8_to_f16_lanes(p, type & TILE_FP8_E5M2);
+    const vu16_fp8_w_ h = fp8_to_f16_lanes(p, type & TILE_FP8_E5M2, type & TILE_FP8_NO_NAN);
     uint16_t bits[W];
     memcpy(bits, &h, sizeof bits);
     return widen_vector(bits, SDPA_TYPE_F16, type & TILE_FP8_EXACT);
+}
+
+/* whether nk rows of d e4m3 codes at k, stride apart, hold no NaN */
+ALWAYS_INLINE int e4m3_rows_no_nan(const void *k, size_t stride, size_t nk, size_t d) {
+    if (stride == d) return !e4m3_any_nan(k, nk * d);
+    for (size_t j = 0; j < nk; j++)
+        if (e4m3_any_nan((const uint8_t *)k + j * stride, d)) return 0;
+    return 1;
 }
 
 /* a row of n <= SDPA_ATTN_TYPED_MAX_D elements at k of the given type as floats in row */

@@ -379,11 +379,12 @@ static void expect_near(float got, double ref, double abs_sum, const char *what,
 }
 
 /* One shape of the backend's fp8 entries: nq queries (or rows of weights) against nk rows of d
-   codes from `first` on (every code, where nk d >= 256), d apart, the last ending at a guard
-   page. The scores and the P V sums against double sums of the values the kernels read, and
-   bit for bit what the f16 entries give on widen_fp8's rows (the contract). */
+   codes from `first` on (every code, where nk d >= 256; nan_at_end 0: NaN codes replaced, 1:
+   then the last code NaN), d apart, the last ending at a guard page. The scores and the P V sums
+   against double sums of the values the kernels read, and bit for bit what the f16 entries give on
+   widen_fp8's rows (the contract). */
 static void check_fp8_entries(const sdpa_kernels *k, int type, size_t nq, size_t nk, size_t d,
-                              unsigned first, rng *r) {
+                              unsigned first, int nan_at_end, rng *r) {
     const sdpa_attention_kernels *a = k->attention;
     const size_t n = nk * d;
     guarded g = guard_alloc((n + 3) / 4, GUARD_AFTER);
@@ -394,6 +395,11 @@ static void check_fp8_entries(const sdpa_kernels *k, int type, size_t nq, size_t
     float *acc = malloc(nq * d * sizeof(float)), *acc16 = malloc(nq * d * sizeof(float));
     float *acc0 = malloc(nq * d * sizeof(float));
     for (size_t i = 0; i < n; i++) codes[i] = (uint8_t)(first + i);
+    if (nan_at_end >= 0) /* no NaN but one (or none) in the last code, e4m3's form for NaN-free
+                            rows and the pass that finds them */
+        for (size_t i = 0; i < n; i++)
+            if (isnan(decode(codes[i], type)) || (nan_at_end && i == n - 1))
+                codes[i] = (uint8_t)((codes[i] & 0x80) | (i == n - 1 && nan_at_end ? 0x7f : 0x38));
     k->widen_fp8[type - 3](h, codes, n);
     fill_uniform(r, q, nq * d, -1.0f, 1.0f);
     fill_uniform(r, p, nq * nk, 0.0f, 1.0f);
@@ -431,10 +437,11 @@ static void check_fp8_entries(const sdpa_kernels *k, int type, size_t nq, size_t
     guard_free(&g);
 }
 
-/* Every code, every tail of a vector (d up to 40, past two of the widest) for a single query,
-   a register block of 4 and one left over, under each rounding mode and with FTZ/DAZ (the f16
-   conversion then the exact integer one); and the table's rules: both entries or neither, only
-   beside the f16 entries they match. */
+/* Every code, every tail of a vector (d up to 40, past two of the widest) for 1, 3 and 5 rows
+   (a register block of 4 and one left over), with NaN codes, without, and with one at the end
+   only, under each rounding mode and with FTZ/DAZ (the f16 conversion then the exact integer
+   one); and the table's rules: both entries or neither, only beside the f16 entries they
+   match. */
 BACKEND_TEST(fp8, entries_that_widen_in_their_loads) {
     const sdpa_kernels *k = sdpa_backend_kernels(sdpa_backend());
     const sdpa_attention_kernels *a = k->attention;
@@ -451,10 +458,15 @@ BACKEND_TEST(fp8, entries_that_widen_in_their_loads) {
             set_ftz_daz(ftz);
             for (int type = 3; type <= 4; type++) {
                 if (!a->scores_tile_fp8[type - 3]) continue;
-                check_fp8_entries(k, type, 4, 64, 128, 0, &r); /* every code, decode's shape */
+                /* every code, decode's shape; every code but NaN */
+                check_fp8_entries(k, type, 4, 64, 128, 0, -1, &r);
+                check_fp8_entries(k, type, 4, 64, 128, 0, 0, &r);
                 for (size_t d = 1; d <= 40; d++)
-                    for (size_t nq = 1; nq <= 5; nq += 2)
-                        check_fp8_entries(k, type, nq, 7, d, (unsigned)(d * 37), &r);
+                    for (size_t nq = 1; nq <= 5; nq += 2) {
+                        check_fp8_entries(k, type, nq, 7, d, (unsigned)(d * 37), -1, &r);
+                        check_fp8_entries(k, type, nq, 3, d, (unsigned)(d * 11), 0, &r);
+                        check_fp8_entries(k, type, nq, 3, d, (unsigned)(d * 11), 1, &r);
+                    }
             }
             set_ftz_daz(0);
             fesetround(FE_TONEAREST);

@@ -112,6 +112,10 @@ static inline __attribute__((always_inline)) void vf_widen_fp8(uint16_t *q, cons
     _mm256_storeu_si256((__m256i *)q, vf_fp8_to_f16(p, e5m2));
 }
 
+/* W fp8 codes at p sign-extended to 16-bit lanes (AVX2's vpmovsxbw; GCC's generic conversion
+   splits it in two halves) */
+#define vf_fp8_codes(p) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p)))
+
 /* lanes [0, remaining) set, for remaining <= W */
 static inline __mmask16 tail_mask(size_t remaining) { return (__mmask16)((1u << remaining) - 1u); }
 

@@ -11,7 +11,11 @@
  *   ISA_EXP_TILE            defined, to give the table exp_tile: where one call a tile measured
  *                           faster than the driver's exp_sum row by row
  *   ISA_TYPED_LOADS         defined, to give the table scores_tile_typed and pv_tile_typed
- *                           (attention_tiles.h: the backend then has vpart_count) */
+ *                           (attention_tiles.h: the backend then has vpart_count)
+ *   ISA_FP8_LOADS_E4M3, ISA_FP8_LOADS_E5M2  defined (with ISA_TYPED_LOADS), to give the table
+ *                           scores_tile_fp8 and pv_tile_fp8 for that type: where widening
+ *                           each vector in the loads measured faster than key_rows.c's pass
+ *                           to f16 rows */
 #ifndef SDPA_ARCH_ATTENTION_ENTRIES_H
 #define SDPA_ARCH_ATTENTION_ENTRIES_H
 
@@ -101,6 +105,85 @@ static void ISA_NAME(pv_tile_f16)(float *acc, size_t ld_acc, const float *p, siz
     else
         ISA_NAME(pv_tile_f16_exact)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);
 }
+
+/* kernels.h's scores_tile_fp8 and pv_tile_fp8, for the 8-bit types the backend names
+ * (ISA_FP8_LOADS_E4M3, ISA_FP8_LOADS_E5M2): 8-bit rows widened in registers, through the f16
+ * conversion the f16 entries would take in the caller's environment (attention_tiles.h,
+ * TILE_FP8) */
+#define FP8_TILE_ENTRIES(t, kt, no_nan)                                                            \
+    TYPED_ENTRIES(t##_fast, kt)                                                                    \
+    TYPED_ENTRIES(t##_exact, (kt) | TILE_FP8_EXACT)                                                \
+    static void ISA_NAME(scores_tile_##t)(float *s, size_t ld_s, const float *q, size_t q_stride,  \
+                                          size_t nq, const void *k, size_t k_stride, size_t nk,    \
+                                          size_t d, float scale) {                                 \
+        if (!vf_widen_f16_ok()) {                                                                  \
+            ISA_NAME(scores_tile_##t##_exact)                                                      \
+            (s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);                                 \
+            return;                                                                                \
+        }                                                                                          \
+        ISA_NAME(scores_tile_##no_nan)(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);       \
+        if (fp8_redo(kt, k, k_stride, nk, d))                                                      \
+            ISA_NAME(scores_tile_##t##_fast)(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale); \
+    }                                                                                              \
+    static void ISA_NAME(pv_tile_##t)(float *acc, size_t ld_acc, const float *p, size_t ld_p,      \
+                                      size_t nq, size_t nk, const void *v, size_t v_stride,        \
+                                      size_t d_v) {                                                \
+        if (!vf_widen_f16_ok()) {                                                                  \
+            ISA_NAME(pv_tile_##t##_exact)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);         \
+            return;                                                                                \
+        }                                                                                          \
+        float kept[FP8_KEPT_ACC];                                                                  \
+        if (!fp8_keep_acc(kt, kept, acc, ld_acc, nq, d_v) &&                                       \
+            fp8_redo(kt, v, v_stride, nk, d_v)) { /* too many to keep: NaN looked for first */     \
+            ISA_NAME(pv_tile_##t##_fast)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);          \
+            return;                                                                                \
+        }                                                                                          \
+        ISA_NAME(pv_tile_##no_nan)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);                \
+        if (fp8_kept(kt, nq, d_v) && fp8_redo(kt, v, v_stride, nk, d_v)) {                         \
+            fp8_restore_acc(acc, ld_acc, kept, nq, d_v);                                           \
+            ISA_NAME(pv_tile_##t##_fast)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);          \
+        }                                                                                          \
+    }
+
+/* e4m3 rows are first read without the NaN fix-up (a third of the widening's operations in
+ * every load), then looked at for NaN, while they are still in L1, and read again with it where
+ * they hold one: looked at before, the rows would come from memory with no work beside the
+ * misses. fp8_redo: whether rows of type kt must be read again (e5m2: never, its form has no
+ * fix-up to leave out). A P V block of at most FP8_KEPT_ACC sums (decode's) keeps acc to start
+ * again from; a larger one is looked at first. */
+#define FP8_KEPT_ACC 1024
+ALWAYS_INLINE int fp8_redo(int kt, const void *rows, size_t stride, size_t nk, size_t d) {
+    return !(kt & TILE_FP8_E5M2) && !e4m3_rows_no_nan(rows, stride, nk, d);
+}
+ALWAYS_INLINE int fp8_kept(int kt, size_t nq, size_t d_v) {
+    return (kt & TILE_FP8_E5M2) || nq * d_v <= FP8_KEPT_ACC;
+}
+ALWAYS_INLINE int fp8_keep_acc(int kt, float *kept, const float *acc, size_t ld_acc, size_t nq,
+                               size_t d_v) {
+    if (!fp8_kept(kt, nq, d_v)) return 0;
+    if (!(kt & TILE_FP8_E5M2))
+        for (size_t i = 0; i < nq; i++)
+            memcpy(kept + i * d_v, acc + i * ld_acc, d_v * sizeof(float));
+    return 1;
+}
+ALWAYS_INLINE void fp8_restore_acc(float *acc, size_t ld_acc, const float *kept, size_t nq,
+                                   size_t d_v) {
+    for (size_t i = 0; i < nq; i++) memcpy(acc + i * ld_acc, kept + i * d_v, d_v * sizeof(float));
+}
+
+#ifdef ISA_FP8_LOADS_E4M3
+TYPED_ENTRIES(e4m3_no_nan, TILE_FP8 | TILE_FP8_NO_NAN)
+FP8_TILE_ENTRIES(e4m3, TILE_FP8, e4m3_no_nan)
+#define FP8_E4M3_(entry) ISA_NAME(entry##_e4m3)
+#else
+#define FP8_E4M3_(entry) NULL
+#endif
+#ifdef ISA_FP8_LOADS_E5M2
+FP8_TILE_ENTRIES(e5m2, TILE_FP8 | TILE_FP8_E5M2, e5m2_fast)
+#define FP8_E5M2_(entry) ISA_NAME(entry##_e5m2)
+#else
+#define FP8_E5M2_(entry) NULL
+#endif
 
 #endif
 
@@ -198,6 +281,8 @@ const sdpa_attention_kernels ISA_NAME(sdpa_attention_kernels) = {
 #ifdef ISA_TYPED_LOADS
     .scores_tile_typed = {NULL, ISA_NAME(scores_tile_f16), ISA_NAME(scores_tile_bf16)},
     .pv_tile_typed = {NULL, ISA_NAME(pv_tile_f16), ISA_NAME(pv_tile_bf16)},
+    .scores_tile_fp8 = {FP8_E4M3_(scores_tile), FP8_E5M2_(scores_tile)},
+    .pv_tile_fp8 = {FP8_E4M3_(pv_tile), FP8_E5M2_(pv_tile)},
 #endif
 #ifdef SDPA_ARCH_ATTENTION_PACKED_H
 #ifdef ISA_EXP_TILE

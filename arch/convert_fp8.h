@@ -38,12 +38,15 @@ typedef int8_t vi8_fp8_ __attribute__((vector_size(FP8_LANES)));
 typedef int16_t vi16_fp8_ __attribute__((vector_size(2 * FP8_LANES)));
 typedef uint16_t vu16_fp8_ __attribute__((vector_size(2 * FP8_LANES)));
 
-/* fp8_e4m3_to_f16 on FP8_LANES codes c, sign-extended to 16 bits: shifted up by 7, the sign's
-   copies land on bits 15 and 14, and the mask clears 14; shifted up by 9, only a NaN's seven
-   ones are left (0xfe00) */
+/* fp8_e4m3_to_f16 on a vector c of codes sign-extended to 16-bit lanes (a macro: GCC's vector
+   extensions have no function generic in the lane count): shifted up by 7, the sign's copies
+   land on bits 15 and 14, and the mask clears 14; then the one sum that carries into bit 14 is
+   a NaN's (0x3f80 + 0x80), and that bit completes its exponent's ones */
+#define E4M3_TO_F16_LANES_(c, h) ((h) = ((c) << 7) & 0xbfff, (h) | (((h) + 0x80) & 0x4000))
+
 ALWAYS_INLINE vu16_fp8_ e4m3_to_f16_vector(vu16_fp8_ c) {
-    const vu16_fp8_ h = (c << 7) & 0xbfff, nan = (vu16_fp8_)((c << 9) == 0xfe00);
-    return h | (nan & 0x7c00);
+    vu16_fp8_ h;
+    return E4M3_TO_F16_LANES_(c, h);
 }
 
 /* dst[i] = src[i] as f16 bits for i < n: FP8_LANES codes a step (or the ISA's own
@@ -71,6 +74,55 @@ static inline void widen_e5m2_f16_row(uint16_t *dst, const uint8_t *src, size_t 
 }
 
 #define FP8_ENTRIES .widen_fp8 = {widen_e4m3_f16_row, widen_e5m2_f16_row}
+
+/* W codes (a vector of floats' lanes) as f16 bits in 16-bit lanes, in registers: the typed
+   loads of the attention microkernels (arch/attention_tiles.h), which widen them on to floats.
+   no_nan: e4m3 codes known to hold no NaN (e4m3_any_nan below), which skip its fix-up. The
+   codes are sign-extended by the ISA's vf_fp8_codes where it has one; e4m3 with its NaN by
+   the ISA's vf_fp8_to_f16 where that takes W codes. */
+typedef int8_t vi8_fp8_w_ __attribute__((vector_size(W)));
+typedef int16_t vi16_fp8_w_ __attribute__((vector_size(2 * W)));
+typedef uint16_t vu16_fp8_w_ __attribute__((vector_size(2 * W)));
+ALWAYS_INLINE vu16_fp8_w_ fp8_to_f16_lanes(const uint8_t *p, int e5m2, int no_nan) {
+#if defined(VF_FP8_LANES) && VF_FP8_LANES == W
+    if (!e5m2 && !no_nan) return (vu16_fp8_w_)vf_fp8_to_f16(p, 0);
+#endif
+#ifdef vf_fp8_codes
+    const vu16_fp8_w_ c = (vu16_fp8_w_)vf_fp8_codes(p);
+#else
+    vi8_fp8_w_ raw;
+    memcpy(&raw, p, sizeof raw);
+    const vu16_fp8_w_ c = (vu16_fp8_w_) __builtin_convertvector(raw, vi16_fp8_w_);
+#endif
+    vu16_fp8_w_ h;
+    if (e5m2) return c << 8;
+    return no_nan ? (c << 7) & 0xbfff : E4M3_TO_F16_LANES_(c, h);
+}
+
+/* Whether any of the n codes at p is e4m3's NaN (S.1111.111): four codes a 32-bit lane, where
+   a code's low seven bits plus 1 reach its top bit only for NaN, and no carry leaves its byte. */
+typedef uint32_t vu32_fp8_w_ __attribute__((vector_size(4 * W)));
+ALWAYS_INLINE int e4m3_any_nan(const uint8_t *p, size_t n) {
+    vu32_fp8_w_ acc = {0}, acc2 = {0}; /* two chains: the loads of a block in L1 keep pace */
+    size_t i = 0;
+    for (; i + 2 * sizeof acc <= n; i += 2 * sizeof acc) {
+        vu32_fp8_w_ w, w2;
+        memcpy(&w, p + i, sizeof w);
+        memcpy(&w2, p + i + sizeof w, sizeof w);
+        acc |= (w & 0x7f7f7f7fu) + 0x01010101u;
+        acc2 |= (w2 & 0x7f7f7f7fu) + 0x01010101u;
+    }
+    for (; i + sizeof acc <= n; i += sizeof acc) {
+        vu32_fp8_w_ w;
+        memcpy(&w, p + i, sizeof w);
+        acc |= (w & 0x7f7f7f7fu) + 0x01010101u;
+    }
+    acc |= acc2;
+    uint32_t any = 0;
+    for (int l = 0; l < W; l++) any |= acc[l];
+    for (; i < n; i++) any |= (p[i] & 0x7fu) + 1u;
+    return (any & 0x80808080u) != 0;
+}
 #endif
 
 #endif

@@ -70,6 +70,16 @@ typedef struct sdpa_attention_kernels {
     void (*pv_tile_typed[SDPA_TYPES])(float *acc, size_t ld_acc, const float *p, size_t ld_p,
                                       size_t nq, size_t nk, const void *v, size_t v_stride,
                                       size_t d_v);
+    /* optional (both or neither; NULL where a backend has none), per 8-bit type
+       SDPA_TYPE_FP8_E4M3 + t: the typed entries with k and v rows of that type as they are
+       (strides in elements, a byte each), every vector of codes widened in registers as
+       widen_fp8 widens them (e4m3 at 2^-SDPA_FP8_E4M3_F16_SHIFT of its values) and on to
+       float as widen[f16]: the results are those of widen_fp8 then the f16 entries, bit for
+       bit, with no f16 tile stored and read back between them. */
+    void (*scores_tile_fp8[2])(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                               const void *k, size_t k_stride, size_t nk, size_t d, float scale);
+    void (*pv_tile_fp8[2])(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                           size_t nk, const void *v, size_t v_stride, size_t d_v);
     /* optional (NULL: the driver calls exp_sum row by row): s[i * ld_s + j] =
        exp(s[i * ld_s + j] - shift[i]), the difference rounded to float, and sums[i] = the sum of
        row i after, for i < nq, j < nk; one call for a whole tile keeps many independent exps in

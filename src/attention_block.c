@@ -23,9 +23,11 @@
  * Where the backend has typed entries (kernels.h, scores_tile_typed and pv_tile_typed), the
  * unpacked blocks (fewer than 8 rows: decode) read 16-bit K as it is, and every P V step but the
  * fused one reads 16-bit V so, each vector widened in registers: widened first, each element
- * would be stored and loaded again for only nq FMAs. An 8-bit K/V (fp8) is widened a block at a
- * time to f16 rows by the backend's widen_fp8 (key_rows.c), exactly, and from there takes the
- * f16 path: the typed entries where they apply, else float rows widened from the f16 ones. */
+ * would be stored and loaded again for only nq FMAs. An 8-bit K/V (fp8) is read as it is by the
+ * backend's fp8 entries where those typed entries apply (they widen each vector of codes in
+ * registers, as widen_fp8 and then the f16 entries would, bit for bit); else it is widened a
+ * block at a time to f16 rows by the backend's widen_fp8 (key_rows.c), exactly, and from there
+ * takes the f16 path: float rows widened from the f16 ones. */
 #include "attention_block.h"
 
 #include <math.h>
@@ -150,7 +152,8 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
 }
 
 /* The type of the 16-bit rows the typed entries read: K and V's own, or f16 for an 8-bit K/V,
- * which key_rows.c widens to f16 rows a block at a time (exactly: every fp8 value is an f16). */
+ * which key_rows.c widens to f16 rows a block at a time (exactly: every fp8 value is an f16)
+ * where the backend's fp8 entries, which need the f16 ones (kernels.h), do not read it. */
 static uint32_t rows16_type(const attention_problem *p) {
     return sdpa_type_is_fp8(p->kv_type) ? SDPA_F16 : p->kv_type;
 }
@@ -168,17 +171,32 @@ static int typed_v(const attention_run *run, const attention_problem *p) {
            run->a->pv_tile_typed[t];
 }
 
+typedef void scores_typed_fn(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                             const void *k, size_t k_stride, size_t nk, size_t d, float scale);
+typedef void pv_typed_fn(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
+                         size_t nk, const void *v, size_t v_stride, size_t d_v);
+
+/* The typed entries for rows of type t (key_rows_of's h rows): an 8-bit type's own, which widen
+   its codes in their loads, or the 16-bit type's. */
+static scores_typed_fn *scores_typed(const attention_run *run, uint32_t t) {
+    return sdpa_type_is_fp8(t) ? run->a->scores_tile_fp8[t - SDPA_FP8_E4M3]
+                               : run->a->scores_tile_typed[t];
+}
+static pv_typed_fn *pv_typed(const attention_run *run, uint32_t t) {
+    return sdpa_type_is_fp8(t) ? run->a->pv_tile_fp8[t - SDPA_FP8_E4M3] : run->a->pv_tile_typed[t];
+}
+
 /* An unpacked block's scores, run by run (each score is its own dot, so runs give the bits of
-   one call): the typed entry on 16-bit rows (typed), scores_tile on float ones. */
+   one call): the typed entry on the rows as they are (typed), scores_tile on float ones. */
 static void scores_runs(const attention_run *run, const attention_problem *p, row_block *b,
                         const row_runs *k, int typed, size_t nk) {
     const size_t ld_s = run->keys_max;
     for (size_t i = 0; i < k->n && k->at[i] < nk; i++) {
         const size_t j = k->at[i], n = (k->at[i + 1] < nk ? k->at[i + 1] : nk) - j;
-        key_rows_prefetch_next(k, i, p->d_k, typed ? 2 : 4);
+        key_rows_prefetch_next(k, i, p->d_k, typed ? sdpa_type_size(k->type) : 4);
         if (typed)
-            run->a->scores_tile_typed[rows16_type(p)](b->s + j, ld_s, b->qb, b->qs, b->nq,
-                                                      k->row[i], k->stride, n, p->d_k, p->scale);
+            scores_typed(run, k->type)(b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i], k->stride, n,
+                                       p->d_k, p->scale);
         else
             run->a->scores_tile(b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i], k->stride, n,
                                 p->d_k, p->scale);
@@ -322,7 +340,7 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
                       size_t ld_acc, const float *w, size_t ld_w, size_t nq, size_t nk,
                       const block_rows *vr, size_t j) {
     const row_runs *v = vr->h.n ? &vr->h : &vr->f;
-    const size_t end = j + nk, size = vr->h.n ? 2 : 4;
+    const size_t end = j + nk, size = vr->h.n ? sdpa_type_size(vr->h.type) : 4;
     for (size_t i = 0; i < v->n && v->at[i] < end; i++) {
         if (v->at[i + 1] <= j) continue;
         const size_t from = v->at[i] > j ? v->at[i] : j;
@@ -330,8 +348,8 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
         const void *rows = (const char *)v->row[i] + (from - v->at[i]) * v->stride * size;
         key_rows_prefetch_next(v, i, p->d_v, size);
         if (vr->h.n)
-            run->a->pv_tile_typed[rows16_type(p)](acc, ld_acc, w + (from - j), ld_w, nq, n, rows,
-                                                  v->stride, p->d_v);
+            pv_typed(run, vr->h.type)(acc, ld_acc, w + (from - j), ld_w, nq, n, rows, v->stride,
+                                      p->d_v);
         else
             run->a->pv_tile(acc, ld_acc, w + (from - j), ld_w, nq, n, rows, v->stride, p->d_v);
     }

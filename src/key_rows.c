@@ -1,6 +1,7 @@
 /* The key source's rows (key_source.h): a block of keys or values as the kernels read it,
- * in place a page at a time, gathered, or widened to float; an 8-bit block widened to f16 rows
- * first, which the 16-bit kernels then read as they read an f16 cache. */
+ * in place a page at a time, gathered, or widened to float; an 8-bit block read as it is where
+ * the backend's kernels widen it in their loads, else widened to f16 rows first, which the
+ * 16-bit kernels then read as they read an f16 cache. */
 #include <stdint.h>
 #include <string.h>
 
@@ -173,7 +174,13 @@ void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_
     const size_t d = values ? src->d_v : src->d_k;
     row_runs in;
     page_runs(src, values, k0, nk, &in);
+    in.type = src->type;
     r->f.n = r->h.n = 0;
+    r->f.type = SDPA_F32;
+    r->h.type = src->type;
+    /* 8-bit rows as they are, for kernels that widen them in their loads */
+    const int fp8_as_is = sdpa_type_is_fp8(src->type) && as_16 && !as_float &&
+                          k->attention->scores_tile_fp8[src->type - SDPA_TYPE_FP8_E4M3];
     if (sdpa_type_is_fp8(src->type) && as_float && !as_16 &&
         !k->attention->scores_tile_typed[SDPA_F16]) {
         /* a backend without 16-bit loads (scalar) converts an element at a time: one table
@@ -187,9 +194,10 @@ void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_
         one_run(&r->f, tile_f, d, nk);
         return;
     }
-    if (sdpa_type_is_fp8(src->type) && (as_float || as_16)) {
+    if (sdpa_type_is_fp8(src->type) && (as_float || as_16) && !fp8_as_is) {
         /* widened to f16 rows (and from them, when asked, to float rows in one call) */
         fp8_runs_as_f16(k, src->type, &in, d, tile_h, &r->h);
+        r->h.type = SDPA_F16;
         if (as_float) {
             k->widen[SDPA_F16](tile_f, tile_h, nk * d);
             one_run(&r->f, tile_f, d, nk);
@@ -207,5 +215,6 @@ void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_
             gather_runs(k, src->type, &in, d, 0, tile_h, &r->h);
         else
             r->h = in;
+        r->h.type = src->type;
     }
 }

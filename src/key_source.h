@@ -52,8 +52,10 @@ static inline size_t key_source_run(const key_source *s, int values, size_t j, s
 
 /* Rows of a block of keys or values as a kernel reads them: runs, run i being keys [at[i],
    at[i + 1]) of the block from row[i], stride elements apart (floats once widened). One run
-   when dense, gathered or widened; n = 0 where no kernel asked for this form. */
+   when dense, gathered or widened; n = 0 where no kernel asked for this form. type: the rows'
+   element type (sdpa_dtype), set for the rows as they are (h). */
 typedef struct row_runs {
+    uint32_t type;
     size_t n, stride;
     size_t at[SDPA_ATTN_MAX_BLOCK_KV + 1];
     const void *row[SDPA_ATTN_MAX_BLOCK_KV];
@@ -72,9 +74,11 @@ const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void
 
 /* Keys (values: 0) or values (1) [k0, k0 + nk) of src into r: as float rows when as_float (into
    tile_f, keys_max x d floats, when they must be widened or gathered), as the 16-bit rows when
-   as_16 (a 16-bit source, gathered into tile_h; an 8-bit one, widened there to f16 by the
-   backend's widen_fp8, e4m3 at 2^-8 of its values, as its float rows are too); whole: every
-   kernel that reads them wants one run (the packed and fused ones). */
+   as_16 (a 16-bit source, gathered into tile_h; an 8-bit one as it is where the backend's
+   kernels widen it in their loads (kernels.h, scores_tile_fp8) and no float rows are asked
+   for, else widened into tile_h to f16 by the backend's widen_fp8, e4m3 at 2^-8 of its values,
+   as its float rows are too: r->h.type says which); whole: every kernel that reads them wants
+   one run (the packed and fused ones). */
 void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_t k0, size_t nk,
                  int as_float, int as_16, int whole, float *tile_f, uint16_t *tile_h,
                  block_rows *r);

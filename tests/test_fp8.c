@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bounds.h"
 #include "common.h"
 #include "dispatch.h"
 #include "reference.h"
@@ -354,4 +355,120 @@ BACKEND_TEST(fp8, paged_cache_store_and_attention) {
         cr_assert_eq(sdpa_mha(&desc, dense_out, q, kd, vd), SDPA_OK);
         cr_assert(!memcmp(out, dense_out, sizeof out), "type %d: paged and dense differ", type);
     }
+}
+
+/* ---- the entries that widen 8-bit rows in their loads (kernels.h's scores_tile_fp8 and
+ * pv_tile_fp8) ---- */
+
+/* the value a kernel reads for code c: e4m3 at 2^-8 of its value */
+static double kernel_value(uint8_t c, int type) {
+    return decode(c, type) * (type == 3 ? 0x1p-8 : 1);
+}
+
+/* got against the double ref of terms summing to abs_sum: NaN for NaN, an inf exactly, else
+   within the dot's bound */
+static void expect_near(float got, double ref, double abs_sum, const char *what, size_t i, size_t j,
+                        size_t d) {
+    if (isnan(ref))
+        cr_assert(isnan(got), "%s (%zu, %zu) d %zu: %.9g, want NaN", what, i, j, d, got);
+    else if (isinf(ref))
+        cr_assert(got == ref, "%s (%zu, %zu) d %zu: %.9g, want %g", what, i, j, d, got, ref);
+    else
+        cr_assert(fabs(got - ref) <= bound_dot(abs_sum), "%s (%zu, %zu) d %zu: %.9g, want %.9g",
+                  what, i, j, d, got, ref);
+}
+
+/* One shape of the backend's fp8 entries: nq queries (or rows of weights) against nk rows of d
+   codes from `first` on (every code, where nk d >= 256; nan_at_end 0: NaN codes replaced, 1:
+   then the last code NaN), d apart, the last ending at a guard page. The scores and the P V sums
+   against double sums of the values the kernels read, and bit for bit what the f16 entries give on
+   widen_fp8's rows (the contract). */
+static void check_fp8_entries(const sdpa_kernels *k, int type, size_t nq, size_t nk, size_t d,
+                              unsigned first, int nan_at_end, rng *r) {
+    const sdpa_attention_kernels *a = k->attention;
+    const size_t n = nk * d;
+    guarded g = guard_alloc((n + 3) / 4, GUARD_AFTER);
+    uint8_t *codes = (uint8_t *)(g.p + (n + 3) / 4) - n;
+    uint16_t *h = malloc(n * sizeof(uint16_t));
+    float *q = malloc(nq * d * sizeof(float)), *p = malloc(nq * nk * sizeof(float));
+    float *s = malloc(nq * nk * sizeof(float)), *s16 = malloc(nq * nk * sizeof(float));
+    float *acc = malloc(nq * d * sizeof(float)), *acc16 = malloc(nq * d * sizeof(float));
+    float *acc0 = malloc(nq * d * sizeof(float));
+    for (size_t i = 0; i < n; i++) codes[i] = (uint8_t)(first + i);
+    if (nan_at_end >= 0) /* no NaN but one (or none) in the last code, e4m3's form for NaN-free
+                            rows and the pass that finds them */
+        for (size_t i = 0; i < n; i++)
+            if (isnan(decode(codes[i], type)) || (nan_at_end && i == n - 1))
+                codes[i] = (uint8_t)((codes[i] & 0x80) | (i == n - 1 && nan_at_end ? 0x7f : 0x38));
+    k->widen_fp8[type - 3](h, codes, n);
+    fill_uniform(r, q, nq * d, -1.0f, 1.0f);
+    fill_uniform(r, p, nq * nk, 0.0f, 1.0f);
+    fill_uniform(r, acc, nq * d, -1.0f, 1.0f);
+    memcpy(acc16, acc, nq * d * sizeof(float));
+    memcpy(acc0, acc, nq * d * sizeof(float));
+    a->scores_tile_fp8[type - 3](s, nk, q, d, nq, codes, d, nk, d, 0.5f);
+    a->scores_tile_typed[SDPA_F16](s16, nk, q, d, nq, h, d, nk, d, 0.5f);
+    cr_assert(!memcmp(s, s16, nq * nk * sizeof(float)),
+              "%s type %d scores nq %zu nk %zu d %zu: not the f16 entry's", k->name, type, nq, nk,
+              d);
+    for (size_t i = 0; i < nq; i++)
+        for (size_t j = 0; j < nk; j++) {
+            double ref = 0, abs_sum = 0;
+            for (size_t c = 0; c < d; c++) {
+                const double t = (double)q[i * d + c] * kernel_value(codes[j * d + c], type);
+                ref += t, abs_sum += fabs(t);
+            }
+            expect_near(s[i * nk + j], 0.5 * ref, 0.5 * abs_sum, "score", i, j, d);
+        }
+    a->pv_tile_fp8[type - 3](acc, d, p, nk, nq, nk, codes, d, d);
+    a->pv_tile_typed[SDPA_F16](acc16, d, p, nk, nq, nk, h, d, d);
+    cr_assert(!memcmp(acc, acc16, nq * d * sizeof(float)),
+              "%s type %d P V nq %zu nk %zu d %zu: not the f16 entry's", k->name, type, nq, nk, d);
+    for (size_t i = 0; i < nq; i++)
+        for (size_t c = 0; c < d; c++) {
+            double ref = acc0[i * d + c], abs_sum = fabs(ref);
+            for (size_t j = 0; j < nk; j++) {
+                const double t = (double)p[i * nk + j] * kernel_value(codes[j * d + c], type);
+                ref += t, abs_sum += fabs(t);
+            }
+            expect_near(acc[i * d + c], ref, abs_sum, "P V", i, c, d);
+        }
+    free(h), free(q), free(p), free(s), free(s16), free(acc), free(acc16), free(acc0);
+    guard_free(&g);
+}
+
+/* Every code, every tail of a vector (d up to 40, past two of the widest) for 1, 3 and 5 rows
+   (a register block of 4 and one left over), with NaN codes, without, and with one at the end
+   only, under each rounding mode and with FTZ/DAZ (the f16 conversion then the exact integer
+   one); and the table's rules: both entries or neither, only beside the f16 entries they
+   match. */
+BACKEND_TEST(fp8, entries_that_widen_in_their_loads) {
+    const sdpa_kernels *k = sdpa_backend_kernels(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    for (int t = 0; t < 2; t++) {
+        cr_assert(!a->scores_tile_fp8[t] == !a->pv_tile_fp8[t], "fp8 entries: both or neither");
+        cr_assert(!a->scores_tile_fp8[t] ||
+                      (a->scores_tile_typed[SDPA_F16] && a->pv_tile_typed[SDPA_F16]),
+                  "fp8 entries without the f16 ones");
+    }
+    rng r = rng_seed(38);
+    for (size_t m = 0; m < 4; m++)
+        for (int ftz = 0; ftz < 2; ftz++) {
+            fesetround(ROUNDINGS[m]);
+            set_ftz_daz(ftz);
+            for (int type = 3; type <= 4; type++) {
+                if (!a->scores_tile_fp8[type - 3]) continue;
+                /* every code, decode's shape; every code but NaN */
+                check_fp8_entries(k, type, 4, 64, 128, 0, -1, &r);
+                check_fp8_entries(k, type, 4, 64, 128, 0, 0, &r);
+                for (size_t d = 1; d <= 40; d++)
+                    for (size_t nq = 1; nq <= 5; nq += 2) {
+                        check_fp8_entries(k, type, nq, 7, d, (unsigned)(d * 37), -1, &r);
+                        check_fp8_entries(k, type, nq, 3, d, (unsigned)(d * 11), 0, &r);
+                        check_fp8_entries(k, type, nq, 3, d, (unsigned)(d * 11), 1, &r);
+                    }
+            }
+            set_ftz_daz(0);
+            fesetround(FE_TONEAREST);
+        }
 }

@@ -92,21 +92,29 @@ static inline __attribute__((always_inline)) void vf_narrow_bf16(uint16_t *p, vf
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
 }
 
-/* 16 fp8 codes at p as f16 bits at q (arch/convert_fp8.h's steps): in 32-bit lanes, which
- * AVX-512F has at its width (16-bit operations need BW), narrowed by vpmovdw; e4m3's NaN made
- * by a carry (0x3f80 + 0x80 is the one sum that reaches bit 14) and a ternary logic op. */
+/* 16 fp8 codes at p as f16 bits (arch/convert_fp8.h's steps), in registers: e5m2 in 16-bit
+ * lanes (AVX2's, which AVX-512F has); e4m3 in 32-bit lanes, which AVX-512F has at its width
+ * (16-bit operations need BW) and in all 32 registers (the VEX-encoded 16-bit ones reach only
+ * 16, which a microkernel's accumulators leave short), narrowed by vpmovdw; e4m3's NaN made by
+ * a carry (0x3f80 + 0x80 is the one sum that reaches bit 14) and a ternary logic op. */
+static inline __attribute__((always_inline)) __m256i vf_fp8_to_f16(const uint8_t *p, int e5m2) {
+    if (e5m2)
+        return _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
+    const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i h = _mm512_and_si512(_mm512_slli_epi32(c, 7), _mm512_set1_epi32(0xbfff));
+    const __m512i carry = _mm512_add_epi32(h, _mm512_set1_epi32(0x80));
+    return _mm512_cvtepi32_epi16(
+        _mm512_ternarylogic_epi32(h, carry, _mm512_set1_epi32(0x4000), 0xf8)); /* a | b & c */
+}
 #define VF_FP8_LANES 16
 static inline __attribute__((always_inline)) void vf_widen_fp8(uint16_t *q, const uint8_t *p,
                                                                int e5m2) {
-    const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
-    __m512i h = _mm512_slli_epi32(c, e5m2 ? 8 : 7);
-    if (!e5m2) {
-        h = _mm512_and_si512(h, _mm512_set1_epi32(0xbfff));
-        const __m512i carry = _mm512_add_epi32(h, _mm512_set1_epi32(0x80));
-        h = _mm512_ternarylogic_epi32(h, carry, _mm512_set1_epi32(0x4000), 0xf8); /* a | b & c */
-    }
-    _mm256_storeu_si256((__m256i *)q, _mm512_cvtepi32_epi16(h));
+    _mm256_storeu_si256((__m256i *)q, vf_fp8_to_f16(p, e5m2));
 }
+
+/* W fp8 codes at p sign-extended to 16-bit lanes (AVX2's vpmovsxbw; GCC's generic conversion
+   splits it in two halves) */
+#define vf_fp8_codes(p) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p)))
 
 /* lanes [0, remaining) set, for remaining <= W */
 static inline __mmask16 tail_mask(size_t remaining) { return (__mmask16)((1u << remaining) - 1u); }

@@ -6,6 +6,11 @@
 #define ISA_NAME(f)     f##_avx512
 #define ISA_TYPED_LOADS 1 /* K and V of f16 and bf16 read as they are (kernels.h) */
 #define ISA_SCORES_HELD 1 /* a single query's vectors held in registers (attention_tiles.h) */
+/* fp8 K and V widened in the loads (kernels.h's scores_tile_fp8): e5m2 in three operations a
+ * vector (vpmovsxbw, vpsllw, vcvtph2ps) beside its FMAs, e4m3 in one more where its rows hold
+ * no NaN (with the NaN fix-up in every load it measured slower than key_rows.c's pass) */
+#define ISA_FP8_LOADS_E4M3 1
+#define ISA_FP8_LOADS_E5M2 1
 
 #include "attention_packed.h"
 

@@ -1,6 +1,6 @@
 /* A backend's table, sdpa_attention_kernels_<isa>, and its entries, from arch/attention_tiles.h
  * (and arch/attention_packed.h, where the backend included it: the packed entries; and
- * arch/attention_exp_keymajor.h, included by it or alone: exp_keymajor) with the
+ * arch/attention_keymajor_steps.h, included by it or alone: exp_keymajor, ds_keymajor) with the
  * backend's part, each named ISA_NAME(entry) (scores_tile_avx512, ...). Included once, last, by
  * <isa>_attention.c, after:
  *   ISA_NAME(f)             f with the backend's suffix (f##_avx512)
@@ -165,7 +165,12 @@ static void ISA_NAME(exp_tile_sleef)(float *s, size_t ld_s, size_t nq, size_t nk
 
 #endif
 
-#ifdef SDPA_ARCH_ATTENTION_EXP_KEYMAJOR_H
+#ifdef SDPA_ARCH_ATTENTION_KEYMAJOR_STEPS_H
+
+static void ISA_NAME(ds_keymajor)(float *ds, const float *p, size_t ld, size_t nk, size_t nq,
+                                  const float *dd, float scale) {
+    ds_keymajor_loops(ds, p, ld, nk, nq, dd, scale);
+}
 
 /* exp_keymajor's kind, in the faster form that exp_sum takes when the caller rounds to nearest
  * (row_exp_nearest; none where the exps are exp_tile's) */
@@ -212,8 +217,9 @@ const sdpa_attention_kernels ISA_NAME(sdpa_attention_kernels) = {
     .exp_pv = {ISA_NAME(exp_pv_fast), ISA_NAME(exp_pv_sleef)},
     .scores_keymajor = ISA_NAME(scores_keymajor),
 #endif
-#ifdef SDPA_ARCH_ATTENTION_EXP_KEYMAJOR_H
+#ifdef SDPA_ARCH_ATTENTION_KEYMAJOR_STEPS_H
     .exp_keymajor = {ISA_NAME(exp_keymajor_fast), ISA_NAME(exp_keymajor_sleef)},
+    .ds_keymajor = ISA_NAME(ds_keymajor),
 #endif
 };
 

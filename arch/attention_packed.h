@@ -1,5 +1,5 @@
 /* The packed attention microkernels (kernels.h: pack_q, scores_packed, scores_max, exp_pv,
- * exp_tile, and the backward's scores_keymajor; exp_keymajor is arch/attention_exp_keymajor.h's,
+ * exp_tile, and the backward's scores_keymajor; exp_keymajor is arch/attention_keymajor_steps.h's,
  * which a backend without the packed path includes alone), written once over a backend's
  * vector operations as arch/attention_tiles.h is, for a block of queries transposed once (qt[p][i],
  * SDPA_ATTN_MAX_BLOCK_Q queries a row) and scores kept key-major (st[j][i]), as a GEMM with
@@ -28,7 +28,7 @@ ALWAYS_INLINE vf isa_exp_table(void);
 ALWAYS_INLINE void isa_exps(vf *x, int n, vf table, int kind);
 
 /* exp_keymajor, whose exps are those above where the backend has exp_tile */
-#include "attention_exp_keymajor.h"
+#include "attention_keymajor_steps.h"
 
 /* vf_load_upto with fill in the lanes past n */
 ALWAYS_INLINE vf vf_load_upto_or(const float *p, size_t n, vpart m, float fill) {

@@ -132,6 +132,12 @@ typedef struct sdpa_attention_kernels {
        16. */
     void (*exp_keymajor[SDPA_EXP_KINDS])(float *st, size_t ld_st, size_t nk, size_t nq,
                                          const float *shift);
+    /* the backward's dS^T = scale P^T o (dP^T - D) on key-major tiles, one job (every backend):
+       ds[j * ld + i] = scale * (p[j * ld + i] * (ds[j * ld + i] - dd[i])) for j < nk and
+       i < nq, each operation rounded to float in that order, so every backend gives the same
+       bits. ds and p are 64-byte aligned and ld a multiple of 16. */
+    void (*ds_keymajor)(float *ds, const float *p, size_t ld, size_t nk, size_t nq, const float *dd,
+                        float scale);
 } sdpa_attention_kernels;
 
 /* An add-on of a backend: kernels compiled in a file of their own, with flags the backend's

@@ -430,6 +430,48 @@ BACKEND_TEST(microkernels, exp_keymajor) {
         }
 }
 
+/* The backward's dS^T = scale P^T o (dP^T - D) (ds_keymajor), key-major with a leading
+ * dimension wider than the block: each element as the contract's three float operations,
+ * computed here in double and rounded to float after each (exact: double holds more than twice
+ * float's bits, so each rounding is float's own); nothing past nq in a row nor past key nk is
+ * written. */
+BACKEND_TEST(microkernels, ds_keymajor) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    enum { LD_WIDE = SDPA_ATTN_MAX_BLOCK_Q + 16, KEYS = SDPA_ATTN_MAX_BLOCK_KV };
+    static _Alignas(64) float got[(KEYS + 1) * LD_WIDE], p[KEYS * LD_WIDE], dp[KEYS * LD_WIDE];
+    const size_t nqs[] = {1, 3, 4, 5, 8, 15, 16, 17, 31, SDPA_ATTN_MAX_BLOCK_Q};
+    const size_t nks[] = {1, 2, 7, 64, KEYS};
+    rng r = rng_seed(18);
+    for (size_t t = 0; t < 10 * 5; t++) {
+        const size_t nq = nqs[t % 10], nk = nks[t / 10];
+        const float scale = t % 2 ? -0.125f : 0.0883883f;
+        float dd[SDPA_ATTN_MAX_BLOCK_Q];
+        for (size_t i = 0; i < nq; i++) dd[i] = (float)rng_uniform(&r, -3.0, 3.0);
+        fill_sentinel(got, sizeof got / sizeof got[0]);
+        for (size_t j = 0; j < nk; j++)
+            for (size_t i = 0; i < nq; i++) {
+                p[j * LD_WIDE + i] = (float)rng_uniform(&r, 0.0, 1.0);
+                got[j * LD_WIDE + i] = dp[j * LD_WIDE + i] = (float)rng_uniform(&r, -3.0, 3.0);
+            }
+        a->ds_keymajor(got, p, LD_WIDE, nk, nq, dd, scale);
+        for (size_t j = 0; j <= nk; j++)
+            for (size_t i = 0; i < LD_WIDE; i++) {
+                const float g = got[j * LD_WIDE + i];
+                if (j == nk || i >= nq) {
+                    cr_assert_eq(g, SENTINEL, "ds_keymajor nq %zu nk %zu: wrote [%zu][%zu]", nq, nk,
+                                 j, i);
+                    continue;
+                }
+                const float diff = (float)((double)dp[j * LD_WIDE + i] - dd[i]);
+                const float prod = (float)((double)p[j * LD_WIDE + i] * diff);
+                const float want = (float)((double)scale * prod);
+                cr_assert_eq(g, want, "ds_keymajor nq %zu nk %zu: [%zu][%zu] %.9g want %.9g", nq,
+                             nk, j, i, g, want);
+            }
+    }
+}
+
 /* The online-softmax step of the packed path: scores_max, the driver's new maxima, then exp_pv:
  * alpha, the weights in place, their sums, and acc scaled by alpha plus the weights times v. */
 BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
@@ -1003,7 +1045,7 @@ BACKEND_TEST(microkernels, table_obeys_its_rules) {
     const sdpa_attention_kernels *a = k->attention;
     cr_assert(a->block_q >= 1 && a->block_q <= SDPA_ATTN_MAX_BLOCK_Q);
     cr_assert(a->block_kv >= 1 && a->block_kv <= SDPA_ATTN_MAX_BLOCK_KV);
-    cr_assert(a->scores_tile && a->pv_tile && a->pv_tile_t);
+    cr_assert(a->scores_tile && a->pv_tile && a->pv_tile_t && a->ds_keymajor);
     cr_assert(!a->exp_tile[0] == !a->exp_tile[1], "exp_tile: both kinds or neither");
     cr_assert(!a->pack_q == !a->scores_packed, "pack_q and scores_packed: both or neither");
     cr_assert(!a->scores_max == !a->exp_pv[0] && !a->exp_pv[0] == !a->exp_pv[1],

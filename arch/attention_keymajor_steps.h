@@ -1,10 +1,11 @@
-/* kernels.h's exp_keymajor, the backward's P^T = exp(S^T - lse) on a key-major tile, written
- * once over a backend's vector operations and its exps: exp_tile's (isa_exps, isa_exp_table;
+/* The backward's element-wise steps on a key-major tile, written once over a backend's vector
+ * operations: kernels.h's exp_keymajor (P^T = exp(S^T - lse)) and ds_keymajor (dS^T = scale P^T
+ * o (dP^T - D)). exp_keymajor's exps are exp_tile's (isa_exps, isa_exp_table;
  * arch/attention_packed.h declares them) where the backend defines ISA_EXP_TILE, else its row
  * exps (row_exps, row_exp_shift and row_exp_folds, as arch/row_kernels.h takes them). Apart
- * from the packed path, so that a backend without it (neon) has the entry too. */
-#ifndef SDPA_ARCH_ATTENTION_EXP_KEYMAJOR_H
-#define SDPA_ARCH_ATTENTION_EXP_KEYMAJOR_H
+ * from the packed path, so that a backend without it (neon) has them too. */
+#ifndef SDPA_ARCH_ATTENTION_KEYMAJOR_STEPS_H
+#define SDPA_ARCH_ATTENTION_KEYMAJOR_STEPS_H
 
 #include "attention_vectors.h"
 
@@ -69,6 +70,33 @@ ALWAYS_INLINE void exp_keymajor_loops(float *st, size_t ld_st, size_t nk, size_t
             vf z = vf_load_upto(row + i, n, m) - vf_load_upto(shift + i, n, m);
             keymajor_exps_run(&z, 1, &e);
             vf_store_upto(row + i, z, n, m);
+        }
+    }
+}
+
+/* a vector of a key-major tile's row at p: whole where n == W, so that a masked ISA masks only
+ * the tails */
+ALWAYS_INLINE vf keymajor_load(const float *p, size_t n, vpart m) {
+    return n < W ? vf_load_upto(p, n, m) : vf_load(p);
+}
+
+/* kernels.h's ds_keymajor: ds = scale * (p * (ds - dd)), down each vector of queries' keys
+ * with its dd in a register */
+ALWAYS_INLINE void ds_keymajor_loops(float *ds, const float *p, size_t ld, size_t nk, size_t nq,
+                                     const float *dd, float scale) {
+    const vf vscale = vf_set1(scale);
+    for (size_t i = 0; i < nq; i += W) {
+        const size_t n = nq - i < W ? nq - i : W;
+        const vpart m = vpart_first(n);
+        const vf d = keymajor_load(dd + i, n, m);
+        for (size_t j = 0; j < nk; j++) {
+            float *x = ds + j * ld + i;
+            const vf g =
+                vscale * (keymajor_load(p + j * ld + i, n, m) * (keymajor_load(x, n, m) - d));
+            if (n < W)
+                vf_store_upto(x, g, n, m);
+            else
+                vf_store(x, g);
         }
     }
 }

@@ -1,5 +1,6 @@
 /* A backend's table, sdpa_attention_kernels_<isa>, and its entries, from arch/attention_tiles.h
- * (and arch/attention_packed.h, where the backend included it: the packed entries) with the
+ * (and arch/attention_packed.h, where the backend included it: the packed entries; and
+ * arch/attention_keymajor_steps.h, included by it or alone: exp_keymajor, ds_keymajor) with the
  * backend's part, each named ISA_NAME(entry) (scores_tile_avx512, ...). Included once, last, by
  * <isa>_attention.c, after:
  *   ISA_NAME(f)             f with the backend's suffix (f##_avx512)
@@ -209,30 +210,49 @@ static void ISA_NAME(pack_q)(float *qt, size_t ld_qt, const float *q, size_t q_s
     pack_q_loops(qt, ld_qt, q, q_stride, nq, d);
 }
 
-static void ISA_NAME(scores_packed)(float *s, size_t ld_s, const float *qt, size_t nq,
+static void ISA_NAME(scores_packed)(float *s, size_t ld_s, const float *qt, size_t ld_qt, size_t nq,
                                     const float *k, size_t k_stride, size_t nk, size_t d,
                                     float scale) {
-    scores_packed_loops(s, ld_s, qt, nq, k, k_stride, nk, d, scale);
+    scores_packed_loops(s, ld_s, qt, ld_qt, nq, k, k_stride, nk, d, scale);
 }
 
-static void ISA_NAME(scores_max)(float *st, float *tile_max, const float *qt, size_t nq,
-                                 const float *k, size_t k_stride, size_t nk, size_t d_k,
-                                 float scale) {
-    scores_max_loops(st, tile_max, qt, nq, k, k_stride, nk, d_k, scale);
+static void ISA_NAME(scores_max)(float *st, size_t ld_st, float *tile_max, const float *qt,
+                                 size_t ld_qt, size_t nq, const float *k, size_t k_stride,
+                                 size_t nk, size_t d_k, float scale) {
+    scores_max_loops(st, ld_st, tile_max, qt, ld_qt, nq, k, k_stride, nk, d_k, scale);
 }
 
-static void ISA_NAME(exp_pv_fast)(float *acc, size_t ld_acc, float *st, const float *m,
-                                  const float *m_new, float *alpha, float *sums, size_t nq,
-                                  size_t nk, const float *v, size_t v_stride, size_t d_v) {
-    exp_pv_loops(acc, ld_acc, st, m, m_new, alpha, sums, nq, nk, v, v_stride, d_v, SDPA_EXP_FAST,
-                 EXP_PV_KEYS);
+/* kernels.h's exp_pv, one instance per exp kind */
+#define EXP_PV_ENTRY(name, kind)                                                                   \
+    static void ISA_NAME(name)(float *acc, size_t ld_acc, float *st, size_t ld_st, const float *m, \
+                               const float *m_new, float *alpha, float *sums, size_t nq,           \
+                               size_t nk, const float *v, size_t v_stride, size_t d_v) {           \
+        exp_pv_loops(acc, ld_acc, st, ld_st, m, m_new, alpha, sums, nq, nk, v, v_stride, d_v,      \
+                     kind, EXP_PV_KEYS);                                                           \
+    }
+
+EXP_PV_ENTRY(exp_pv_fast, SDPA_EXP_FAST)
+EXP_PV_ENTRY(exp_pv_sleef, SDPA_EXP_SLEEF)
+
+#ifdef ISA_EXP_TILE
+static void ISA_NAME(exp_tile_fast)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift,
+                                    float *sums) {
+    exp_tile_loops(s, ld_s, nq, nk, shift, sums, SDPA_EXP_FAST);
 }
 
-static void ISA_NAME(exp_pv_sleef)(float *acc, size_t ld_acc, float *st, const float *m,
-                                   const float *m_new, float *alpha, float *sums, size_t nq,
-                                   size_t nk, const float *v, size_t v_stride, size_t d_v) {
-    exp_pv_loops(acc, ld_acc, st, m, m_new, alpha, sums, nq, nk, v, v_stride, d_v, SDPA_EXP_SLEEF,
-                 EXP_PV_KEYS);
+static void ISA_NAME(exp_tile_sleef)(float *s, size_t ld_s, size_t nq, size_t nk,
+                                     const float *shift, float *sums) {
+    exp_tile_loops(s, ld_s, nq, nk, shift, sums, SDPA_EXP_SLEEF);
+}
+#endif
+
+#endif
+
+#ifdef SDPA_ARCH_ATTENTION_KEYMAJOR_STEPS_H
+
+static void ISA_NAME(ds_keymajor)(float *ds, const float *p, size_t ld, size_t nk, size_t nq,
+                                  const float *dd, float scale) {
+    ds_keymajor_loops(ds, p, ld, nk, nq, dd, scale);
 }
 
 /* exp_keymajor's kind, in the faster form that exp_sum takes when the caller rounds to nearest
@@ -258,18 +278,6 @@ static void ISA_NAME(exp_keymajor_sleef)(float *st, size_t ld_st, size_t nk, siz
     exp_keymajor_entry(st, ld_st, nk, nq, shift, SDPA_EXP_SLEEF);
 }
 
-#ifdef ISA_EXP_TILE
-static void ISA_NAME(exp_tile_fast)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift,
-                                    float *sums) {
-    exp_tile_loops(s, ld_s, nq, nk, shift, sums, SDPA_EXP_FAST);
-}
-
-static void ISA_NAME(exp_tile_sleef)(float *s, size_t ld_s, size_t nq, size_t nk,
-                                     const float *shift, float *sums) {
-    exp_tile_loops(s, ld_s, nq, nk, shift, sums, SDPA_EXP_SLEEF);
-}
-#endif
-
 #endif
 
 const sdpa_attention_kernels ISA_NAME(sdpa_attention_kernels) = {
@@ -293,7 +301,10 @@ const sdpa_attention_kernels ISA_NAME(sdpa_attention_kernels) = {
     .scores_max = ISA_NAME(scores_max),
     .exp_pv = {ISA_NAME(exp_pv_fast), ISA_NAME(exp_pv_sleef)},
     .scores_keymajor = ISA_NAME(scores_keymajor),
+#endif
+#ifdef SDPA_ARCH_ATTENTION_KEYMAJOR_STEPS_H
     .exp_keymajor = {ISA_NAME(exp_keymajor_fast), ISA_NAME(exp_keymajor_sleef)},
+    .ds_keymajor = ISA_NAME(ds_keymajor),
 #endif
 };
 

@@ -1,5 +1,6 @@
 /* The packed attention microkernels (kernels.h: pack_q, scores_packed, scores_max, exp_pv,
- * exp_tile, and the backward's scores_keymajor and exp_keymajor), written once over a backend's
+ * exp_tile, and the backward's scores_keymajor; exp_keymajor is arch/attention_keymajor_steps.h's,
+ * which a backend without the packed path includes alone), written once over a backend's
  * vector operations as arch/attention_tiles.h is, for a block of queries transposed once (qt[p][i],
  * SDPA_ATTN_MAX_BLOCK_Q queries a row) and scores kept key-major (st[j][i]), as a GEMM with
  * broadcasts of k leaves them. In that layout a row's max, its exps and its sum are vector
@@ -26,25 +27,24 @@ ALWAYS_INLINE vf isa_exp_table(void);
  * below it (kernels.h, exp_tile) */
 ALWAYS_INLINE void isa_exps(vf *x, int n, vf table, int kind);
 
+/* exp_keymajor, whose exps are those above where the backend has exp_tile */
+#include "attention_keymajor_steps.h"
+
 /* vf_load_upto with fill in the lanes past n */
 ALWAYS_INLINE vf vf_load_upto_or(const float *p, size_t n, vpart m, float fill) {
     return VF_MASKED || n < W ? vf_load_part_or(p, m, fill) : vf_load(p);
 }
 
 /* kernels.h's pack_q: qt[p * ld_qt + i] = q[i][p], padded with zero queries up to
- * SDPA_ATTN_MAX_BLOCK_Q, W x W blocks through the register transpose (partial loads for the d
- * tail). */
+ * SDPA_ATTN_MAX_BLOCK_Q, W x W blocks (partial loads for the d tail). */
 ALWAYS_INLINE void pack_q_loops(float *qt, size_t ld_qt, const float *q, size_t q_stride, size_t nq,
                                 size_t d) {
     for (size_t p0 = 0; p0 < d; p0 += W) {
         const size_t np = d - p0 < W ? d - p0 : W;
-        const vpart m = vpart_first(np);
         for (size_t i0 = 0; i0 < SDPA_ATTN_MAX_BLOCK_Q; i0 += W) {
-            vf r[W];
-            for (size_t t = 0; t < W; t++)
-                r[t] = i0 + t < nq ? vf_load_upto(q + (i0 + t) * q_stride + p0, np, m) : vf_zero();
-            vf_transpose(r);
-            for (size_t t = 0; t < np; t++) vf_store(qt + (p0 + t) * ld_qt + i0, r[t]);
+            const size_t rows = nq <= i0 ? 0 : nq - i0 < W ? nq - i0 : W;
+            transpose_block(qt + p0 * ld_qt + i0, ld_qt, np, W, q + i0 * q_stride + p0, q_stride,
+                            rows, np);
         }
     }
 }
@@ -62,21 +62,21 @@ ALWAYS_INLINE size_t keymajor_blocks(float *st, size_t ld_st, const float *qt, s
     return j;
 }
 
-/* kernels.h's scores_packed: the key-major tile, then into rows s[query][key]. */
-ALWAYS_INLINE void scores_packed_loops(float *s, size_t ld_s, const float *qt, size_t nq,
-                                       const float *k, size_t k_stride, size_t nk, size_t d,
-                                       float scale) {
+/* kernels.h's scores_packed: the key-major tile, on the stack, then into rows s[query][key]. */
+ALWAYS_INLINE void scores_packed_loops(float *s, size_t ld_s, const float *qt, size_t ld_qt,
+                                       size_t nq, const float *k, size_t k_stride, size_t nk,
+                                       size_t d, float scale) {
     _Alignas(64) float st[SDPA_ATTN_MAX_BLOCK_KV * QT_LD];
-    ISA_NAME(scores_keymajor)(st, QT_LD, qt, QT_LD, nq, k, k_stride, nk, d, scale);
-    keymajor_to_rows(s, ld_s, st, nq, nk);
+    ISA_NAME(scores_keymajor)(st, QT_LD, qt, ld_qt, nq, k, k_stride, nk, d, scale);
+    keymajor_to_rows(s, ld_s, st, QT_LD, nq, nk);
 }
 
 /* kernels.h's scores_max: the key-major tile and each query's max over its keys. */
-ALWAYS_INLINE void scores_max_loops(float *st, float *tile_max, const float *qt, size_t nq,
-                                    const float *k, size_t k_stride, size_t nk, size_t d_k,
-                                    float scale) {
-    ISA_NAME(scores_keymajor)(st, QT_LD, qt, QT_LD, nq, k, k_stride, nk, d_k, scale);
-    keymajor_max(tile_max, st, nq, nk);
+ALWAYS_INLINE void scores_max_loops(float *st, size_t ld_st, float *tile_max, const float *qt,
+                                    size_t ld_qt, size_t nq, const float *k, size_t k_stride,
+                                    size_t nk, size_t d_k, float scale) {
+    ISA_NAME(scores_keymajor)(st, ld_st, qt, ld_qt, nq, k, k_stride, nk, d_k, scale);
+    keymajor_max(tile_max, st, ld_st, nq, nk);
 }
 
 /* one key's W weights of a key-major tile, p = exp(s - mx) in place; returns them */
@@ -90,7 +90,7 @@ ALWAYS_INLINE vf exp_in_place(float *p, vf mx, vf table, int kind) {
 /* kernels.h's exp_pv: per W queries, alpha = exp(m - m_new), the weights exp(s - m_new) in place
  * with their sums (u keys a step, 2 or 4, their exps side by side, added into two chains), then
  * the P V step from the key-major weights, rescaling each accumulator row as it loads it. */
-ALWAYS_INLINE void exp_pv_loops(float *acc, size_t ld_acc, float *st, const float *m,
+ALWAYS_INLINE void exp_pv_loops(float *acc, size_t ld_acc, float *st, size_t ld_st, const float *m,
                                 const float *m_new, float *alpha, float *sums, size_t nq, size_t nk,
                                 const float *v, size_t v_stride, size_t d_v, int kind, int u) {
     const vf table = isa_exp_table();
@@ -106,11 +106,11 @@ ALWAYS_INLINE void exp_pv_loops(float *acc, size_t ld_acc, float *st, const floa
         vf s0 = vf_zero(), s1 = s0;
         size_t j = 0;
         for (; j + u <= nk; j += u) {
-            float *p = st + j * QT_LD + h * W;
+            float *p = st + j * ld_st + h * W;
             vf e[4];
-            for (int x = 0; x < u; x++) e[x] = vf_load_aligned(p + x * QT_LD) - mx;
+            for (int x = 0; x < u; x++) e[x] = vf_load_aligned(p + x * ld_st) - mx;
             isa_exps(e, u, table, kind);
-            for (int x = 0; x < u; x++) vf_store_aligned(p + x * QT_LD, e[x]);
+            for (int x = 0; x < u; x++) vf_store_aligned(p + x * ld_st, e[x]);
             if (u == 4) {
                 s0 = s0 + (e[0] + e[2]);
                 s1 = s1 + (e[1] + e[3]);
@@ -120,13 +120,13 @@ ALWAYS_INLINE void exp_pv_loops(float *acc, size_t ld_acc, float *st, const floa
             }
         }
         if (u == 2) {
-            if (j < nk) s0 = s0 + exp_in_place(st + j * QT_LD + h * W, mx, table, kind);
+            if (j < nk) s0 = s0 + exp_in_place(st + j * ld_st + h * W, mx, table, kind);
         } else {
-            for (; j < nk; j++) s0 = s0 + exp_in_place(st + j * QT_LD + h * W, mx, table, kind);
+            for (; j < nk; j++) s0 = s0 + exp_in_place(st + j * ld_st + h * W, mx, table, kind);
         }
         vf_store(sums + h * W, s0 + s1);
     }
-    const pv_operands o = {acc, ld_acc, st, 1, QT_LD, alpha, nq, nk, v, v_stride, d_v};
+    const pv_operands o = {acc, ld_acc, st, 1, ld_st, alpha, nq, nk, v, v_stride, d_v};
     isa_pv(&o, SDPA_TYPE_F32);
 }
 
@@ -160,67 +160,6 @@ ALWAYS_INLINE void exp_tile_loops(float *s, size_t ld_s, size_t nq, size_t nk, c
         }
         const vf late = t[2] + t[3]; /* first: the registers of the measured code */
         sums[i] = vf_hsum((t[0] + t[1]) + late);
-    }
-}
-
-/* The exps of exp_keymajor_loops: exp_tile's (isa_exps) where the backend has exp_tile, else
- * exp_sum's at a zero shift (row_exps, the shift folded or subtracted as exp_sum_of does), the
- * exps the forward's tiles take on the backend. kind is a constant at every call. */
-typedef struct keymajor_exps {
-    vf table;
-    row_exp c;
-    int kind, folded;
-} keymajor_exps;
-
-ALWAYS_INLINE keymajor_exps keymajor_exps_of(int kind) {
-    keymajor_exps e;
-    e.table = isa_exp_table();
-    e.kind = kind;
-    e.folded = row_exp_folds(kind);
-    e.c = row_exp_shift(0.0f, e.folded);
-    return e;
-}
-
-ALWAYS_INLINE void keymajor_exps_run(vf *z, int n, const keymajor_exps *e) {
-#ifdef ISA_EXP_TILE
-    isa_exps(z, n, e->table, e->kind);
-#else
-    if (!e->folded)
-        for (int u = 0; u < n; u++) z[u] = z[u] - e->c.shift;
-    row_exps(z, n, &e->c, e->kind);
-#endif
-}
-
-/* count (1..4) whole vectors of a key's row of a key-major tile, exp(row - shift) in place,
- * their exps side by side (the chains overlap; with no sums, nothing joins them) */
-ALWAYS_INLINE void exp_keymajor_vectors(float *row, const float *shift, int count,
-                                        const keymajor_exps *e) {
-    vf z[4];
-    for (int x = 0; x < count; x++) z[x] = vf_load(row + x * W) - vf_load(shift + x * W);
-    keymajor_exps_run(z, count, e);
-    for (int x = 0; x < count; x++) vf_store(row + x * W, z[x]);
-}
-
-/* kernels.h's exp_keymajor: st[j][i] = exp(st[j][i] - shift[i]), a key's row at a time, four
- * vectors a step, then two, then one (the last one partial where nq is not whole vectors). */
-ALWAYS_INLINE void exp_keymajor_loops(float *st, size_t ld_st, size_t nk, size_t nq,
-                                      const float *shift, int kind) {
-    const keymajor_exps e = keymajor_exps_of(kind);
-    for (size_t j = 0; j < nk; j++) {
-        float *row = st + j * ld_st;
-        size_t i = 0;
-        for (; i + 4 * W <= nq; i += 4 * W) exp_keymajor_vectors(row + i, shift + i, 4, &e);
-        if (i + 2 * W <= nq) {
-            exp_keymajor_vectors(row + i, shift + i, 2, &e);
-            i += 2 * W;
-        }
-        for (; i < nq; i += W) {
-            const size_t n = nq - i < W ? nq - i : W;
-            const vpart m = vpart_first(n);
-            vf z = vf_load_upto(row + i, n, m) - vf_load_upto(shift + i, n, m);
-            keymajor_exps_run(&z, 1, &e);
-            vf_store_upto(row + i, z, n, m);
-        }
     }
 }
 

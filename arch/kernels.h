@@ -89,38 +89,42 @@ typedef struct sdpa_attention_kernels {
     void (*exp_tile[SDPA_EXP_KINDS])(float *s, size_t ld_s, size_t nq, size_t nk,
                                      const float *shift, float *sums);
     /* optional pair (both or neither), used for blocks of at least 8 queries with
-       d <= SDPA_ATTN_PACK_MAX_D: pack_q stores qt[p * ld_qt + i] = q[i * q_stride + p]
-       (unscaled) for p < d and i < nq, and 0 for nq <= i < SDPA_ATTN_MAX_BLOCK_Q (a packed
-       block is that many queries wide; ld_qt, at least that and a multiple of 16, says where the
-       next row starts, and nothing in a row past the block is read or written), once per block
-       of queries; scores_packed then forms the same tile as scores_tile from it (GEMM-style:
-       broadcast k, vector loads of qt, no reductions), each s_ij one multiply by scale of the
-       finished dot, as in scores_tile: a q scaled first could overflow or underflow where the
-       dot does not, and a row's scores would then depend on the path the driver picks for it.
-       scores_packed, scores_max and exp_pv take qt and st with ld SDPA_ATTN_MAX_BLOCK_Q. */
+       d <= SDPA_ATTN_PACK_MAX_D. A packed tile is SDPA_ATTN_MAX_BLOCK_Q queries wide: qt and a
+       key-major st hold that many columns a row, their ld (at least that, a multiple of 16) says
+       where the next row starts, and nothing in a row past those columns is read or written.
+       pack_q, the packing of A = Q (once per block of queries): qt[p * ld_qt + i] =
+       q[i * q_stride + p] (unscaled) for p < d and i < nq, and 0 for nq <= i <
+       SDPA_ATTN_MAX_BLOCK_Q.
+       scores_packed, S = scale A B^T from packed A (A = Q, B = K): the tile of scores_tile,
+       s[i * ld_s + j] for i < nq, j < nk <= SDPA_ATTN_MAX_BLOCK_KV, GEMM-style (broadcast k,
+       vector loads of qt, no reductions), each s_ij one multiply by scale of the finished dot,
+       as in scores_tile: a q scaled first could overflow or underflow where the dot does not,
+       and a row's scores would then depend on the path the driver picks for it. */
     void (*pack_q)(float *qt, size_t ld_qt, const float *q, size_t q_stride, size_t nq, size_t d);
-    void (*scores_packed)(float *s, size_t ld_s, const float *qt, size_t nq, const float *k,
-                          size_t k_stride, size_t nk, size_t d, float scale);
+    void (*scores_packed)(float *s, size_t ld_s, const float *qt, size_t ld_qt, size_t nq,
+                          const float *k, size_t k_stride, size_t nk, size_t d, float scale);
     /* optional pair (both or neither), with pack_q: one step of the online softmax for a block
        of nq queries (qt from pack_q) against nk keys that every one of them sees, with no mask,
        in two halves around the driver's bookkeeping (the new maxima m_new[i] = max(m[i],
        tile_max[i]), the check that they are finite, and the update of m and l).
-       scores_max (nk up to SDPA_ATTN_MAX_BLOCK_KV, which the backward's tiles take):
-       st[j * SDPA_ATTN_MAX_BLOCK_Q + i] = s_ij = scale * dot(q_i, k_j), the dot
-       finished before the multiply (as scores_packed), for j < nk, i < nq (key-major, as a
-       packed GEMM leaves it; the rows past nq are the backend's own business), and
-       tile_max[i] = max_j s_ij for i < nq, the max of the scaled scores (a negative scale
-       reorders them; tile_max holds SDPA_ATTN_MAX_BLOCK_Q floats). st is 64-byte aligned.
-       exp_pv, given finite m_new: alpha[i] = exp(m[i] - m_new[i]), st's s_ij replaced by
-       p_ij = exp(s_ij - m_new[i]), sums[i] = sum_j p_ij and acc_i = acc_i alpha[i] +
-       sum_j p_ij v_j, for i < nq; alpha and sums hold SDPA_ATTN_MAX_BLOCK_Q floats. Each
-       difference is rounded to float, and an alpha or p_ij below FLT_MIN may be 0 or any value
-       below FLT_MIN, as in exp_tile. */
-    void (*scores_max)(float *st, float *tile_max, const float *qt, size_t nq, const float *k,
-                       size_t k_stride, size_t nk, size_t d_k, float scale);
-    void (*exp_pv[SDPA_EXP_KINDS])(float *acc, size_t ld_acc, float *st, const float *m,
-                                   const float *m_new, float *alpha, float *sums, size_t nq,
-                                   size_t nk, const float *v, size_t v_stride, size_t d_v);
+       scores_max, S^T = scale B A^T key-major and its column max (nk up to
+       SDPA_ATTN_MAX_BLOCK_KV): st[j * ld_st + i] = s_ij = scale * dot(q_i, k_j), the dot
+       finished before the multiply (as scores_packed), for j < nk, i < nq (columns nq <= i <
+       SDPA_ATTN_MAX_BLOCK_Q are the backend's own business), and tile_max[i] = max_j s_ij for
+       i < nq, the max of the scaled scores (a negative scale reorders them; tile_max holds
+       SDPA_ATTN_MAX_BLOCK_Q floats). st is 64-byte aligned.
+       exp_pv, the weights and C = alpha C + P V with P key-major, given finite m_new: alpha[i] =
+       exp(m[i] - m_new[i]), st's s_ij replaced by p_ij = exp(s_ij - m_new[i]), sums[i] =
+       sum_j p_ij and acc_i = acc_i alpha[i] + sum_j p_ij v_j, for i < nq; alpha and sums hold
+       SDPA_ATTN_MAX_BLOCK_Q floats. Each difference is rounded to float, and an alpha or p_ij
+       below FLT_MIN may be 0 or any value below FLT_MIN, as in exp_tile. */
+    void (*scores_max)(float *st, size_t ld_st, float *tile_max, const float *qt, size_t ld_qt,
+                       size_t nq, const float *k, size_t k_stride, size_t nk, size_t d_k,
+                       float scale);
+    void (*exp_pv[SDPA_EXP_KINDS])(float *acc, size_t ld_acc, float *st, size_t ld_st,
+                                   const float *m, const float *m_new, float *alpha, float *sums,
+                                   size_t nq, size_t nk, const float *v, size_t v_stride,
+                                   size_t d_v);
     /* optional, with pack_q (the backward's packed path): S^T = scale K Q^T key-major, one job:
        st[j * ld_st + i] = scale * dot(k_j, q_i) for j < nk (up to SDPA_ATTN_MAX_BLOCK_KV) and
        i < nq, from qt as pack_q leaves it (ld_qt), each the finished dot times scale, the bits
@@ -138,6 +142,12 @@ typedef struct sdpa_attention_kernels {
        16. */
     void (*exp_keymajor[SDPA_EXP_KINDS])(float *st, size_t ld_st, size_t nk, size_t nq,
                                          const float *shift);
+    /* the backward's dS^T = scale P^T o (dP^T - D) on key-major tiles, one job (every backend):
+       ds[j * ld + i] = scale * (p[j * ld + i] * (ds[j * ld + i] - dd[i])) for j < nk and
+       i < nq, each operation rounded to float in that order, so every backend gives the same
+       bits. ds and p are 64-byte aligned and ld a multiple of 16. */
+    void (*ds_keymajor)(float *ds, const float *p, size_t ld, size_t nk, size_t nq, const float *dd,
+                        float scale);
 } sdpa_attention_kernels;
 
 /* An add-on of a backend: kernels compiled in a file of their own, with flags the backend's
@@ -152,20 +162,22 @@ typedef struct sdpa_attention_kernels {
  * additions, rounded to nearest whatever the rounding mode, a subnormal q or k element may count
  * as 0 and a partial sum below FLT_MIN may flush to 0 (vdpbf16ps and TDPBF16PS do both, whatever
  * MXCSR says; each costs less than 2^-126 times the other element, far inside the dot's rounding
- * bound). The tiles are the float pair's (pack_q, scores_packed, scores_max above):
- *   pack_q: qt[p * SDPA_ATTN_MAX_BLOCK_Q + i] = the word (q[i * q_stride + 2p], q[i * q_stride
- *     + 2p + 1]) for p < ceil(d / 2), i < nq, with 0 as the second element of an odd d's last
- *     pair (reading no element past q[i * q_stride + d - 1]), and 0 for nq <= i <
- *     SDPA_ATTN_MAX_BLOCK_Q;
+ * bound). The tiles are the float pair's (pack_q, scores_packed, scores_max above), with their
+ * leading dimensions:
+ *   pack_q: qt[p * ld_qt + i] = the word (q[i * q_stride + 2p], q[i * q_stride + 2p + 1]) for
+ *     p < ceil(d / 2), i < nq, with 0 as the second element of an odd d's last pair (reading no
+ *     element past q[i * q_stride + d - 1]), and 0 for nq <= i < SDPA_ATTN_MAX_BLOCK_Q;
  *   scores_packed, scores_max: as the float pair, from k's bf16 rows (k_stride in elements; a
  *     row's last element read is k[j * k_stride + d - 1]), each s_ij one multiply by scale of
  *     the finished dot. */
 typedef struct sdpa_bf16_dot_kernels {
-    void (*pack_q)(uint32_t *qt, const uint16_t *q, size_t q_stride, size_t nq, size_t d);
-    void (*scores_packed)(float *s, size_t ld_s, const uint32_t *qt, size_t nq, const uint16_t *k,
-                          size_t k_stride, size_t nk, size_t d, float scale);
-    void (*scores_max)(float *st, float *tile_max, const uint32_t *qt, size_t nq, const uint16_t *k,
-                       size_t k_stride, size_t nk, size_t d_k, float scale);
+    void (*pack_q)(uint32_t *qt, size_t ld_qt, const uint16_t *q, size_t q_stride, size_t nq,
+                   size_t d);
+    void (*scores_packed)(float *s, size_t ld_s, const uint32_t *qt, size_t ld_qt, size_t nq,
+                          const uint16_t *k, size_t k_stride, size_t nk, size_t d, float scale);
+    void (*scores_max)(float *st, size_t ld_st, float *tile_max, const uint32_t *qt, size_t ld_qt,
+                       size_t nq, const uint16_t *k, size_t k_stride, size_t nk, size_t d_k,
+                       float scale);
 } sdpa_bf16_dot_kernels;
 
 /* A tile of scores for the score stage's softcap and ALiBi (src/score_stage.h): s[j * ld + x]

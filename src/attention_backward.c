@@ -7,7 +7,7 @@
  *     S^T  = scale K Q^T          scores_keymajor (packed Q) or scores_tile (A = K, B = Q)
  *     dP^T = V dO^T               the same, with scale 1
  *     P^T  = exp(S^T - lse)       exp_keymajor, or exp_sum key by key
- *     dS^T = scale P^T (dP^T - D) here, D_i = dO_i . O_i
+ *     dS^T = scale P^T (dP^T - D) ds_keymajor, D_i = dO_i . O_i
  *     dV  += P^T dO               pv_tile (rows: keys), sum_rows query rows at a time
  *     dK  += dS^T Q               pv_tile, the same
  *     dQ  += dS K                 pv_tile_t (the weights key-major)
@@ -217,12 +217,7 @@ static void tile_grads(const backward_run *run, tiles *t, const tile *x) {
             run->exp_sum(sj, sj, QT, 1.0f, 0.0f); /* its sum unused */
         }
     }
-    const float scale = run->bp->fwd.scale;
-    for (size_t j = 0; j < nk; j++) {
-        const float *pj = t->s + j * QT;
-        float *dj = t->ds + j * QT;
-        for (size_t i = 0; i < QT; i++) dj[i] = scale * (pj[i] * (dj[i] - x->dd[i]));
-    }
+    run->a->ds_keymajor(t->ds, t->s, QT, nk, QT, x->dd, run->bp->fwd.scale);
     if (x->h->st.softcap != 0.0f) /* through the softcap: dS times its derivative */
         for (size_t e = 0; e < nk * QT; e++) t->ds[e] *= t->cap[e];
 }

@@ -119,8 +119,8 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
     b->qs = 0;
     b->qb = NULL;
     if (pairs)
-        pairs->pack_q(b->qt.pairs, (const uint16_t *)q + q0 * p->q_stride[2], p->q_stride[2], nq,
-                      p->d_k);
+        pairs->pack_q(b->qt.pairs, SDPA_ATTN_MAX_BLOCK_Q, (const uint16_t *)q + q0 * p->q_stride[2],
+                      p->q_stride[2], nq, p->d_k);
     else
         b->qb = key_rows_as_floats(run->k, p->q_type, q, q0, nq, p->q_stride[2], p->d_k,
                                    run->wide ? (b->packed ? run->wide->kv : run->wide->q) : NULL,
@@ -213,11 +213,12 @@ static int scores_fused(const attention_run *run, const attention_problem *p, ro
         b->all_see < k0 + nk)
         return 0;
     if (run->bf16_dot)
-        run->bf16_dot->scores_max(b->s, b->m_new, b->qt.pairs, b->nq, kr->h.row[0], kr->h.stride,
-                                  nk, p->d_k, p->scale);
+        run->bf16_dot->scores_max(b->s, SDPA_ATTN_MAX_BLOCK_Q, b->m_new, b->qt.pairs,
+                                  SDPA_ATTN_MAX_BLOCK_Q, b->nq, kr->h.row[0], kr->h.stride, nk,
+                                  p->d_k, p->scale);
     else
-        run->a->scores_max(b->s, b->m_new, b->qt.f, b->nq, kr->f.row[0], kr->f.stride, nk, p->d_k,
-                           p->scale);
+        run->a->scores_max(b->s, SDPA_ATTN_MAX_BLOCK_Q, b->m_new, b->qt.f, SDPA_ATTN_MAX_BLOCK_Q,
+                           b->nq, kr->f.row[0], kr->f.stride, nk, p->d_k, p->scale);
     if (!score_stage_is_scale(stage)) { /* the stage on the tile, and its maxima */
         float scratch[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
         const stage_kernels kn = stage_kernels_of(run->k, run->exp_sum);
@@ -234,11 +235,11 @@ static void scores_product(const attention_run *run, const attention_problem *p,
                            const block_rows *kr, size_t j0, size_t nk) {
     const size_t ld_s = run->keys_max;
     if (b->packed && run->bf16_dot)
-        run->bf16_dot->scores_packed(b->s + j0, ld_s, b->qt.pairs, b->nq,
+        run->bf16_dot->scores_packed(b->s + j0, ld_s, b->qt.pairs, SDPA_ATTN_MAX_BLOCK_Q, b->nq,
                                      (const uint16_t *)kr->h.row[0] + j0 * kr->h.stride,
                                      kr->h.stride, nk - j0, p->d_k, p->scale);
     else if (b->packed)
-        run->a->scores_packed(b->s + j0, ld_s, b->qt.f, b->nq,
+        run->a->scores_packed(b->s + j0, ld_s, b->qt.f, SDPA_ATTN_MAX_BLOCK_Q, b->nq,
                               (const float *)kr->f.row[0] + j0 * kr->f.stride, kr->f.stride,
                               nk - j0, p->d_k, p->scale);
     else
@@ -386,8 +387,8 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
     float *s_tile = b->s;
     if (b->step == STEP_FUSED) {
         float alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
-        run->exp_pv(b->acc, b->ld_acc, s_tile, b->m, b->m_new, alpha, sums, nq, nk, vr->f.row[0],
-                    vr->f.stride, d_v);
+        run->exp_pv(b->acc, b->ld_acc, s_tile, SDPA_ATTN_MAX_BLOCK_Q, b->m, b->m_new, alpha, sums,
+                    nq, nk, vr->f.row[0], vr->f.stride, d_v);
         for (size_t r = 0; r < nq; r++) {
             b->l[r] = b->l[r] * alpha[r] + sums[r];
             b->m[r] = b->m_new[r];

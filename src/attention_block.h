@@ -24,9 +24,9 @@ typedef struct attention_run {
     const sdpa_bf16_dot_kernels *bf16_dot; /* bf16 Q and K and the add-on on; else NULL */
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
     void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
-    void (*exp_pv)(float *acc, size_t ld_acc, float *st, const float *m, const float *m_new,
-                   float *alpha, float *sums, size_t nq, size_t nk, const float *v, size_t v_stride,
-                   size_t d_v);
+    void (*exp_pv)(float *acc, size_t ld_acc, float *st, size_t ld_st, const float *m,
+                   const float *m_new, float *alpha, float *sums, size_t nq, size_t nk,
+                   const float *v, size_t v_stride, size_t d_v);
 } attention_run;
 
 /* The run of problem p: its kernels, and its blocks of rows and keys. Returns whether a view is

@@ -174,11 +174,12 @@ BACKEND_TEST(microkernels, packed_scores) {
         const float scale = t % 3 == 0 ? 0.125f : t % 3 == 1 ? -1.5f : 1.0f;
         a->pack_q(qt, LD_Q, o.q.p, o.q_stride, sh->nq, sh->d);
         fill_sentinel(s_tile, sizeof s_tile / sizeof s_tile[0]);
-        a->scores_packed(s_tile, LD_S, qt, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d, scale);
+        a->scores_packed(s_tile, LD_S, qt, LD_Q, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d, scale);
         expect_scores(s_tile, LD_S, 0, &o, sh, scale, "scores_packed");
         if (a->scores_max) {
             float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
-            a->scores_max(st, tile_max, qt, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d, scale);
+            a->scores_max(st, LD_Q, tile_max, qt, LD_Q, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d,
+                          scale);
             expect_scores(st, LD_Q, 1, &o, sh, scale, "scores_max");
             for (size_t i = 0; i < sh->nq; i++) {
                 float m = -INFINITY;
@@ -196,15 +197,16 @@ BACKEND_TEST(microkernels, packed_scores) {
         operands o = operands_alloc(&r, &sh);
         float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
         a->pack_q(qt, LD_Q, o.q.p, o.q_stride, sh.nq, sh.d);
-        a->scores_max(st, tile_max, qt, sh.nq, o.k.p, o.k_stride, sh.nk, sh.d, 0.5f);
+        a->scores_max(st, LD_Q, tile_max, qt, LD_Q, sh.nq, o.k.p, o.k_stride, sh.nk, sh.d, 0.5f);
         expect_scores(st, LD_Q, 1, &o, &sh, 0.5f, "scores_max");
         operands_free(&o);
     }
 }
 
-/* The backward's key-major scores: pack_q and scores_keymajor with leading dimensions wider than
- * the packed block, at up to SDPA_ATTN_MAX_BLOCK_KV keys. The padding of every row (poisoned
- * with NaN in qt, the sentinel in st) is never read or written, and the tile is scores_max's bit
+/* The key-major entries with leading dimensions wider than the packed block, at up to
+ * SDPA_ATTN_MAX_BLOCK_KV keys: pack_q, scores_keymajor, scores_max (from the wide qt into a wide
+ * st) and scores_packed (from the wide qt). The padding of every row (poisoned with NaN in qt,
+ * the sentinel in st) is never read or written, and scores_keymajor's tile is scores_max's bit
  * for bit (the backward's scores are the forward's). */
 BACKEND_TEST(microkernels, scores_keymajor) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());
@@ -214,7 +216,7 @@ BACKEND_TEST(microkernels, scores_keymajor) {
     enum { LD_WIDE = SDPA_ATTN_MAX_BLOCK_Q + 16 };
     static _Alignas(64) float qt_wide[SDPA_ATTN_PACK_MAX_D * LD_WIDE];
     static _Alignas(64) float st_wide[(SDPA_ATTN_MAX_BLOCK_KV + 1) * LD_WIDE];
-    static _Alignas(64) float st_max[SDPA_ATTN_MAX_BLOCK_KV * LD_Q];
+    static _Alignas(64) float st_max[(SDPA_ATTN_MAX_BLOCK_KV + 1) * LD_WIDE];
     const size_t nqs[] = {1, 3, 8, 9, 17, SDPA_ATTN_MAX_BLOCK_Q - 1, SDPA_ATTN_MAX_BLOCK_Q};
     const size_t nks[] = {1, 2, 5, 7, 8, 9, 31, 64, SDPA_ATTN_MAX_BLOCK_KV};
     const size_t ds[] = {1, 3, 16, 17, 64, SDPA_ATTN_PACK_MAX_D};
@@ -244,15 +246,35 @@ BACKEND_TEST(microkernels, scores_keymajor) {
                 cr_assert_eq(st_wide[j * LD_WIDE + i], SENTINEL,
                              "scores_keymajor nq %zu nk %zu: wrote st[%zu][%zu]", sh.nq, sh.nk, j,
                              i);
+        if (a->scores_packed) {
+            fill_sentinel(s_tile, sizeof s_tile / sizeof s_tile[0]);
+            a->scores_packed(s_tile, LD_S, qt_wide, LD_WIDE, sh.nq, o.k.p, o.k_stride, sh.nk, sh.d,
+                             scale);
+            expect_scores(s_tile, LD_S, 0, &o, &sh, scale, "scores_packed, ld_qt wide");
+        }
         if (a->scores_max) {
             float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
-            a->pack_q(qt, LD_Q, o.q.p, o.q_stride, sh.nq, sh.d);
-            a->scores_max(st_max, tile_max, qt, sh.nq, o.k.p, o.k_stride, sh.nk, sh.d, scale);
-            for (size_t j = 0; j < sh.nk; j++)
-                cr_assert(memcmp(st_wide + j * LD_WIDE, st_max + j * LD_Q, sh.nq * sizeof(float)) ==
-                              0,
-                          "scores_keymajor nq %zu nk %zu d %zu: key %zu not scores_max's bits",
-                          sh.nq, sh.nk, sh.d, j);
+            fill_sentinel(st_max, sizeof st_max / sizeof st_max[0]);
+            a->scores_max(st_max, LD_WIDE, tile_max, qt_wide, LD_WIDE, sh.nq, o.k.p, o.k_stride,
+                          sh.nk, sh.d, scale);
+            for (size_t j = 0; j < sh.nk; j++) {
+                cr_assert(
+                    memcmp(st_wide + j * LD_WIDE, st_max + j * LD_WIDE, sh.nq * sizeof(float)) == 0,
+                    "scores_keymajor nq %zu nk %zu d %zu: key %zu not scores_max's bits", sh.nq,
+                    sh.nk, sh.d, j);
+                for (size_t i = SDPA_ATTN_MAX_BLOCK_Q; i < LD_WIDE; i++)
+                    cr_assert_eq(st_max[j * LD_WIDE + i], SENTINEL,
+                                 "scores_max ld %d: wrote st[%zu][%zu]", LD_WIDE, j, i);
+            }
+            for (size_t i = 0; i < LD_WIDE; i++)
+                cr_assert_eq(st_max[sh.nk * LD_WIDE + i], SENTINEL,
+                             "scores_max nk %zu: wrote key row %zu", sh.nk, sh.nk);
+            for (size_t i = 0; i < sh.nq; i++) {
+                float m = -INFINITY;
+                for (size_t j = 0; j < sh.nk; j++)
+                    m = st_max[j * LD_WIDE + i] > m ? st_max[j * LD_WIDE + i] : m;
+                cr_assert_eq(tile_max[i], m, "scores_max ld %d: max of row %zu", LD_WIDE, i);
+            }
         }
         operands_free(&o);
     }
@@ -408,6 +430,48 @@ BACKEND_TEST(microkernels, exp_keymajor) {
         }
 }
 
+/* The backward's dS^T = scale P^T o (dP^T - D) (ds_keymajor), key-major with a leading
+ * dimension wider than the block: each element as the contract's three float operations,
+ * computed here in double and rounded to float after each (exact: double holds more than twice
+ * float's bits, so each rounding is float's own); nothing past nq in a row nor past key nk is
+ * written. */
+BACKEND_TEST(microkernels, ds_keymajor) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const sdpa_attention_kernels *a = k->attention;
+    enum { LD_WIDE = SDPA_ATTN_MAX_BLOCK_Q + 16, KEYS = SDPA_ATTN_MAX_BLOCK_KV };
+    static _Alignas(64) float got[(KEYS + 1) * LD_WIDE], p[KEYS * LD_WIDE], dp[KEYS * LD_WIDE];
+    const size_t nqs[] = {1, 3, 4, 5, 8, 15, 16, 17, 31, SDPA_ATTN_MAX_BLOCK_Q};
+    const size_t nks[] = {1, 2, 7, 64, KEYS};
+    rng r = rng_seed(18);
+    for (size_t t = 0; t < 10 * 5; t++) {
+        const size_t nq = nqs[t % 10], nk = nks[t / 10];
+        const float scale = t % 2 ? -0.125f : 0.0883883f;
+        float dd[SDPA_ATTN_MAX_BLOCK_Q];
+        for (size_t i = 0; i < nq; i++) dd[i] = (float)rng_uniform(&r, -3.0, 3.0);
+        fill_sentinel(got, sizeof got / sizeof got[0]);
+        for (size_t j = 0; j < nk; j++)
+            for (size_t i = 0; i < nq; i++) {
+                p[j * LD_WIDE + i] = (float)rng_uniform(&r, 0.0, 1.0);
+                got[j * LD_WIDE + i] = dp[j * LD_WIDE + i] = (float)rng_uniform(&r, -3.0, 3.0);
+            }
+        a->ds_keymajor(got, p, LD_WIDE, nk, nq, dd, scale);
+        for (size_t j = 0; j <= nk; j++)
+            for (size_t i = 0; i < LD_WIDE; i++) {
+                const float g = got[j * LD_WIDE + i];
+                if (j == nk || i >= nq) {
+                    cr_assert_eq(g, SENTINEL, "ds_keymajor nq %zu nk %zu: wrote [%zu][%zu]", nq, nk,
+                                 j, i);
+                    continue;
+                }
+                const float diff = (float)((double)dp[j * LD_WIDE + i] - dd[i]);
+                const float prod = (float)((double)p[j * LD_WIDE + i] * diff);
+                const float want = (float)((double)scale * prod);
+                cr_assert_eq(g, want, "ds_keymajor nq %zu nk %zu: [%zu][%zu] %.9g want %.9g", nq,
+                             nk, j, i, g, want);
+            }
+    }
+}
+
 /* The online-softmax step of the packed path: scores_max, the driver's new maxima, then exp_pv:
  * alpha, the weights in place, their sums, and acc scaled by alpha plus the weights times v. */
 BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
@@ -417,18 +481,23 @@ BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
     rng r = rng_seed(15);
     enum { LD_ACC = MAX_D + BORDER };
     static float acc[SDPA_ATTN_MAX_BLOCK_Q * LD_ACC], acc0[SDPA_ATTN_MAX_BLOCK_Q * LD_ACC];
-    static float s0[SDPA_ATTN_MAX_BLOCK_KV * LD_Q];
+    enum { LD_WIDE = SDPA_ATTN_MAX_BLOCK_Q + 16 };
+    static _Alignas(64) float st_ld[SDPA_ATTN_MAX_BLOCK_KV * LD_WIDE];
+    static float s0[SDPA_ATTN_MAX_BLOCK_KV * LD_WIDE];
     const size_t n = shapes_of(a, SDPA_ATTN_PACK_MAX_D, shapes);
     for (int kind = 0; kind < SDPA_EXP_KINDS; kind++)
         for (size_t t = 0; t < n; t++) {
             const shape *sh = &shapes[t];
             operands o = operands_alloc(&r, sh);
+            const size_t ld = t % 2 ? LD_WIDE : LD_Q; /* the tile's leading dimension */
             float m[SDPA_ATTN_MAX_BLOCK_Q], m_new[SDPA_ATTN_MAX_BLOCK_Q],
                 tile_max[SDPA_ATTN_MAX_BLOCK_Q], alpha[SDPA_ATTN_MAX_BLOCK_Q],
                 sums[SDPA_ATTN_MAX_BLOCK_Q];
             a->pack_q(qt, LD_Q, o.q.p, o.q_stride, sh->nq, sh->d);
-            a->scores_max(st, tile_max, qt, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d, 2.0f);
-            memcpy(s0, st, sizeof s0);
+            fill_sentinel(st_ld, sizeof st_ld / sizeof st_ld[0]);
+            a->scores_max(st_ld, ld, tile_max, qt, LD_Q, sh->nq, o.k.p, o.k_stride, sh->nk, sh->d,
+                          2.0f);
+            memcpy(s0, st_ld, sizeof s0);
             for (size_t i = 0; i < sh->nq; i++) {
                 /* the first block (m = -inf), a max that holds, one that moves, and one so far
                    above this tile that its weights fall below FLT_MIN (and must be 0) */
@@ -440,10 +509,14 @@ BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
                 for (size_t c = 0; c < sh->d; c++)
                     acc[i * LD_ACC + c] = acc0[i * LD_ACC + c] = (float)rng_uniform(&r, -1, 1);
             }
-            a->exp_pv[kind](acc, LD_ACC, st, m, m_new, alpha, sums, sh->nq, sh->nk, o.v.p,
+            a->exp_pv[kind](acc, LD_ACC, st_ld, ld, m, m_new, alpha, sums, sh->nq, sh->nk, o.v.p,
                             o.v_stride, sh->d);
             const char *what = kind ? "exp_pv sleef" : "exp_pv fast";
-            expect_exps(st, s0, LD_Q, 1, sh->nq, sh->nk, m_new, sums, what);
+            expect_exps(st_ld, s0, ld, 1, sh->nq, sh->nk, m_new, sums, what);
+            for (size_t j = 0; j < sh->nk; j++)
+                for (size_t i = SDPA_ATTN_MAX_BLOCK_Q; i < ld; i++)
+                    cr_assert_eq(st_ld[j * ld + i], SENTINEL, "%s ld %zu: wrote st[%zu][%zu]", what,
+                                 ld, j, i);
             for (size_t i = 0; i < sh->nq; i++) {
                 /* an alpha below FLT_MIN only scales what the new weights (one of them 1)
                    outweigh beyond float's precision: the contract lets it be any such value */
@@ -454,7 +527,7 @@ BACKEND_TEST(microkernels, scores_max_and_exp_pv) {
                 for (size_t c = 0; c < sh->d; c++) {
                     double want = (double)alpha[i] * acc0[i * LD_ACC + c], terms = fabs(want);
                     for (size_t j = 0; j < sh->nk; j++) {
-                        double pv = (double)st[j * LD_Q + i] * o.v.p[j * o.v_stride + c];
+                        double pv = (double)st_ld[j * ld + i] * o.v.p[j * o.v_stride + c];
                         want += pv;
                         terms += fabs(pv);
                     }
@@ -659,7 +732,7 @@ BACKEND_TEST(microkernels, bf16_dot_scores) {
             const uint16_t *kk = bf16_alloc(&r, &gk, (sh->nk - 1) * k_stride + sh->d, t % 4 == 1);
             const float scale = t % 3 == 0 ? 0.125f : t % 3 == 1 ? -1.5f : 1.0f;
             memset(qt_pairs, 0xff, sizeof qt_pairs);
-            b->pack_q(qt_pairs, q, q_stride, sh->nq, sh->d);
+            b->pack_q(qt_pairs, LD_Q, q, q_stride, sh->nq, sh->d);
             for (size_t p = 0; p < (sh->d + 1) / 2; p++)
                 for (size_t i = 0; i < SDPA_ATTN_MAX_BLOCK_Q; i++) {
                     const uint16_t *qi = q + i * q_stride + 2 * p;
@@ -670,10 +743,12 @@ BACKEND_TEST(microkernels, bf16_dot_scores) {
                                  sh->d, p, i);
                 }
             fill_sentinel(s_tile, sizeof s_tile / sizeof s_tile[0]);
-            b->scores_packed(s_tile, LD_S, qt_pairs, sh->nq, kk, k_stride, sh->nk, sh->d, scale);
+            b->scores_packed(s_tile, LD_S, qt_pairs, LD_Q, sh->nq, kk, k_stride, sh->nk, sh->d,
+                             scale);
             float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
             fill_sentinel(st, sizeof st / sizeof st[0]);
-            b->scores_max(st, tile_max, qt_pairs, sh->nq, kk, k_stride, sh->nk, sh->d, scale);
+            b->scores_max(st, LD_Q, tile_max, qt_pairs, LD_Q, sh->nq, kk, k_stride, sh->nk, sh->d,
+                          scale);
             for (size_t i = 0; i < sh->nq; i++) {
                 float m = -INFINITY;
                 for (size_t j = 0; j < sh->nk; j++) {
@@ -727,9 +802,9 @@ BACKEND_TEST(microkernels, bf16_dot_special_values) {
             q[2 * D + 1] = 0x7fc1;      /* query 2: NaN */
             kk[3 * D + 2] = 0xff80;     /* key 3: -inf */
             kk[4 * D + D - 1] = 0xffc0; /* key 4: NaN, in the last pair */
-            b->pack_q(qt_pairs, q, D, NQ, D);
+            b->pack_q(qt_pairs, LD_Q, q, D, NQ, D);
             float tile_max[SDPA_ATTN_MAX_BLOCK_Q];
-            b->scores_max(st, tile_max, qt_pairs, NQ, kk, D, NK, D, 1.0f);
+            b->scores_max(st, LD_Q, tile_max, qt_pairs, LD_Q, NQ, kk, D, NK, D, 1.0f);
             const float finite = 0.5f * (float)D;
             for (size_t i = 0; i < NQ; i++)
                 for (size_t j = 0; j < NK; j++) {
@@ -970,7 +1045,7 @@ BACKEND_TEST(microkernels, table_obeys_its_rules) {
     const sdpa_attention_kernels *a = k->attention;
     cr_assert(a->block_q >= 1 && a->block_q <= SDPA_ATTN_MAX_BLOCK_Q);
     cr_assert(a->block_kv >= 1 && a->block_kv <= SDPA_ATTN_MAX_BLOCK_KV);
-    cr_assert(a->scores_tile && a->pv_tile && a->pv_tile_t);
+    cr_assert(a->scores_tile && a->pv_tile && a->pv_tile_t && a->ds_keymajor);
     cr_assert(!a->exp_tile[0] == !a->exp_tile[1], "exp_tile: both kinds or neither");
     cr_assert(!a->pack_q == !a->scores_packed, "pack_q and scores_packed: both or neither");
     cr_assert(!a->scores_max == !a->exp_pv[0] && !a->exp_pv[0] == !a->exp_pv[1],

@@ -1,12 +1,14 @@
 /* NEON (AArch64 Advanced SIMD) attention microkernels: 4 floats a vector, 32 registers, FMA.
  * Kept apart from arch/arm/neon.c so that both can be written at once; neon.c's table points
- * at sdpa_attention_kernels_neon. The algorithms are arch/attention_tiles.h's; this file gives
+ * at sdpa_attention_kernels_neon. The algorithms are arch/attention_tiles.h's (and
+ * exp_keymajor arch/attention_keymajor_steps.h's, over neon_exp.h's row exps); this file gives
  * them NEON's register blocks. Tails are loaded and stored lane by lane (neon_tails.h), so nothing
  * past the end of a row is read or written. */
-#include "neon.h"
+#include "neon_exp.h"
 
 #define ISA_NAME(f) f##_neon
 
+#include "attention_keymajor_steps.h"
 #include "attention_tiles.h"
 
 enum { BLOCK_Q = 32, BLOCK_KV = 64 };

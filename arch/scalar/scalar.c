@@ -209,6 +209,14 @@ static void exp_keymajor_sleef_scalar(float *st, size_t ld_st, size_t nk, size_t
     exp_keymajor_with(exp_sleef_scalar, st, ld_st, nk, nq, shift);
 }
 
+/* kernels.h's ds_keymajor, the backward's dS^T = scale P^T o (dP^T - D) */
+static void ds_keymajor_scalar(float *ds, const float *p, size_t ld, size_t nk, size_t nq,
+                               const float *dd, float scale) {
+    for (size_t j = 0; j < nk; j++)
+        for (size_t i = 0; i < nq; i++)
+            ds[j * ld + i] = scale * (p[j * ld + i] * (ds[j * ld + i] - dd[i]));
+}
+
 static const sdpa_attention_kernels attention_scalar = {
     .block_q = 16,
     .block_kv = 64,
@@ -216,6 +224,7 @@ static const sdpa_attention_kernels attention_scalar = {
     .pv_tile = pv_tile_scalar,
     .pv_tile_t = pv_tile_t_scalar,
     .exp_keymajor = {exp_keymajor_fast_scalar, exp_keymajor_sleef_scalar},
+    .ds_keymajor = ds_keymajor_scalar,
 };
 
 const sdpa_kernels sdpa_kernels_scalar = {

@@ -57,8 +57,8 @@ typedef struct tail_chunk {
 } tail_chunk;
 
 /* One masked load a key, which reads nothing past the row (a masked-off element never faults) */
-static void tail_chunk_fill(tail_chunk *t, const uint32_t *qt, const uint16_t *k, size_t k_stride,
-                            size_t nk, size_t d) {
+static void tail_chunk_fill(tail_chunk *t, const uint32_t *qt, size_t ld_qt, const uint16_t *k,
+                            size_t k_stride, size_t nk, size_t d) {
     const size_t d0 = d - d % TILE_D, np = (d % TILE_D + 1) / 2;
     const __mmask32 m = (__mmask32)((1u << (d % TILE_D)) - 1);
     size_t j = 0;
@@ -68,7 +68,7 @@ static void tail_chunk_fill(tail_chunk *t, const uint32_t *qt, const uint16_t *k
     for (size_t p = 0; p < TILE_PAIRS; p++)
         for (size_t h = 0; h < QT_LD; h += W)
             _mm512_store_si512(t->q + p * QT_LD + h,
-                               p < np ? _mm512_loadu_si512(qt + (d0 / 2 + p) * QT_LD + h)
+                               p < np ? _mm512_loadu_si512(qt + (d0 / 2 + p) * ld_qt + h)
                                       : _mm512_setzero_si512());
 }
 
@@ -76,18 +76,18 @@ static void tail_chunk_fill(tail_chunk *t, const uint32_t *qt, const uint16_t *k
  * (two_queries: 0-31): the first d0 elements (a multiple of TILE_D) from k, k_bytes the bytes
  * from one key to the next, then, where kt is not NULL, one more chunk from the tail copies (kt
  * these keys' rows of tail_chunk's k, qtail its q) */
-ALWAYS_INLINE void tiles_dots(float *st, const uint32_t *qt, const uint16_t *k, size_t k_bytes,
-                              size_t d0, const uint16_t *kt, const uint32_t *qtail, int two_keys,
-                              int two_queries) {
+ALWAYS_INLINE void tiles_dots(float *st, size_t ld_st, const uint32_t *qt, size_t ld_qt,
+                              const uint16_t *k, size_t k_bytes, size_t d0, const uint16_t *kt,
+                              const uint32_t *qtail, int two_keys, int two_queries) {
     const char *k0 = (const char *)k, *k1 = k0 + TILE_KEYS * k_bytes;
     _tile_zero(0);
     if (two_queries) _tile_zero(1);
     if (two_keys) _tile_zero(2);
     if (two_keys && two_queries) _tile_zero(3);
     for (size_t p0 = 0; p0 < d0; p0 += TILE_D) {
-        const uint32_t *b = qt + p0 / 2 * QT_LD;
-        _tile_loadd(6, b, QT_LD * sizeof(uint32_t));
-        if (two_queries) _tile_loadd(7, b + TILE_QUERIES, QT_LD * sizeof(uint32_t));
+        const uint32_t *b = qt + p0 / 2 * ld_qt;
+        _tile_loadd(6, b, ld_qt * sizeof(uint32_t));
+        if (two_queries) _tile_loadd(7, b + TILE_QUERIES, ld_qt * sizeof(uint32_t));
         _tile_loadd(4, k0 + p0 * sizeof(uint16_t), k_bytes);
         _tile_dpbf16ps(0, 4, 6);
         if (two_queries) _tile_dpbf16ps(1, 4, 7);
@@ -110,28 +110,28 @@ ALWAYS_INLINE void tiles_dots(float *st, const uint32_t *qt, const uint16_t *k, 
             if (two_queries) _tile_dpbf16ps(3, 5, 7);
         }
     }
-    const size_t st_bytes = QT_LD * sizeof(float);
+    const size_t st_bytes = ld_st * sizeof(float);
     _tile_stored(0, st, st_bytes);
     if (two_queries) _tile_stored(1, st + TILE_QUERIES, st_bytes);
-    if (two_keys) _tile_stored(2, st + TILE_KEYS * QT_LD, st_bytes);
-    if (two_keys && two_queries) _tile_stored(3, st + TILE_KEYS * QT_LD + TILE_QUERIES, st_bytes);
+    if (two_keys) _tile_stored(2, st + TILE_KEYS * ld_st, st_bytes);
+    if (two_keys && two_queries) _tile_stored(3, st + TILE_KEYS * ld_st + TILE_QUERIES, st_bytes);
 }
 
 /* The unscaled key-major tile of nk keys: 32 keys a step, then 16, then the last nk % 16 keys
  * from a zero-padded copy (a tile load of 16 rows from k would read past its last key), whose C
  * tile goes to the stack and its real rows to st (st need not hold more than nk rows). tail: the
  * last chunk of d, where d is not a multiple of TILE_D; else NULL. */
-ALWAYS_INLINE void tiles_keymajor_nv(float *st, const uint32_t *qt, const uint16_t *k,
-                                     size_t k_stride, size_t nk, size_t d, const tail_chunk *tail,
-                                     int two_queries) {
+ALWAYS_INLINE void tiles_keymajor_nv(float *st, size_t ld_st, const uint32_t *qt, size_t ld_qt,
+                                     const uint16_t *k, size_t k_stride, size_t nk, size_t d,
+                                     const tail_chunk *tail, int two_queries) {
     const size_t k_bytes = k_stride * sizeof(uint16_t), d0 = d - d % TILE_D;
     const uint32_t *qtail = tail ? tail->q : NULL;
     size_t j = 0;
     for (; j + 2 * TILE_KEYS <= nk; j += 2 * TILE_KEYS)
-        tiles_dots(st + j * QT_LD, qt, k + j * k_stride, k_bytes, d0,
+        tiles_dots(st + j * ld_st, ld_st, qt, ld_qt, k + j * k_stride, k_bytes, d0,
                    tail ? tail->k + j * TILE_D : NULL, qtail, 1, two_queries);
     if (j + TILE_KEYS <= nk) {
-        tiles_dots(st + j * QT_LD, qt, k + j * k_stride, k_bytes, d0,
+        tiles_dots(st + j * ld_st, ld_st, qt, ld_qt, k + j * k_stride, k_bytes, d0,
                    tail ? tail->k + j * TILE_D : NULL, qtail, 0, two_queries);
         j += TILE_KEYS;
     }
@@ -141,42 +141,44 @@ ALWAYS_INLINE void tiles_keymajor_nv(float *st, const uint32_t *qt, const uint16
         memset(kpad, 0, TILE_KEYS * d0 * sizeof(uint16_t));
         for (size_t t = 0; t < nk - j; t++)
             memcpy(kpad + t * d0, k + (j + t) * k_stride, d0 * sizeof(uint16_t));
-        tiles_dots(ctail, qt, kpad, d0 * sizeof(uint16_t), d0, tail ? tail->k + j * TILE_D : NULL,
-                   qtail, 0, two_queries);
-        memcpy(st + j * QT_LD, ctail, (nk - j) * QT_LD * sizeof(float));
+        tiles_dots(ctail, QT_LD, qt, ld_qt, kpad, d0 * sizeof(uint16_t), d0,
+                   tail ? tail->k + j * TILE_D : NULL, qtail, 0, two_queries);
+        for (size_t t = 0; t < nk - j; t++)
+            memcpy(st + (j + t) * ld_st, ctail + t * QT_LD, QT_LD * sizeof(float));
     }
 }
 
 /* The scaled key-major tile, and where tile_max is not NULL its max */
-ALWAYS_INLINE void keymajor_tile(float *st, float *tile_max, const uint32_t *qt, size_t nq,
-                                 const uint16_t *k, size_t k_stride, size_t nk, size_t d,
-                                 float scale) {
+ALWAYS_INLINE void keymajor_tile(float *st, size_t ld_st, float *tile_max, const uint32_t *qt,
+                                 size_t ld_qt, size_t nq, const uint16_t *k, size_t k_stride,
+                                 size_t nk, size_t d, float scale) {
     tail_chunk tail_copy, *tail = NULL;
     if (d % TILE_D != 0) {
         tail = &tail_copy;
-        tail_chunk_fill(tail, qt, k, k_stride, nk, d);
+        tail_chunk_fill(tail, qt, ld_qt, k, k_stride, nk, d);
     }
     tiles_configure();
     if (nq > TILE_QUERIES)
-        tiles_keymajor_nv(st, qt, k, k_stride, nk, d, tail, 1);
+        tiles_keymajor_nv(st, ld_st, qt, ld_qt, k, k_stride, nk, d, tail, 1);
     else
-        tiles_keymajor_nv(st, qt, k, k_stride, nk, d, tail, 0);
+        tiles_keymajor_nv(st, ld_st, qt, ld_qt, k, k_stride, nk, d, tail, 0);
     _tile_release();
     const vf vscale = vf_set1(scale);
-    keymajor_scale_max(tile_max, st, nq, nk, &vscale);
+    keymajor_scale_max(tile_max, st, ld_st, nq, nk, &vscale);
 }
 
-static void scores_packed_amx(float *s, size_t ld_s, const uint32_t *qt, size_t nq,
+static void scores_packed_amx(float *s, size_t ld_s, const uint32_t *qt, size_t ld_qt, size_t nq,
                               const uint16_t *k, size_t k_stride, size_t nk, size_t d,
                               float scale) {
     _Alignas(64) float st[SDPA_ATTN_MAX_BLOCK_KV * QT_LD];
-    keymajor_tile(st, NULL, qt, nq, k, k_stride, nk, d, scale);
-    keymajor_to_rows(s, ld_s, st, nq, nk);
+    keymajor_tile(st, QT_LD, NULL, qt, ld_qt, nq, k, k_stride, nk, d, scale);
+    keymajor_to_rows(s, ld_s, st, QT_LD, nq, nk);
 }
 
-static void scores_max_amx(float *st, float *tile_max, const uint32_t *qt, size_t nq,
-                           const uint16_t *k, size_t k_stride, size_t nk, size_t d_k, float scale) {
-    keymajor_tile(st, tile_max, qt, nq, k, k_stride, nk, d_k, scale);
+static void scores_max_amx(float *st, size_t ld_st, float *tile_max, const uint32_t *qt,
+                           size_t ld_qt, size_t nq, const uint16_t *k, size_t k_stride, size_t nk,
+                           size_t d_k, float scale) {
+    keymajor_tile(st, ld_st, tile_max, qt, ld_qt, nq, k, k_stride, nk, d_k, scale);
 }
 
 const sdpa_bf16_dot_kernels sdpa_bf16_dot_avx512_amx = {

@@ -30,55 +30,58 @@ ALWAYS_INLINE void pairs_step(vf *acc, const uint32_t *qt_row, const uint16_t *k
     }
 }
 
-/* st[j][i] = scale * dot(q_i, k_j) for the keys j0..j0 + nkeys and nv vectors of queries, every
- * dot in registers for all of d (nkeys * nv accumulators, independent chains) */
-ALWAYS_INLINE void pairs_block(float *st, const uint32_t *qt, const uint16_t *k, size_t k_stride,
-                               size_t d, vf vscale, int nkeys, int nv) {
+/* st[j * ld_st + i] = scale * dot(q_i, k_j) for the keys j0..j0 + nkeys and nv vectors of
+ * queries, every dot in registers for all of d (nkeys * nv accumulators, independent chains) */
+ALWAYS_INLINE void pairs_block(float *st, size_t ld_st, const uint32_t *qt, size_t ld_qt,
+                               const uint16_t *k, size_t k_stride, size_t d, vf vscale, int nkeys,
+                               int nv) {
     vf acc[16];
     for (int x = 0; x < nkeys * nv; x++) acc[x] = vf_zero();
     const size_t whole = d / 2;
     for (size_t p = 0; p < whole; p++)
-        pairs_step(acc, qt + p * QT_LD, k + 2 * p, k_stride, nkeys, nv, 0);
-    if (d % 2) pairs_step(acc, qt + whole * QT_LD, k + 2 * whole, k_stride, nkeys, nv, 1);
+        pairs_step(acc, qt + p * ld_qt, k + 2 * p, k_stride, nkeys, nv, 0);
+    if (d % 2) pairs_step(acc, qt + whole * ld_qt, k + 2 * whole, k_stride, nkeys, nv, 1);
     for (int c = 0; c < nkeys; c++)
         for (int t = 0; t < nv; t++)
-            vf_store_aligned(st + c * QT_LD + t * W, acc[c * nv + t] * vscale);
+            vf_store_aligned(st + c * ld_st + t * W, acc[c * nv + t] * vscale);
 }
 
 /* The key-major tile for the queries that hold nq (one vector of them or two): 8 keys a block,
  * 2 loads of qt and 8 broadcasts of k for 16 vdpbf16ps a step, then the keys left over one at a
  * time. */
-ALWAYS_INLINE void pairs_keymajor_nv(float *st, const uint32_t *qt, const uint16_t *k,
-                                     size_t k_stride, size_t nk, size_t d, float scale, int nv) {
+ALWAYS_INLINE void pairs_keymajor_nv(float *st, size_t ld_st, const uint32_t *qt, size_t ld_qt,
+                                     const uint16_t *k, size_t k_stride, size_t nk, size_t d,
+                                     float scale, int nv) {
     const vf vscale = vf_set1(scale);
     size_t j = 0;
     for (; j + 8 <= nk; j += 8)
-        pairs_block(st + j * QT_LD, qt, k + j * k_stride, k_stride, d, vscale, 8, nv);
+        pairs_block(st + j * ld_st, ld_st, qt, ld_qt, k + j * k_stride, k_stride, d, vscale, 8, nv);
     for (; j < nk; j++)
-        pairs_block(st + j * QT_LD, qt, k + j * k_stride, k_stride, d, vscale, 1, nv);
+        pairs_block(st + j * ld_st, ld_st, qt, ld_qt, k + j * k_stride, k_stride, d, vscale, 1, nv);
 }
 
-static void pairs_keymajor(float *st, const uint32_t *qt, const uint16_t *k, size_t k_stride,
-                           size_t nk, size_t d, size_t nq, float scale) {
+static void pairs_keymajor(float *st, size_t ld_st, const uint32_t *qt, size_t ld_qt,
+                           const uint16_t *k, size_t k_stride, size_t nk, size_t d, size_t nq,
+                           float scale) {
     if (nq > W)
-        pairs_keymajor_nv(st, qt, k, k_stride, nk, d, scale, 2);
+        pairs_keymajor_nv(st, ld_st, qt, ld_qt, k, k_stride, nk, d, scale, 2);
     else
-        pairs_keymajor_nv(st, qt, k, k_stride, nk, d, scale, 1);
+        pairs_keymajor_nv(st, ld_st, qt, ld_qt, k, k_stride, nk, d, scale, 1);
 }
 
-static void scores_packed_avx512_bf16(float *s, size_t ld_s, const uint32_t *qt, size_t nq,
-                                      const uint16_t *k, size_t k_stride, size_t nk, size_t d,
-                                      float scale) {
+static void scores_packed_avx512_bf16(float *s, size_t ld_s, const uint32_t *qt, size_t ld_qt,
+                                      size_t nq, const uint16_t *k, size_t k_stride, size_t nk,
+                                      size_t d, float scale) {
     _Alignas(64) float st[SDPA_ATTN_MAX_BLOCK_KV * QT_LD];
-    pairs_keymajor(st, qt, k, k_stride, nk, d, nq, scale);
-    keymajor_to_rows(s, ld_s, st, nq, nk);
+    pairs_keymajor(st, QT_LD, qt, ld_qt, k, k_stride, nk, d, nq, scale);
+    keymajor_to_rows(s, ld_s, st, QT_LD, nq, nk);
 }
 
-static void scores_max_avx512_bf16(float *st, float *tile_max, const uint32_t *qt, size_t nq,
-                                   const uint16_t *k, size_t k_stride, size_t nk, size_t d_k,
-                                   float scale) {
-    pairs_keymajor(st, qt, k, k_stride, nk, d_k, nq, scale);
-    keymajor_max(tile_max, st, nq, nk);
+static void scores_max_avx512_bf16(float *st, size_t ld_st, float *tile_max, const uint32_t *qt,
+                                   size_t ld_qt, size_t nq, const uint16_t *k, size_t k_stride,
+                                   size_t nk, size_t d_k, float scale) {
+    pairs_keymajor(st, ld_st, qt, ld_qt, k, k_stride, nk, d_k, nq, scale);
+    keymajor_max(tile_max, st, ld_st, nq, nk);
 }
 
 const sdpa_bf16_dot_kernels sdpa_bf16_dot_avx512 = {

@@ -19,12 +19,12 @@
  * transpose. A row's pairs load as W x 2 bf16 elements under a 16-bit mask, which stops at its
  * d-th element, so an odd d's last pair gets a zero second element and nothing past the row is
  * read (a masked-off element never faults). */
-static void pack_q_avx512_bf16(uint32_t *qt, const uint16_t *q, size_t q_stride, size_t nq,
-                               size_t d) {
+static void pack_q_avx512_bf16(uint32_t *qt, size_t ld_qt, const uint16_t *q, size_t q_stride,
+                               size_t nq, size_t d) {
     for (size_t p0 = 0; p0 < d; p0 += 2 * W) {
         const size_t ne = d - p0 < 2 * W ? d - p0 : 2 * W, np = (ne + 1) / 2;
         const __mmask32 m = (__mmask32)((1ull << ne) - 1);
-        for (size_t i0 = 0; i0 < QT_LD; i0 += W) {
+        for (size_t i0 = 0; i0 < SDPA_ATTN_MAX_BLOCK_Q; i0 += W) {
             vf r[W];
             for (size_t t = 0; t < W; t++)
                 r[t] = i0 + t < nq ? _mm512_castsi512_ps(
@@ -32,7 +32,7 @@ static void pack_q_avx512_bf16(uint32_t *qt, const uint16_t *q, size_t q_stride,
                                    : vf_zero();
             vf_transpose(r);
             for (size_t t = 0; t < np; t++)
-                vf_store((float *)(qt + (p0 / 2 + t) * QT_LD + i0), r[t]);
+                vf_store((float *)(qt + (p0 / 2 + t) * ld_qt + i0), r[t]);
         }
     }
 }

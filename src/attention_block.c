@@ -185,44 +185,32 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
     }
 }
 
-/* The first nk rows of a block of values hold no inf or NaN, where a weight of 0 gives them a
-   product of 0: a finite sum of their squares (the backend's dot of each run with itself, in one
-   call where its rows are contiguous). Values large enough to overflow it, and 16-bit rows, give
-   0: the caller then takes the runs, which are right for any values. */
-static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0, size_t nk,
-                         size_t d_v) {
-    const row_runs *v = &vr->f;
-    if (vr->h.n) return 0;
-    for (size_t i = 0; i < v->n && v->at[i] < nk; i++) {
-        if (v->at[i + 1] <= j0) continue;
-        const size_t from = v->at[i] > j0 ? v->at[i] : j0;
-        const size_t n = (v->at[i + 1] < nk ? v->at[i + 1] : nk) - from;
-        const float *row = (const float *)v->row[i] + (from - v->at[i]) * v->stride;
-        if (v->stride == d_v) {
-            if (!isfinite(k->dot(row, row, n * d_v))) return 0;
-            continue;
-        }
-        for (size_t j = 0; j < n; j++)
-            if (!isfinite(k->dot(row + j * v->stride, row + j * v->stride, d_v))) return 0;
-    }
+/* n rows of d_v floats, stride apart, hold no inf or NaN: a finite sum of their squares (the
+   backend's dot, one call where they are contiguous; a sum that overflows counts as not). */
+static int rows_finite(const sdpa_kernels *k, const float *row, size_t stride, size_t n,
+                       size_t d_v) {
+    if (stride == d_v) return isfinite(k->dot(row, row, n * d_v));
+    for (size_t j = 0; j < n; j++)
+        if (!isfinite(k->dot(row + j * stride, row + j * stride, d_v))) return 0;
     return 1;
 }
 
-/* Whether a window's edge block [k0, k0 + nk) may take the fused path from its key j0: V's rows
-   at hand (vr: f32, read in place), finite at the keys some row does not see (weight 0). */
+/* Whether a window's edge block [k0, k0 + nk) may take the fused path from its key j0: f32 rows
+   read in place (no wide tiles), V's finite at the keys some row does not see (weight 0). */
 static int edge_fuses(const attention_run *run, const attention_problem *p, const row_block *b,
-                      const block_rows *vr, size_t k0, size_t j0, size_t nk) {
-    if (!b->zeros_ok || !vr) return 0;
+                      const key_source *src, size_t k0, size_t j0, size_t nk) {
+    if (!b->zeros_ok || run->wide) return 0;
+    const void *v;
+    key_source_run(src, 1, k0, nk, &v);
     const size_t a = b->all_from > k0 + j0 ? b->all_from - k0 : j0; /* [a, e): every row's */
     const size_t a_in = a < nk ? a : nk, e = b->all_see > k0 + a_in ? b->all_see - k0 : a_in;
-    return values_finite(run->k, vr, j0, a_in, p->d_v) &&
-           values_finite(run->k, vr, e < nk ? e : nk, nk, p->d_v);
+    const size_t e_in = e < nk ? e : nk, vs = src->v_stride;
+    return rows_finite(run->k, (const float *)v + j0 * vs, vs, a_in - j0, p->d_v) &&
+           rows_finite(run->k, (const float *)v + e_in * vs, vs, nk - e_in, p->d_v);
 }
 
-/* A window's edge: -inf at the pairs of b's tile no row sees from key k0 + b->skip, and each
-   row's max over the others (in a frame of its own, which the whole blocks' path need not make). */
-static __attribute__((noinline)) void edge_maxima(row_block *b, const stage_kernels *kn, size_t k0,
-                                                  size_t nk) {
+/* A window's edge: -inf at b's pairs unseen from key k0 + b->skip, each row's max over the rest. */
+static void edge_maxima(row_block *b, const stage_kernels *kn, size_t k0, size_t nk) {
     visibility_hide_keymajor(b->s, SDPA_ATTN_MAX_BLOCK_Q, b->from, b->visible, b->nq, k0, b->skip,
                              nk);
     score_stage_keymajor_max(b->s + b->skip * SDPA_ATTN_MAX_BLOCK_Q, SDPA_ATTN_MAX_BLOCK_Q, b->nq,
@@ -235,12 +223,12 @@ static __attribute__((noinline)) void edge_maxima(row_block *b, const stage_kern
    takes scores_max (and the stage on its tile) now and exp_pv in rows_values, unless a new row
    max would not be finite (+inf among the scores, or a row with nothing but -inf so far). */
 static int scores_fused(const attention_run *run, const attention_problem *p, row_block *b,
-                        const block_rows *kr, const block_rows *vr, const score_stage *stage,
+                        const block_rows *kr, const key_source *src, const score_stage *stage,
                         size_t k0, size_t nk) {
     if (!b->packed || !run->exp_pv || !score_stage_keeps_keys(stage)) return 0;
     const int whole = b->all_from <= k0 && b->all_see >= k0 + nk;
     b->skip = whole || b->kv_begin <= k0 ? 0 : (b->kv_begin - k0) / 8 * 8;
-    if (!whole && !edge_fuses(run, p, b, vr, k0, b->skip, nk)) return 0;
+    if (!whole && !edge_fuses(run, p, b, src, k0, b->skip, nk)) return 0;
     float *st = b->s + b->skip * SDPA_ATTN_MAX_BLOCK_Q;
     const size_t n = nk - b->skip;
     if (run->bf16_dot)
@@ -315,10 +303,10 @@ static int row_online(const attention_run *run, const attention_problem *p, row_
  * stage, and the running max; the fused path (scores_fused) leaves the rest to rows_values,
  * every other block has its weights formed here. */
 static void rows_scores(const attention_run *run, const attention_problem *p, row_block *b,
-                        const block_rows *kr, const block_rows *vr, const score_stage *stage,
+                        const block_rows *kr, const key_source *src, const score_stage *stage,
                         size_t k0, size_t nk) {
     const size_t nq = b->nq, ld_s = run->keys_max;
-    if (scores_fused(run, p, b, kr, vr, stage, k0, nk)) {
+    if (scores_fused(run, p, b, kr, src, stage, k0, nk)) {
         b->step = STEP_FUSED;
         return;
     }
@@ -388,6 +376,22 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
         else
             run->a->pv_tile(acc, ld_acc, w + (from - j), ld_w, nq, n, rows, v->stride, p->d_v);
     }
+}
+
+/* The first nk rows of a block of values are finite (rows_finite, run by run), so that a weight
+   of 0 gives them a product of 0; 16-bit rows give 0: the caller takes the runs, right for any. */
+static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0, size_t nk,
+                         size_t d_v) {
+    const row_runs *v = &vr->f;
+    if (vr->h.n) return 0;
+    for (size_t i = 0; i < v->n && v->at[i] < nk; i++) {
+        if (v->at[i + 1] <= j0) continue;
+        const size_t from = v->at[i] > j0 ? v->at[i] : j0;
+        const size_t n = (v->at[i + 1] < nk ? v->at[i + 1] : nk) - from;
+        const float *row = (const float *)v->row[i] + (from - v->at[i]) * v->stride;
+        if (!rows_finite(k, row, v->stride, n, d_v)) return 0;
+    }
+    return 1;
 }
 
 /* The second half: the weights of rows_scores times the block of values vr into acc (its float
@@ -529,22 +533,18 @@ void attention_block(const attention_run *run, const attention_problem *p, const
         block_rows kr, vr;
         key_rows_of(run->k, src, 0, k0, nk, floats, raw, packed, run->wide ? run->wide->kv : NULL,
                     run->wide ? run->wide->kv16 : NULL, &kr);
-        /* a window's f32 rows, read in place: V's are at hand for the scores (edge_fuses) */
-        const int v_first = !run->wide && first.zeros_ok;
-        if (v_first) key_rows_of(run->k, src, 1, k0, nk, 1, 0, 1, NULL, NULL, &vr);
         for (size_t i = 0; i < n_blocks; i++) {
             row_block *b = blocks[i];
             b->step = STEP_NONE;
             if (k0 < b->kv_end && k0 + nk > b->kv_begin)
-                rows_scores(run, p, b, &kr, v_first ? &vr : NULL, stage, k0,
+                rows_scores(run, p, b, &kr, src, stage, k0,
                             b->kv_end - k0 < nk ? b->kv_end - k0 : nk);
         }
         /* V as float rows for the fused path (exp_pv), and where it is not typed_v */
         int fused = 0;
         for (size_t i = 0; i < n_blocks; i++) fused |= blocks[i]->step == STEP_FUSED;
-        if (!v_first)
-            key_rows_of(run->k, src, 1, k0, nk, fused || !tv, tv, fused,
-                        run->wide ? run->wide->kv : NULL, run->wide ? run->wide->kv16 : NULL, &vr);
+        key_rows_of(run->k, src, 1, k0, nk, fused || !tv, tv, fused,
+                    run->wide ? run->wide->kv : NULL, run->wide ? run->wide->kv16 : NULL, &vr);
         for (size_t i = 0; i < n_blocks; i++)
             if (blocks[i]->step != STEP_NONE)
                 rows_values(run, p, blocks[i], &vr, stage, k0,

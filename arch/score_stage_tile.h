@@ -87,7 +87,7 @@ ALWAYS_INLINE void stage_lanes(const sdpa_stage_tile *t, const stage_consts *k, 
         const vf s =
             stage_vector(k, load_some(p, part, whole), t->deriv ? t->deriv + j * t->ld + x : NULL,
                          slope, dist, jf, part, whole, kind, cap, alibi);
-        store_some(p, part, whole, s);
+        if (cap || alibi) store_some(p, part, whole, s);
         if (t->max) {
             top = vf_max(s, top);
             nan |= s != s;
@@ -116,8 +116,10 @@ ALWAYS_INLINE void stage_tile(const sdpa_stage_tile *t, int kind) {
         stage_tile_of(t, kind, 1, 1);
     else if (t->cap != 0.0f)
         stage_tile_of(t, kind, 1, 0);
-    else
+    else if (t->slope)
         stage_tile_of(t, kind, 0, 1);
+    else /* the max alone */
+        stage_tile_of(t, kind, 0, 0);
 }
 
 static void stage_tile_fast(const sdpa_stage_tile *t) { stage_tile(t, SDPA_EXP_FAST); }

@@ -63,7 +63,7 @@ typedef struct row_block {
                      exactly 0 for the keys it does not see */
     int filled;   /* the zeros are the window's, over values not yet known to be finite */
     int zeros_ok; /* a window: a block's unseen keys may take weight 0 in the tile P V */
-    size_t skip;  /* filled: the block's first keys, which no row sees, left out of the products */
+    size_t skip; /* filled, or fused: the first keys, which no row sees, left out of the products */
     float m[SDPA_ATTN_MAX_BLOCK_Q], m_new[SDPA_ATTN_MAX_BLOCK_Q];
     double l[SDPA_ATTN_MAX_BLOCK_Q];
     size_t from[SDPA_ATTN_MAX_BLOCK_Q], visible[SDPA_ATTN_MAX_BLOCK_Q]; /* row r sees keys
@@ -203,28 +203,68 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
     }
 }
 
-/* The fused path's first half, where it applies: a packed block every row sees whole, with a
-   stage that removes no key, takes scores_max (and the stage on its tile) now and exp_pv in
-   rows_values, unless a new row max would not be finite (+inf among the scores, or a row with
-   nothing but -inf so far). Returns whether it took it. */
+/* n rows of d_v floats, stride apart, hold no inf or NaN: a finite sum of their squares (the
+   backend's dot, one call where they are contiguous; a sum that overflows counts as not). */
+static int rows_finite(const sdpa_kernels *k, const float *row, size_t stride, size_t n,
+                       size_t d_v) {
+    if (stride == d_v) return isfinite(k->dot(row, row, n * d_v));
+    for (size_t j = 0; j < n; j++)
+        if (!isfinite(k->dot(row + j * stride, row + j * stride, d_v))) return 0;
+    return 1;
+}
+
+/* Whether a window's edge block [k0, k0 + nk) may take the fused path from its key j0: f32 rows
+   read in place (no wide tiles), V's finite at the keys some row does not see (weight 0). */
+static int edge_fuses(const attention_run *run, const attention_problem *p, const row_block *b,
+                      const key_source *src, size_t k0, size_t j0, size_t nk) {
+    if (!b->zeros_ok || run->wide) return 0;
+    const void *v;
+    key_source_run(src, 1, k0, nk, &v);
+    const size_t a = b->all_from > k0 + j0 ? b->all_from - k0 : j0; /* [a, e): every row's */
+    const size_t a_in = a < nk ? a : nk, e = b->all_see > k0 + a_in ? b->all_see - k0 : a_in;
+    const size_t e_in = e < nk ? e : nk, vs = src->v_stride;
+    return rows_finite(run->k, (const float *)v + j0 * vs, vs, a_in - j0, p->d_v) &&
+           rows_finite(run->k, (const float *)v + e_in * vs, vs, nk - e_in, p->d_v);
+}
+
+/* A window's edge: -inf at b's pairs unseen from key k0 + b->skip, each row's max over the rest. */
+static void edge_maxima(row_block *b, const stage_kernels *kn, size_t k0, size_t nk) {
+    visibility_hide_keymajor(b->s, SDPA_ATTN_MAX_BLOCK_Q, b->from, b->visible, b->nq, k0, b->skip,
+                             nk);
+    score_stage_keymajor_max(b->s + b->skip * SDPA_ATTN_MAX_BLOCK_Q, SDPA_ATTN_MAX_BLOCK_Q, b->nq,
+                             b->nq, nk - b->skip, b->m_new, kn);
+}
+
+/* The fused path's first half, where it applies: a packed block with a stage that removes no
+   key, that every row sees whole or that is a window's edge (edge_fuses: from the multiple of 8
+   at or before its first seen key, b->skip; exp_pv weighs the -inf of unseen pairs exactly 0),
+   takes scores_max (and the stage on its tile) now and exp_pv in rows_values, unless a new row
+   max would not be finite (+inf among the scores, or a row with nothing but -inf so far). */
 static int scores_fused(const attention_run *run, const attention_problem *p, row_block *b,
-                        const block_rows *kr, const score_stage *stage, size_t k0, size_t nk) {
-    if (!b->packed || !run->exp_pv || !score_stage_keeps_keys(stage) || b->all_from > k0 ||
-        b->all_see < k0 + nk)
-        return 0;
+                        const block_rows *kr, const key_source *src, const score_stage *stage,
+                        size_t k0, size_t nk) {
+    if (!b->packed || !run->exp_pv || !score_stage_keeps_keys(stage)) return 0;
+    const int whole = b->all_from <= k0 && b->all_see >= k0 + nk;
+    b->skip = whole || b->kv_begin <= k0 ? 0 : (b->kv_begin - k0) / 8 * 8;
+    if (!whole && !edge_fuses(run, p, b, src, k0, b->skip, nk)) return 0;
+    float *st = b->s + b->skip * SDPA_ATTN_MAX_BLOCK_Q;
+    const size_t n = nk - b->skip;
     if (run->bf16_dot)
-        run->bf16_dot->scores_max(b->s, SDPA_ATTN_MAX_BLOCK_Q, b->m_new, b->qt.pairs,
-                                  SDPA_ATTN_MAX_BLOCK_Q, b->nq, kr->h.row[0], kr->h.stride, nk,
-                                  p->d_k, p->scale);
+        run->bf16_dot->scores_max(st, SDPA_ATTN_MAX_BLOCK_Q, b->m_new, b->qt.pairs,
+                                  SDPA_ATTN_MAX_BLOCK_Q, b->nq,
+                                  (const uint16_t *)kr->h.row[0] + b->skip * kr->h.stride,
+                                  kr->h.stride, n, p->d_k, p->scale);
     else
-        run->a->scores_max(b->s, SDPA_ATTN_MAX_BLOCK_Q, b->m_new, b->qt.f, SDPA_ATTN_MAX_BLOCK_Q,
-                           b->nq, kr->f.row[0], kr->f.stride, nk, p->d_k, p->scale);
+        run->a->scores_max(st, SDPA_ATTN_MAX_BLOCK_Q, b->m_new, b->qt.f, SDPA_ATTN_MAX_BLOCK_Q,
+                           b->nq, (const float *)kr->f.row[0] + b->skip * kr->f.stride,
+                           kr->f.stride, n, p->d_k, p->scale);
+    const stage_kernels kn = stage_kernels_of(run->k, run->exp_sum);
     if (!score_stage_is_scale(stage)) { /* the stage on the tile, and its maxima */
         float scratch[SDPA_ATTN_MAX_BLOCK_KV * SDPA_ATTN_MAX_BLOCK_Q];
-        const stage_kernels kn = stage_kernels_of(run->k, run->exp_sum);
-        score_stage_keymajor(stage, b->s, SDPA_ATTN_MAX_BLOCK_Q, b->nq, b->q0, b->nq, k0, nk,
-                             b->m_new, NULL, scratch, &kn);
+        score_stage_keymajor(stage, st, SDPA_ATTN_MAX_BLOCK_Q, b->nq, b->q0, b->nq, k0 + b->skip, n,
+                             whole ? b->m_new : NULL, NULL, scratch, &kn);
     }
+    if (!whole) edge_maxima(b, &kn, k0, nk);
     for (size_t r = 0; r < b->nq; r++) b->m_new[r] = b->m_new[r] > b->m[r] ? b->m_new[r] : b->m[r];
     return all_finite(b->m_new, b->nq);
 }
@@ -282,9 +322,10 @@ static int row_online(const attention_run *run, const attention_problem *p, row_
  * stage, and the running max; the fused path (scores_fused) leaves the rest to rows_values,
  * every other block has its weights formed here. */
 static void rows_scores(const attention_run *run, const attention_problem *p, row_block *b,
-                        const block_rows *kr, const score_stage *stage, size_t k0, size_t nk) {
+                        const block_rows *kr, const key_source *src, const score_stage *stage,
+                        size_t k0, size_t nk) {
     const size_t nq = b->nq, ld_s = run->keys_max;
-    if (scores_fused(run, p, b, kr, stage, k0, nk)) {
+    if (scores_fused(run, p, b, kr, src, stage, k0, nk)) {
         b->step = STEP_FUSED;
         return;
     }
@@ -356,10 +397,8 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
     }
 }
 
-/* The first nk rows of a block of values hold no inf or NaN, where a weight of 0 gives them a
-   product of 0: a finite sum of their squares (the backend's dot of each run with itself, in one
-   call where its rows are contiguous). Values large enough to overflow it, and 16-bit rows, give
-   0: the caller then takes the runs, which are right for any values. */
+/* The first nk rows of a block of values are finite (rows_finite, run by run), so that a weight
+   of 0 gives them a product of 0; 16-bit rows give 0: the caller takes the runs, right for any. */
 static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0, size_t nk,
                          size_t d_v) {
     const row_runs *v = &vr->f;
@@ -369,12 +408,7 @@ static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0,
         const size_t from = v->at[i] > j0 ? v->at[i] : j0;
         const size_t n = (v->at[i + 1] < nk ? v->at[i + 1] : nk) - from;
         const float *row = (const float *)v->row[i] + (from - v->at[i]) * v->stride;
-        if (v->stride == d_v) {
-            if (!isfinite(k->dot(row, row, n * d_v))) return 0;
-            continue;
-        }
-        for (size_t j = 0; j < n; j++)
-            if (!isfinite(k->dot(row + j * v->stride, row + j * v->stride, d_v))) return 0;
+        if (!rows_finite(k, row, v->stride, n, d_v)) return 0;
     }
     return 1;
 }
@@ -387,8 +421,9 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
     float *s_tile = b->s;
     if (b->step == STEP_FUSED) {
         float alpha[SDPA_ATTN_MAX_BLOCK_Q], sums[SDPA_ATTN_MAX_BLOCK_Q];
-        run->exp_pv(b->acc, b->ld_acc, s_tile, SDPA_ATTN_MAX_BLOCK_Q, b->m, b->m_new, alpha, sums,
-                    nq, nk, vr->f.row[0], vr->f.stride, d_v);
+        run->exp_pv(b->acc, b->ld_acc, s_tile + b->skip * SDPA_ATTN_MAX_BLOCK_Q,
+                    SDPA_ATTN_MAX_BLOCK_Q, b->m, b->m_new, alpha, sums, nq, nk - b->skip,
+                    (const float *)vr->f.row[0] + b->skip * vr->f.stride, vr->f.stride, d_v);
         for (size_t r = 0; r < nq; r++) {
             b->l[r] = b->l[r] * alpha[r] + sums[r];
             b->m[r] = b->m_new[r];
@@ -521,7 +556,8 @@ void attention_block(const attention_run *run, const attention_problem *p, const
             row_block *b = blocks[i];
             b->step = STEP_NONE;
             if (k0 < b->kv_end && k0 + nk > b->kv_begin)
-                rows_scores(run, p, b, &kr, stage, k0, b->kv_end - k0 < nk ? b->kv_end - k0 : nk);
+                rows_scores(run, p, b, &kr, src, stage, k0,
+                            b->kv_end - k0 < nk ? b->kv_end - k0 : nk);
         }
         /* V as float rows for the fused path (exp_pv), and where it is not typed_v */
         int fused = 0;

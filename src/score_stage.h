@@ -189,6 +189,13 @@ static inline void score_stage_keymajor(const score_stage *st, float *s, size_t 
         for (size_t r = 0; r < nq; r++) max[r] = NAN;
 }
 
+/* Each real row's max over a key-major tile, as score_stage_keymajor's with no step to apply. */
+static inline void score_stage_keymajor_max(float *s, size_t ld, size_t n, size_t nq, size_t nk,
+                                            float *max, const stage_kernels *kn) {
+    const score_stage none = {0};
+    score_stage_keymajor(&none, s, ld, n, 0, nq, 0, nk, max, NULL, NULL, kn);
+}
+
 /* Row i's sink, -inf for none. */
 static inline float score_stage_sink(const score_stage *st, size_t i) {
     return st->sinks ? st->sinks[i * st->head_row] : -INFINITY;

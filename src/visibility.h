@@ -10,6 +10,7 @@
 #ifndef SDPA_SRC_VISIBILITY_H
 #define SDPA_SRC_VISIBILITY_H
 
+#include <math.h>
 #include <stddef.h>
 
 #include "attention_problem.h"
@@ -89,6 +90,23 @@ static inline visibility_class visibility_block(const visibility *v, size_t q0, 
         return VIS_NONE;
     if (visibility_row_first(v, last) <= k0 && visibility_row_end(v, q0) >= k0 + nk) return VIS_ALL;
     return VIS_PARTIAL;
+}
+
+/* In a key-major tile st (key j's line at st + j * ld, row r's entry at r), -inf for every pair
+   of lines [j0, nk) (keys k0 + j) and rows r < nq where the row does not see the key: it sees
+   [from[r], end[r]), each non-decreasing in r as the rule makes them, so a line's hidden rows are
+   a run at each end. */
+static inline void visibility_hide_keymajor(float *st, size_t ld, const size_t *from,
+                                            const size_t *end, size_t nq, size_t k0, size_t j0,
+                                            size_t nk) {
+    size_t ended = 0, started = 0; /* rows that have left key k0 + j behind; that have reached it */
+    for (size_t j = j0; j < nk; j++) {
+        while (ended < nq && end[ended] <= k0 + j) ended++;
+        while (started < nq && from[started] <= k0 + j) started++;
+        float *line = st + j * ld;
+        for (size_t r = 0; r < ended; r++) line[r] = -INFINITY;
+        for (size_t r = started; r < nq; r++) line[r] = -INFINITY;
+    }
 }
 
 #endif

@@ -280,6 +280,36 @@ BACKEND_TEST(mods, window_never_reads_unseen_keys) {
         }
 }
 
+/* A key some rows of a block do not see, whose score would be far above every other, changes
+ * nothing for them: were it in their max, the weights of the keys they see would vanish beside
+ * it (a window's edge, on either side of the block, with and without ALiBi and a softcap). */
+BACKEND_TEST(mods, window_unseen_score_stays_out_of_the_max) {
+    const shape s = {1, 1, 1, 200, 200, 32, SDPA_F32, 1};
+    enum { BIG_K = 100, LEFT = 40 };
+    for (int extra = 0; extra < 3; extra++) {
+        inputs in = make_inputs(&s, 70 + (uint64_t)extra);
+        const size_t d = s.d;
+        for (size_t i = 0; i < s.len_q; i++) in.q[i * d] = 1.0f;
+        for (size_t c = 0; c < d; c++) in.k[BIG_K * d + c] = c == 0 ? 1000.0f : 0.0f;
+        sdpa_score_mods m = none();
+        m.window_left = LEFT;
+        if (extra == 1) m.alibi_slopes = in.slopes;
+        if (extra == 2) m.softcap = 100.0f;
+        float *out = malloc(s.len_q * d * sizeof(float)), lse[200];
+        double want[32];
+        cr_assert_eq(run(&s, &in, &m, out, lse), SDPA_OK);
+        for (size_t i = 0; i < s.len_q; i++) {
+            ref_row(&s, &in, &m, 0, 0, i, 1.0 / sqrt((double)d), want);
+            for (size_t c = 0; c < d; c++)
+                cr_assert(fabs(out[i * d + c] - want[c]) <= 2e-5,
+                          "extra %d row %zu col %zu: %.9g, want %.9g", extra, i, c, out[i * d + c],
+                          want[c]);
+        }
+        free(out);
+        free_inputs(&in);
+    }
+}
+
 /* Same bits at 1 to 4 threads, with every modifier on the split decode and on prefill. */
 BACKEND_TEST(mods, same_bits_at_every_thread_count) {
     const shape shapes[] = {{1, 8, 2, 1, 2500, 64, SDPA_F16, 1},

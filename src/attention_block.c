@@ -1,33 +1,19 @@
 /* The executor: one head's block of query rows against the keys they see, for every backend.
+ * It takes the rows (q, out), a key source (key_source.h: where each block of keys and values
+ * is, dense or paged), a visibility (visibility.h: which keys each row sees) and a score stage
+ * (score_stage.h), and nothing of a descriptor; the planner (plan.h) and the tasks
+ * (attention.c) decide which rows and keys it gets.
  *
- * It takes four things and nothing of a descriptor: the rows (q, out), a key source
- * (key_source.h: where each block of keys and values is, dense or paged), a visibility
- * (visibility.h: which keys each row sees) and a score stage (score_stage.h: what happens to a
- * score between the product and the softmax). The planner (plan.h) and the tasks (attention.c)
- * decide which rows and keys it gets.
- *
- * K and V are streamed in blocks of block_kv keys (FlashAttention's order): the backend's
- * scores_tile forms the scaled scores of the block in a small stack tile, the stage applies its
- * steps, the online softmax updates each row's running max
- * m and sum l (rescaling the row's accumulator by exp(m_old - m_new) when the max grows), and
- * pv_tile adds the weights times the block of V into the accumulator. The accumulator is a
- * stack tile (or, for d_v > 256, the output rows themselves); each row is divided by l at the
- * end. Blocks no row sees (above the causal diagonal) are never visited.
- *
- * Views of a 16-bit type are widened to float a block at a time (the backend's widen), so every
- * microkernel works in float: the block's queries once, each block of keys before its scores
- * and the same block of values before P V, once for all the blocks of rows a unit holds (two
- * for a 16-bit K/V prefill, ROW_BLOCKS); a 16-bit out is rounded once, from the finished float
- * row. Where the backend's bf16 dot add-on is on (kernels.h, sdpa_bf16_dot_kernels) and Q
- * and K are both bf16, the packed path forms Q.K from them as they are, and only V is widened.
- * Where the backend has typed entries (kernels.h, scores_tile_typed and pv_tile_typed), the
- * unpacked blocks (fewer than 8 rows: decode) read 16-bit K as it is, and every P V step but the
- * fused one reads 16-bit V so, each vector widened in registers: widened first, each element
- * would be stored and loaded again for only nq FMAs. An 8-bit K/V (fp8) is read as it is by the
- * backend's fp8 entries where those typed entries apply (they widen each vector of codes in
- * registers, as widen_fp8 and then the f16 entries would, bit for bit); else it is widened a
- * block at a time to f16 rows by the backend's widen_fp8 (key_rows.c), exactly, and from there
- * takes the f16 path: float rows widened from the f16 ones. */
+ * K and V stream in blocks of block_kv keys (FlashAttention's order): the scores of a block in a
+ * stack tile, the stage, the online softmax (running max m and sum l a row, the accumulator
+ * rescaled by exp(m_old - m_new) when the max grows), then P V into the accumulator (a stack
+ * tile, or for d_v > 256 the output rows), each row divided by l at the end. Blocks no row sees
+ * are never visited. Every microkernel works in float: a 16-bit view is widened a block at a
+ * time (once for the ROW_BLOCKS a 16-bit prefill unit holds), or read as it is, a vector widened
+ * in registers, by the typed entries (decode's unpacked blocks; P V but the fused step) and the
+ * bf16 dot add-on (bf16 Q and K, packed). fp8 K/V is read by the backend's fp8 entries where the
+ * typed ones apply (bit for bit widen_fp8 and the f16 entries), else widened to f16 rows a block
+ * at a time (key_rows.c) and taken as f16. A 16-bit out is rounded once, from the float row. */
 #include "attention_block.h"
 
 #include <math.h>
@@ -112,12 +98,9 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
                        row_block *b) {
     const sdpa_attention_kernels *a = run->a;
     const size_t d_v = p->d_v, os = p->out_stride[2];
-    b->q0 = q0;
-    b->nq = nq;
+    b->q0 = q0, b->nq = nq, b->qs = 0, b->qb = NULL;
     b->packed = a->pack_q && nq >= 8 && p->d_k <= SDPA_ATTN_PACK_MAX_D;
     const sdpa_bf16_dot_kernels *pairs = b->packed ? run->bf16_dot : NULL;
-    b->qs = 0;
-    b->qb = NULL;
     if (pairs)
         pairs->pack_q(b->qt.pairs, SDPA_ATTN_MAX_BLOCK_Q, (const uint16_t *)q + q0 * p->q_stride[2],
                       p->q_stride[2], nq, p->d_k);
@@ -138,15 +121,12 @@ static void rows_begin(const attention_run *run, const attention_problem *p, con
     for (size_t r = 0; r < nq; r++) {
         const size_t from = visibility_row_first(vis, q0 + r),
                      seen = visibility_row_end(vis, q0 + r);
-        b->from[r] = from;
-        b->visible[r] = seen;
+        b->from[r] = from, b->visible[r] = seen;
         if (from < b->kv_begin) b->kv_begin = from;
         if (from > b->all_from) b->all_from = from;
         if (seen > b->kv_end) b->kv_end = seen;
         if (seen < b->all_see) b->all_see = seen;
-        b->m[r] = -INFINITY;
-        b->l[r] = 0.0;
-        b->poisoned[r] = 0;
+        b->m[r] = -INFINITY, b->l[r] = 0.0, b->poisoned[r] = 0;
         memset(b->acc + r * b->ld_acc, 0, d_v * sizeof(float));
     }
 }
@@ -158,17 +138,13 @@ static uint32_t rows16_type(const attention_problem *p) {
     return sdpa_type_is_fp8(p->kv_type) ? SDPA_F16 : p->kv_type;
 }
 
-/* Whether the backend's typed entries (kernels.h) take this problem's 16-bit K (for unpacked
- * blocks) and V as they are (8-bit: as f16 rows). */
-static int typed_k(const attention_run *run, const attention_problem *p) {
+/* Whether the backend's typed entries (kernels.h) take this problem's 16-bit K (values 0: for
+ * unpacked blocks) or V (values 1) as they are (8-bit: as f16 rows). */
+static int typed(const attention_run *run, const attention_problem *p, int values) {
     const uint32_t t = rows16_type(p);
-    return (t == SDPA_F16 || t == SDPA_BF16) && p->d_k <= SDPA_ATTN_TYPED_MAX_D &&
-           run->a->scores_tile_typed[t];
-}
-static int typed_v(const attention_run *run, const attention_problem *p) {
-    const uint32_t t = rows16_type(p);
-    return (t == SDPA_F16 || t == SDPA_BF16) && p->d_v <= SDPA_ATTN_TYPED_MAX_D &&
-           run->a->pv_tile_typed[t];
+    return (t == SDPA_F16 || t == SDPA_BF16) &&
+           (values ? p->d_v : p->d_k) <= SDPA_ATTN_TYPED_MAX_D &&
+           (values ? run->a->pv_tile_typed[t] != NULL : run->a->scores_tile_typed[t] != NULL);
 }
 
 typedef void scores_typed_fn(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
@@ -282,8 +258,10 @@ static void scores_product(const attention_run *run, const attention_problem *p,
         run->a->scores_packed(b->s + j0, ld_s, b->qt.f, SDPA_ATTN_MAX_BLOCK_Q, b->nq,
                               (const float *)kr->f.row[0] + j0 * kr->f.stride, kr->f.stride,
                               nk - j0, p->d_k, p->scale);
-    else
-        scores_runs(run, p, b, typed_k(run, p) ? &kr->h : &kr->f, typed_k(run, p), nk);
+    else {
+        const int t = typed(run, p, 0);
+        scores_runs(run, p, b, t ? &kr->h : &kr->f, t, nk);
+    }
 }
 
 /* The keys [k0 + *a, k0 + *e) of a block [k0, k0 + nk) that row r of b sees (none: *a >= *e). */
@@ -397,8 +375,8 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
     }
 }
 
-/* The first nk rows of a block of values are finite (rows_finite, run by run), so that a weight
-   of 0 gives them a product of 0; 16-bit rows give 0: the caller takes the runs, right for any. */
+/* The first nk rows of a block of values are finite (rows_finite, run by run): a weight of 0
+   then gives them a product of 0. 16-bit rows give 0 (the caller takes the runs, right for any). */
 static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0, size_t nk,
                          size_t d_v) {
     const row_runs *v = &vr->f;
@@ -537,7 +515,7 @@ void attention_block(const attention_run *run, const attention_problem *p, const
     }
     /* the bf16 dot reads K as it is for packed blocks, typed_k for unpacked ones; any other
        block needs float rows */
-    const int tk = typed_k(run, p), tv = typed_v(run, p);
+    const int tk = typed(run, p, 0), tv = typed(run, p, 1);
     int raw = 0, floats = 0, packed = 0; /* packed kernels take one run of keys */
     for (size_t i = 0; i < n_blocks; i++) {
         const int as_is = blocks[i]->packed ? run->bf16_dot != NULL : tk;

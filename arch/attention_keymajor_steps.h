@@ -1,15 +1,16 @@
 /* The backward's element-wise steps on a key-major tile, written once over a backend's vector
  * operations: kernels.h's exp_keymajor (P^T = exp(S^T - lse)) and ds_keymajor (dS^T = scale P^T
  * o (dP^T - D)). exp_keymajor's exps are exp_tile's (isa_exps, isa_exp_table;
- * arch/attention_packed.h declares them) where the backend defines ISA_EXP_TILE, else its row
- * exps (row_exps, row_exp_shift and row_exp_folds, as arch/row_kernels.h takes them). Apart
- * from the packed path, so that a backend without it (neon) has them too. */
+ * arch/attention_packed.h declares them) where ISA_EXP_TILE is defined before this header is
+ * included, else the row exps (row_exps, row_exp_shift and row_exp_folds, as arch/row_kernels.h
+ * takes them): avx512 defines it later, so its exp_keymajor takes the row exps. Apart from the
+ * packed path, so that a backend without it (neon) has them too. */
 #ifndef SDPA_ARCH_ATTENTION_KEYMAJOR_STEPS_H
 #define SDPA_ARCH_ATTENTION_KEYMAJOR_STEPS_H
 
 #include "attention_vectors.h"
 
-/* The exps of exp_keymajor_loops: exp_tile's (isa_exps) where the backend has exp_tile, else
+/* The exps of exp_keymajor_loops: exp_tile's (isa_exps) where ISA_EXP_TILE is defined here, else
  * exp_sum's at a zero shift (row_exps, the shift folded or subtracted as exp_sum_of does), the
  * exps the forward's tiles take on the backend. kind is a constant at every call. */
 typedef struct keymajor_exps {

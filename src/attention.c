@@ -300,25 +300,28 @@ void attention_run_all(const attention_problem *p) {
     work_run(&r, &split_ops, unit_task, &pl, pl.f.parallel, threads);
 }
 
+void attention_no_keys(const attention_problem *p) {
+    const size_t size = sdpa_type_size(p->out_type);
+    for (size_t b = 0; b < p->batch; b++)
+        for (size_t h = 0; h < p->heads_q; h++)
+            for (size_t i = 0; i < p->len_q; i++) {
+                size_t at = b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2];
+                memset((char *)p->out + at * size, 0, p->d_v * size);
+                if (p->lse) /* the log of the sink's term alone, if any */
+                    p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] +
+                           i * sdpa_problem_lse_row(p)] =
+                        p->mods.sinks ? p->mods.sinks[h] : -INFINITY;
+            }
+}
+
 static sdpa_status attention_checked_run(attention_problem *p, uint32_t flags) {
     sdpa_status st = sdpa_problem_check(p, flags);
     if (st != SDPA_OK) return st;
     if (!sdpa_problem_has_rows(p)) return SDPA_OK;
-    if (p->len_kv == 0) { /* no key at all: every row is zeros, its log-sum-exp -inf */
-        const size_t size = sdpa_type_size(p->out_type);
-        for (size_t b = 0; b < p->batch; b++)
-            for (size_t h = 0; h < p->heads_q; h++)
-                for (size_t i = 0; i < p->len_q; i++) {
-                    size_t at = b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2];
-                    memset((char *)p->out + at * size, 0, p->d_v * size);
-                    if (p->lse) /* the log of the sink's term alone, if any */
-                        p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] +
-                               i * sdpa_problem_lse_row(p)] =
-                            p->mods.sinks ? p->mods.sinks[h] : -INFINITY;
-                }
-        return SDPA_OK;
-    }
-    attention_run_all(p);
+    if (p->len_kv == 0)
+        attention_no_keys(p);
+    else
+        attention_run_all(p);
     return SDPA_OK;
 }
 

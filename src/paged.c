@@ -248,19 +248,6 @@ static sdpa_status batch_mods(attention_problem *whole, const sdpa_batch *b) {
     return sdpa_problem_set_mods(whole, b->mods);
 }
 
-/* Rows that see no key: zeros, and a log-sum-exp of the sink's term alone (-inf with none). */
-static void no_keys(const attention_problem *p) {
-    const size_t size = sdpa_type_size(p->out_type);
-    for (size_t h = 0; h < p->heads_q; h++)
-        for (size_t i = 0; i < p->len_q; i++) {
-            memset(element(p->out, h * p->out_stride[1] + i * p->out_stride[2], p->out_type), 0,
-                   p->d_v * size);
-            if (p->lse)
-                p->lse[h * p->lse_stride[1] + i * sdpa_problem_lse_row(p)] =
-                    p->mods.sinks ? p->mods.sinks[h] : -INFINITY;
-        }
-}
-
 /* A checked batch and the threads of its call. */
 typedef struct paged_call {
     const sdpa_batch *batch;
@@ -281,7 +268,7 @@ static void run_sequence(const paged_call *c, size_t s, int shared) {
     if (p.len_kv)
         attention_run_all(&p);
     else
-        no_keys(&p);
+        attention_no_keys(&p);
 }
 
 /* a task of sdpa_parallel_run: sequence s if it runs on one thread (as a task, on this one) */

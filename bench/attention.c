@@ -242,14 +242,16 @@ static void *paged_pool(const att_shape *s, const void *dense, const int32_t *ta
    (to_tokens 0): sequence b's rows are its first seq_q, at its tokens from seq_token. */
 static void move_rows(void *to, const void *from, const att_shape *s, size_t size, int to_tokens) {
     const size_t row = s->d * size;
-    for (size_t b = 0; b < s->batch; b++)
+    for (size_t b = 0; b < s->batch; b++) {
+        const size_t first = seq_token(s, b);
         for (size_t h = 0; h < s->heads_q; h++)
             for (size_t i = 0; i < seq_q(s, b); i++) {
                 const size_t dense = ((b * s->heads_q + h) * s->len_q + i) * row;
-                const size_t token = ((seq_token(s, b) + i) * s->heads_q + h) * row;
+                const size_t token = ((first + i) * s->heads_q + h) * row;
                 memcpy((char *)to + (to_tokens ? token : dense),
                        (const char *)from + (to_tokens ? dense : token), row);
             }
+    }
 }
 
 /* The paged call's views of the shape's values: q (of q_type) and k and v (of kv_type), dense. */

@@ -23,14 +23,27 @@ typedef struct task_args {
     size_t index;
 } task_args;
 
-/* Task t: unit t / n_chunks, its chunks in the plan's order, each its parts in order. */
+/* Task t: the i-th of unit u's chunks in the plan's order (u = t / n_chunks, i = t % n_chunks;
+   interleaved, i = t / n_units, u = t % n_units), its parts in order. */
+static void task_run(const reduction *x, void *scratch, size_t t) {
+    const chunk_plan *r = x->r;
+    const size_t n = r->n_chunks;
+    const size_t u = r->interleave ? t % r->n_units : t / n,
+                 i = r->interleave ? t / r->n_units : t % n;
+    const size_t c = r->last_first ? n - 1 - i : i;
+    for (size_t part = 0; part < r->n_parts; part++)
+        x->ops->run(x->ctx, scratch, u, c, part, slot_of(x, u, c, part));
+}
+
 static void task_body(void *arg, void *scratch) {
     const task_args *a = arg;
-    const reduction *x = a->x;
-    const size_t n = x->r->n_chunks, u = a->index / n, i = a->index % n;
-    const size_t c = x->r->last_first ? n - 1 - i : i;
-    for (size_t part = 0; part < x->r->n_parts; part++)
-        x->ops->run(x->ctx, scratch, u, c, part, slot_of(x, u, c, part));
+    task_run(a->x, scratch, a->index);
+}
+
+/* Every task on this thread, in task order. */
+static void tasks_body(void *arg, void *scratch) {
+    const reduction *x = arg;
+    for (size_t t = 0; t < x->r->n_units * x->r->n_chunks; t++) task_run(x, scratch, t);
 }
 
 static void task(void *arg, size_t index) {
@@ -71,8 +84,12 @@ static void in_order_body(void *arg, void *scratch) {
 void chunks_run(const chunk_plan *r, const chunk_ops *ops, const void *ctx, int parallel,
                 size_t threads) {
     reduction x = {r, ops, ctx, NULL};
-    if (parallel && (x.workspace = sdpa_workspace_acquire(chunk_plan_workspace(r))) != NULL) {
-        sdpa_parallel_run(task, &x, r->n_units * r->n_chunks, threads);
+    if ((parallel || r->interleave) &&
+        (x.workspace = sdpa_workspace_acquire(chunk_plan_workspace(r))) != NULL) {
+        if (parallel)
+            sdpa_parallel_run(task, &x, r->n_units * r->n_chunks, threads);
+        else
+            ops->with_scratch(ctx, tasks_body, &x);
         ops->with_scratch(ctx, merge_body, &x);
         sdpa_workspace_release();
         return;

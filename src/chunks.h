@@ -8,7 +8,8 @@
  * There are two schedules, with the same bits: every (unit, chunk, part) result comes from the
  * same call, and every merge takes the same two operands in the same order.
  *   - Tasks: task (unit, chunk) runs its parts in order into slots of the shared workspace, the
- *     tasks on the call's threads; then the calling thread merges, unit by unit, part by part.
+ *     tasks on the call's threads (on this one, in task order, for an interleaved plan that is
+ *     not parallel); then the calling thread merges, unit by unit, part by part.
  *   - In order: on the calling thread, unit by unit, part by part, chunk 0 and then each further
  *     chunk into one slot on the stack, merged at once. It needs no workspace: it serves one
  *     thread, and a call that finds the workspace held by another. */
@@ -34,8 +35,8 @@ typedef struct chunk_ops {
     void (*finish)(const void *ctx, void *scratch, size_t u, size_t part, float *state);
 } chunk_ops;
 
-/* The reduction of plan r (n_chunks >= 2): in tasks on `threads` threads when `parallel` and the
-   workspace can be had, else in order on this thread. */
+/* The reduction of plan r (n_chunks >= 2): in tasks on `threads` threads when `parallel`, or on
+   this thread when r interleaves, if the workspace can be had; else in order on this thread. */
 void chunks_run(const chunk_plan *r, const chunk_ops *ops, const void *ctx, int parallel,
                 size_t threads);
 

@@ -27,10 +27,6 @@ const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void
     return tile;
 }
 
-/* Pages shorter than this are gathered even for kernels that take runs: a call a run would
-   cost more than the copy. */
-#define RUN_MIN_KEYS 8
-
 static void one_run(row_runs *r, const void *row, size_t stride, size_t nk) {
     r->n = 1;
     r->stride = stride;

@@ -24,6 +24,10 @@ typedef struct key_source {
     size_t page_size, k_page_stride, v_page_stride;
 } key_source;
 
+/* Pages shorter than this are gathered even for kernels that take runs: a call a run would
+   cost more than the copy. */
+#define RUN_MIN_KEYS 8
+
 /* The keys and values of problem p's head at k and v (as attention.c's units find them), from
    key `first`. */
 static inline key_source key_source_of(const attention_problem *p, const void *k, const void *v,

@@ -1,6 +1,7 @@
 /* How an attention call's work is cut (plan.h): pure functions of the shape. */
 #include "plan.h"
 
+#include "key_source.h"
 #include "threads.h"
 
 /* Split-KV: as many chunks a unit as there are pieces, but no more than give about SPLIT_TASKS
@@ -46,6 +47,10 @@ void plan_forward(forward_plan *pl, const attention_problem *p, size_t block_row
         pl->n_chunks = pl->pieces < want ? pl->pieces : want;
     }
     pl->slot = pl->block_q * (p->d_v + 2);
+    /* Pages read in place interleave the units' chunks: a kernel's read-ahead past a page's end
+       lands in the next kv head's page of the block (vLLM's layout), which that head's unit
+       then finds near, reading the same chunk next. Gathered pages measured slower so. */
+    pl->interleave = p->pages && p->page_size >= RUN_MIN_KEYS;
     const chunk_plan r = plan_forward_chunks(pl);
     pl->workspace = pl->n_chunks > 1 ? chunk_plan_workspace(&r) : 0;
     pl->parallel = threads > 1 && forward_work(p, pl->n_units) >= (double)SDPA_PARALLEL_MIN_WORK;
@@ -70,7 +75,7 @@ void plan_forward_unit(const forward_plan *pl, const attention_problem *p, size_
 }
 
 chunk_plan plan_forward_chunks(const forward_plan *pl) {
-    const chunk_plan r = {pl->n_units, pl->n_chunks, 1, pl->slot, 1, 1};
+    const chunk_plan r = {pl->n_units, pl->n_chunks, 1, pl->slot, 1, 1, pl->interleave};
     return r;
 }
 
@@ -129,7 +134,7 @@ void plan_backward(backward_plan *pl, const backward_problem *bp, size_t threads
 }
 
 chunk_plan plan_backward_chunks(const backward_plan *pl) {
-    const chunk_plan r = {pl->n_units, pl->n_chunks, pl->group * pl->bands, pl->slot, 0, 0};
+    const chunk_plan r = {pl->n_units, pl->n_chunks, pl->group * pl->bands, pl->slot, 0, 0, 0};
     return r;
 }
 

@@ -52,6 +52,9 @@ typedef struct chunk_plan {
                        CHUNK_STACK_FLOATS */
     int state;      /* chunk 0 keeps a slot too: the state its merges update */
     int last_first; /* a unit's tasks take its chunks last first (the last is the longest) */
+    int interleave; /* the tasks take chunk i of every unit before chunk i + 1, and one thread
+                       runs them so too, in the workspace: units that read memory side by side
+                       (a paged cache's kv heads of a block) then read it close in time */
 } chunk_plan;
 
 /* Floats of the workspace of the tasks' schedule: a slot a (unit, part, chunk that keeps one). */
@@ -69,6 +72,7 @@ typedef struct forward_plan {
     size_t slot;             /* floats of one (unit, chunk) partial: rows, maxima, sums */
     size_t workspace;        /* floats of the partials (n_units * n_chunks slots), or 0 */
     int parallel;            /* worth more than one thread */
+    int interleave;          /* the units' chunks interleave (chunk_plan) */
 } forward_plan;
 
 /* One forward unit: rows [q0, q0 + nq) of query head `head`, or (grouped) query heads

@@ -387,8 +387,10 @@ static void check_toy(const chunk_plan *r, int parallel, size_t threads, const f
 Test(chunks, both_schedules_sum_in_chunk_order_at_every_thread_count) {
     static const size_t shapes[][3] = {{1, 2, 1}, {1, 8, 1}, {3, 5, 4}, {16, 2, 3}, {2, 8, 1}};
     for (size_t s = 0; s < 5; s++)
-        for (int state = 0; state < 2; state++) {
-            const chunk_plan r = {shapes[s][0], shapes[s][1], shapes[s][2], 3 + s, state, s & 1};
+        for (int flags = 0; flags < 4; flags++) {
+            const int state = flags & 1, interleave = flags >> 1;
+            const chunk_plan r = {shapes[s][0], shapes[s][1], shapes[s][2], 3 + s,
+                                  state,        s & 1,        interleave};
             cr_assert_leq(r.n_units * r.n_parts, TOY_MAX);
             for (size_t threads = 1; threads <= 4; threads++) {
                 check_toy(&r, 0, threads, NULL);

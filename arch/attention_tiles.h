@@ -148,7 +148,9 @@ ALWAYS_INLINE float dot_as(const float *q, const void *k, size_t d, int type) {
  * L3 about a fifth faster on a 2 MiB-L2 Xeon). Float rows, twice the bytes a FMA, do without.
  * An address may lie past the rows given (the next block's, in a dense layout): a prefetch
  * never faults. */
-#define PREFETCH_V_KEYS 16 /* P V: keys ahead; the scores: their next register block */
+#define PREFETCH_KEYS                                                                              \
+    16 /* keys ahead, the scores' and P V's: a register block ahead left                           \
+          decode from DRAM waiting on K (16 keys of 128 halves are 4 KiB) */
 
 /* Keys ahead for rows of type t: an 8-bit row is half a 16-bit one's lines, and its vectors
  * take fewer cycles each (decode's K and V from DRAM), so it is prefetched FP8_AHEAD times as
@@ -237,7 +239,7 @@ ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, si
         for (; j + nr <= nk; j += nr) {
             if (kt != SDPA_TYPE_F32) /* the next block's keys */
                 for (int c = 0; c < nr; c++)
-                    prefetch_row(k, j + keys_ahead(nr, kt) + c, k_stride, d, kt);
+                    prefetch_row(k, j + keys_ahead(PREFETCH_KEYS, kt) + c, k_stride, d, kt);
             scores_block(si + j, ld_s, qi, q_stride, elem_at(k, j * k_stride, kt), k_stride, kt, d,
                          vscale, mr, nr, keywise);
         }
@@ -306,7 +308,7 @@ ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t 
     for (; j + row_nr <= nk; j += row_nr) {
         if (kt != SDPA_TYPE_F32)
             for (int c = 0; c < row_nr; c++)
-                prefetch_row(k, j + keys_ahead(row_nr, kt) + c, k_stride, d, kt);
+                prefetch_row(k, j + keys_ahead(PREFETCH_KEYS, kt) + c, k_stride, d, kt);
         scores_block(s + j, 0, q, 0, elem_at(k, j * k_stride, kt), k_stride, kt, d, vscale, 1,
                      row_nr, 1);
     }
@@ -363,7 +365,7 @@ ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_ro
 #pragma GCC unroll 4
         for (int x = 0; x < u; x++) {
             if (bt != SDPA_TYPE_F32) /* the columns of a row ahead */
-                prefetch_row(elem_at(b, (j + x + keys_ahead(PREFETCH_V_KEYS, bt)) * ldb, bt), 0, 0,
+                prefetch_row(elem_at(b, (j + x + keys_ahead(PREFETCH_KEYS, bt)) * ldb, bt), 0, 0,
                              nv * W, bt);
             block_step(ch + x * n, a + (j + x) * a_col, a_row, elem_at(b, (j + x) * ldb, bt), bt,
                        mr, nv, m);

@@ -206,23 +206,30 @@ typedef struct bench_mods {
  * call (scripts/bench-ab runs this benchmark against them). */
 #pragma weak sdpa_attention_paged
 
+/* Bytes past a 4 KiB page where a pool starts (--pool-offset): a block of 16 tokens of one head
+   is 4 KiB at d = 128 in 16 bits, which at a page boundary lies in one page and otherwise in
+   two. */
+static size_t pool_offset;
+
 typedef struct paged_view {
     sdpa_kv_cache cache;
     sdpa_batch batch;
     int32_t *table, *q_start, *kv_len;
     void *q, *k_pool, *v_pool; /* q: [token][head][d] */
+    void *k_mem, *v_mem;       /* the pools' allocations */
 } paged_view;
 
 static size_t type_bytes(sdpa_dtype t) { return t == SDPA_F32 ? 4 : t <= SDPA_BF16 ? 2 : 1; }
 
 /* A dense [batch][heads_kv][len_kv][d] view of type t copied into a pool of num_blocks blocks
-   through table ([batch][blocks a sequence]), the rest of the pool NaN. */
+   through table ([batch][blocks a sequence]), the rest of the pool NaN; *mem is what to free. */
 static void *paged_pool(const att_shape *s, const void *dense, const int32_t *table,
-                        size_t num_blocks, sdpa_dtype t) {
+                        size_t num_blocks, sdpa_dtype t, void **mem) {
     const size_t size = type_bytes(t), row = s->d * size;
     const size_t per_seq = (s->len_kv + s->block - 1) / s->block;
     const size_t block_bytes = s->heads_kv * s->block * row;
-    char *pool = xalloc((num_blocks * block_bytes + sizeof(float) - 1) / sizeof(float));
+    if (posix_memalign(mem, 4096, num_blocks * block_bytes + pool_offset)) exit(2);
+    char *pool = (char *)*mem + pool_offset;
     const float nan = NAN;
     unsigned char one[4];
     sdpa_convert(one, t, &nan, SDPA_F32, 1);
@@ -276,8 +283,8 @@ static void paged_prepare(paged_view *pv, const att_shape *s, const void *q, con
         const int32_t t = pv->table[i];
         pv->table[i] = pv->table[r], pv->table[r] = t;
     }
-    pv->k_pool = paged_pool(s, k, pv->table, num_blocks, s->kv_type);
-    pv->v_pool = paged_pool(s, v, pv->table, num_blocks, s->kv_type);
+    pv->k_pool = paged_pool(s, k, pv->table, num_blocks, s->kv_type, &pv->k_mem);
+    pv->v_pool = paged_pool(s, v, pv->table, num_blocks, s->kv_type, &pv->v_mem);
     const size_t nq = s->batch * s->heads_q * s->len_q * s->d;
     pv->q = xalloc(nq);
     move_rows(pv->q, q, s, type_bytes(s->q_type), 1);
@@ -311,7 +318,7 @@ static void paged_prepare(paged_view *pv, const att_shape *s, const void *q, con
 
 static void paged_release(paged_view *pv) {
     free(pv->table), free(pv->q_start), free(pv->kv_len);
-    free(pv->q), free(pv->k_pool), free(pv->v_pool);
+    free(pv->q), free(pv->k_mem), free(pv->v_mem);
 }
 
 typedef struct att_state {
@@ -568,6 +575,8 @@ int attention_set_shape(size_t index, const char *text) {
 }
 
 void attention_use_shapes(size_t n) { n_attention_shapes = n; }
+
+void attention_pool_offset(size_t bytes) { pool_offset = bytes; }
 
 int attention_shape_mixed(size_t index) { return attention_shapes[index - 1].mixed; }
 

@@ -465,7 +465,7 @@ static void usage(int status) {
         "usage: bench [--op NAME]... [--backend NAME]... [--n N]... [--d D]...\n"
         "             [--shape SHAPE]... [--reps R] [--min-ms MS] [--cpu C] [--wall] [--no-peers]\n"
         "             [--no-roofline] [--openblas-core NAME] [--csv FILE] [--json FILE]\n"
-        "             [--plot DIR] [--smoke] [--threads LIST]\n"
+        "             [--plot DIR] [--smoke] [--threads LIST] [--pool-offset BYTES]\n"
         "ops:");
     for (size_t i = 0; i < N_OPS; i++) fprintf(status ? stderr : stdout, " %s", OPS[i]->name);
     fprintf(status ? stderr : stdout,
@@ -483,7 +483,8 @@ static void usage(int status) {
             "the default shapes; alone, it selects the attention op. --smoke: tiny sizes, one\n"
             "round, no roofline; --threads 1,2: attention rows of the active\n"
             "backend at those thread counts too (wall clock, pinned to as many cores as the\n"
-            "largest; every other row runs on 1 thread)\n");
+            "largest; every other row runs on 1 thread); --pool-offset: a paged shape's pools\n"
+            "start that many bytes past a 4 KiB page (default 0)\n");
     exit(status);
 }
 
@@ -534,6 +535,8 @@ static options parse(int argc, char **argv) {
             continue; /* used by set_peer_environment */
         else if (strcmp(a, "--cpu") == 0)
             o.cpu = atoi(v);
+        else if (strcmp(a, "--pool-offset") == 0)
+            attention_pool_offset(strtoull(v, NULL, 0));
         else if (strcmp(a, "--threads") == 0) {
             for (const char *p = v; *p;) {
                 char *end;

@@ -90,8 +90,9 @@ extern const op_def BACKWARD_OP; /* sdpa_mha_backward_f32 on the same shapes, in
 /* replaces shape number index (1-based) by the one text names ("b1h8kv2q512k512d128causal");
    0 if text is not a shape */
 int attention_set_shape(size_t index, const char *text);
-void attention_use_shapes(size_t n);     /* only the first n shapes remain */
-int attention_typed(const job *j);       /* 1 if an attention job has a view that is not f32 */
+void attention_use_shapes(size_t n);      /* only the first n shapes remain */
+void attention_pool_offset(size_t bytes); /* a paged pool starts this far past a 4 KiB page */
+int attention_typed(const job *j);        /* 1 if an attention job has a view that is not f32 */
 int attention_uniform(const job *j);     /* 1 if an attention job is one dense call, no modifiers */
 int attention_paged(const job *j);       /* 1 if an attention job's shape is paged<block> */
 int attention_shape_mixed(size_t index); /* 1 if shape number index is the mixed batch */

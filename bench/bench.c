@@ -656,7 +656,8 @@ int main(int argc, char **argv) {
                               : "thread CPU time (CLOCK_THREAD_CPUTIME_ID; --wall for elapsed)");
     printf("method: %d rounds of batches >= %g ms each, round-robin over implementations%s; "
            "median ns per call, spread = min..max round vs median; vs X = X's median / this median "
-           "(> 1: faster than X); inputs 64-byte aligned; ns/elem per element (scores: per key); "
+           "(> 1: faster than X); inputs 64-byte aligned (a paged pool: --pool-offset bytes past a "
+           "4 KiB page); ns/elem per element (scores: per key); "
            "softmax scale 1, scale alpha 0.125, scores scale 1/sqrt(d); \"L1 loads\": the dot's "
            "inputs read with the widest vectors and nothing else; softmax GFLOP/s counts FMA-pipe "
            "work (16 flop-equivalents per element: 8 two-pipe operations per vector in the avx512 "

@@ -224,7 +224,8 @@ ALWAYS_INLINE void scores_block(float *s, size_t ld_s, const float *q, size_t q_
 
 /* kernels.h's scores_tile (k rows of type kt) for the rows from 0 in blocks of mr, against nr
  * keys at a time (keywise as in scores_step), the keys left over one dot each; returns the first
- * row not done */
+ * row not done. nr 0: no blocks, a dot (isa_dot) for every query and key, for a backend whose
+ * dot sums in an order no register block gives (scalar's). */
 ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, size_t q_stride,
                                        size_t nq, const void *k, size_t k_stride, int kt, size_t nk,
                                        size_t d, float scale, int mr, int nr, int keywise) {
@@ -234,7 +235,7 @@ ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, si
         const float *qi = q + i * q_stride;
         float *si = s + i * ld_s;
         size_t j = 0;
-        for (; j + nr <= nk; j += nr) {
+        for (; nr > 0 && j + nr <= nk; j += nr) {
             if (kt != SDPA_TYPE_F32) /* the next block's keys */
                 for (int c = 0; c < nr; c++)
                     prefetch_row(k, j + keys_ahead(nr, kt) + c, k_stride, d, kt);
@@ -282,7 +283,8 @@ ALWAYS_INLINE size_t scores_query_held(float *s, const float *q, const float *k,
 
 /* one query's scores (a row left over, or decode): row_nr keys at a time, the query's vector
  * loaded once for all of them (or, where the backend defines ISA_SCORES_HELD, held for the call:
- * scores_query_held, for d up to SCORES_HELD_MAX_V vectors), then a dot each */
+ * scores_query_held, for d up to SCORES_HELD_MAX_V vectors), then a dot each (every key for
+ * row_nr 0, as scores_row_blocks' nr 0) */
 ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t k_stride, int kt,
                                 size_t nk, size_t d, float scale, int row_nr) {
     const vf vscale = vf_set1(scale);
@@ -303,7 +305,7 @@ ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t 
         }
     }
 #endif
-    for (; j + row_nr <= nk; j += row_nr) {
+    for (; row_nr > 0 && j + row_nr <= nk; j += row_nr) {
         if (kt != SDPA_TYPE_F32)
             for (int c = 0; c < row_nr; c++)
                 prefetch_row(k, j + keys_ahead(row_nr, kt) + c, k_stride, d, kt);

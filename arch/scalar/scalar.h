@@ -1,0 +1,107 @@
+/* Portable C: what the scalar files share (the width-1 vector vocabulary, the exps, the dot).
+ * A "vector" is one float, so the templates compile to plain C for any CPU; the compiler may
+ * still vectorise the loops over their independent elements, which changes no result. */
+#ifndef SDPA_ARCH_SCALAR_SCALAR_H
+#define SDPA_ARCH_SCALAR_SCALAR_H
+
+#include <fenv.h>
+#include <float.h>
+#include <math.h>
+#include <sleef.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "any_address.h"
+#include "convert_portable.h"
+#include "exp_constants.h"
+#include "kernels.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+#define W 1
+
+/* ---- the vector vocabulary (docs/porting.md), one lane: a partial vector is never reached,
+ * since 1 <= n <= W makes every vector whole ---- */
+typedef float vf;
+typedef size_t vpart;
+#define VF_MASKED 0
+ALWAYS_INLINE vf vf_load(const f32_any *p) { return *p; }
+ALWAYS_INLINE void vf_store(f32_any *p, vf v) { *p = v; }
+ALWAYS_INLINE vf vf_load_part(const f32_any *p, vpart n) { return (void)n, *p; }
+ALWAYS_INLINE void vf_store_part(f32_any *p, vpart n, vf v) { (void)n, *p = v; }
+ALWAYS_INLINE vpart vpart_first(size_t n) { return n; }
+ALWAYS_INLINE vf vf_zero(void) { return 0.0f; }
+ALWAYS_INLINE vf vf_set1(float x) { return x; }
+ALWAYS_INLINE vf vf_bcast(const f32_any *p) { return *p; }
+/* no FMA: the product rounded, then the sum (-ffp-contract=off keeps them apart) */
+ALWAYS_INLINE vf vf_madd(vf a, vf b, vf c) { return a * b + c; }
+ALWAYS_INLINE void vf_pin(vf *x) { (void)x; }
+/* lane i of the sums of a[i], i < W: a[0] itself */
+ALWAYS_INLINE vf vf_hsums(const vf *a) { return a[0]; }
+/* lanes [4c, 4c + 4) of a vector: none at W = 1 (scores_store never asks) */
+ALWAYS_INLINE void vf_store4(float *p, vf v, int c) { (void)p, (void)v, (void)c; }
+ALWAYS_INLINE int rounds_to_nearest(void) { return fegetround() == FE_TONEAREST; }
+
+/* ---- the exps ---- */
+
+/* The shared "fast" exp (see exp_constants.h). */
+ALWAYS_INLINE float exp_fast_scalar(float x) {
+    if (x >= SDPA_EXP_X_OVERFLOW) return INFINITY;
+    if (!(x >= SDPA_EXP_X_CLAMP_LO)) return x != x ? x : 0.0f; /* NaN stays, -inf and tiny go */
+    /* Round half away from zero by truncation, which ignores the caller's rounding mode
+       (nearbyintf follows it: under FE_UPWARD r = x - n ln 2 left [-ln2/2, ln2/2], where the
+       polynomial is fitted, and softmax was 5.3e-5 off: tests/test_fpenv.c). |t| < 128 here. */
+    float t = x * SDPA_EXP_LOG2E;
+    float n = (float)(int32_t)(t + (t < 0.0f ? -0.5f : 0.5f));
+    float r = (x - n * SDPA_EXP_LN2_HI_NOFMA) - n * SDPA_EXP_LN2_LO_NOFMA;
+    float p = SDPA_EXP_C5;
+    p = p * r + SDPA_EXP_C4;
+    p = p * r + SDPA_EXP_C3;
+    p = p * r + SDPA_EXP_C2;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    float e = f32_from_bits(f32_bits(p) + (uint32_t)((int32_t)n * (1 << 23)));
+    return e < FLT_MIN ? 0.0f : e;
+}
+
+ALWAYS_INLINE float exp_sleef_scalar(float x) {
+    float e = Sleef_expf_u10(x);
+    return e < FLT_MIN ? 0.0f : e;
+}
+
+ALWAYS_INLINE float exp_of_kind(float x, int kind) {
+    return kind == SDPA_EXP_FAST ? exp_fast_scalar(x) : exp_sleef_scalar(x);
+}
+
+/* the row exps (arch/row_kernels.h's; exp_keymajor takes them at a zero shift) */
+#include "row_exp_plain.h"
+ALWAYS_INLINE void row_exps(vf *z, int count, const row_exp *c, int kind) {
+    (void)c;
+    for (int u = 0; u < count; u++) z[u] = exp_of_kind(z[u], kind);
+}
+
+/* ---- the dot ---- */
+
+#define LANES 4
+
+/* Lanes within blocks of DOT_BLOCK, block sums added into a running total: a product meets at
+ * most DOT_BLOCK / LANES + n / DOT_BLOCK + 2 roundings rather than n / LANES, which keeps the
+ * documented 1e-5 relative bound at n = 4096 even when every rounding errs the same way (a row
+ * of equal values did 1.5e-5 with plain lanes: tests/test_regressions.c). */
+#define DOT_BLOCK 256
+
+ALWAYS_INLINE float dot_scalar(const f32_any *a, const f32_any *b, size_t n) {
+    float total = 0.0f;
+    for (size_t start = 0; start < n; start += DOT_BLOCK) {
+        size_t end = n - start < DOT_BLOCK ? n : start + DOT_BLOCK;
+        float acc[LANES] = {0};
+        size_t i = start;
+        for (; i + LANES <= end; i += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l];
+        for (; i < end; i++) acc[0] += a[i] * b[i];
+        total += (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    }
+    return total;
+}
+
+#endif

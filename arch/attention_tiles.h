@@ -224,8 +224,7 @@ ALWAYS_INLINE void scores_block(float *s, size_t ld_s, const float *q, size_t q_
 
 /* kernels.h's scores_tile (k rows of type kt) for the rows from 0 in blocks of mr, against nr
  * keys at a time (keywise as in scores_step), the keys left over one dot each; returns the first
- * row not done. nr 0: no blocks, a dot (isa_dot) for every query and key, for a backend whose
- * dot sums in an order no register block gives (scalar's). */
+ * row not done */
 ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, size_t q_stride,
                                        size_t nq, const void *k, size_t k_stride, int kt, size_t nk,
                                        size_t d, float scale, int mr, int nr, int keywise) {
@@ -235,7 +234,7 @@ ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, si
         const float *qi = q + i * q_stride;
         float *si = s + i * ld_s;
         size_t j = 0;
-        for (; nr > 0 && j + nr <= nk; j += nr) {
+        for (; j + nr <= nk; j += nr) {
             if (kt != SDPA_TYPE_F32) /* the next block's keys */
                 for (int c = 0; c < nr; c++)
                     prefetch_row(k, j + keys_ahead(nr, kt) + c, k_stride, d, kt);
@@ -283,8 +282,7 @@ ALWAYS_INLINE size_t scores_query_held(float *s, const float *q, const float *k,
 
 /* one query's scores (a row left over, or decode): row_nr keys at a time, the query's vector
  * loaded once for all of them (or, where the backend defines ISA_SCORES_HELD, held for the call:
- * scores_query_held, for d up to SCORES_HELD_MAX_V vectors), then a dot each (every key for
- * row_nr 0, as scores_row_blocks' nr 0) */
+ * scores_query_held, for d up to SCORES_HELD_MAX_V vectors), then a dot each */
 ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t k_stride, int kt,
                                 size_t nk, size_t d, float scale, int row_nr) {
     const vf vscale = vf_set1(scale);
@@ -305,7 +303,7 @@ ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t 
         }
     }
 #endif
-    for (; row_nr > 0 && j + row_nr <= nk; j += row_nr) {
+    for (; j + row_nr <= nk; j += row_nr) {
         if (kt != SDPA_TYPE_F32)
             for (int c = 0; c < row_nr; c++)
                 prefetch_row(k, j + keys_ahead(row_nr, kt) + c, k_stride, d, kt);
@@ -313,6 +311,16 @@ ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t 
                      row_nr, 1);
     }
     for (; j < nk; j++) s[j] = scale * dot_as(q, elem_at(k, j * k_stride, kt), d, kt);
+}
+
+/* kernels.h's scores_tile as a dot (isa_dot) for every query and key: for a backend whose dot
+ * sums in an order no register block gives (scalar's blocked lanes), ISA_SCORES_DOTS */
+ALWAYS_INLINE void scores_dots(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                               const void *k, size_t k_stride, int kt, size_t nk, size_t d,
+                               float scale) {
+    for (size_t i = 0; i < nq; i++)
+        for (size_t j = 0; j < nk; j++)
+            s[i * ld_s + j] = scale * dot_as(q + i * q_stride, elem_at(k, j * k_stride, kt), d, kt);
 }
 
 /* ---- broadcast GEMM: the P V product and the key-major scores ---- */
@@ -324,7 +332,7 @@ ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t 
  * rows. */
 ALWAYS_INLINE void block_step(vf *ch, const float *a, size_t a_row, const void *b, int bt, int mr,
                               int nv, const vpart *m) {
-    vf bv[8]; /* nv <= 8 */
+    vf bv[BLOCK_MAX_CHAINS]; /* nv <= mr * nv * u */
     for (int t = 0; t < nv; t++) bv[t] = tile_load_as(elem_at(b, t * W, bt), bt, m);
     if (mr > 1)
         for (int t = 0; t < nv; t++) vf_pin(&bv[t]);

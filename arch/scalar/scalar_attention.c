@@ -21,8 +21,28 @@ ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) {
     return dot_scalar(a, b, n);
 }
 
-/* P V: a row at a time, 8 columns a block, a key a step: each output is one chain of adds in
- * key order, (o + p0 v0) + p1 v1 ... */
-ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) { pv_tile_loops(o, vt, 1, 16, 0, 0, 0, 1); }
+/* P V (pv_operands, attention_tiles.h; f32 only, scalar has no typed loads): a row at a time,
+ * two keys a pass over the row in memory, each output one chain of adds in key order. Not
+ * pv_tile_loops: at W = 1 a register block holds a chain a lane, too few to hide the adds'
+ * latency (16 columns measured about a fifth slower), where a row's columns are as many
+ * independent chains, and a pass over them is a loop the compiler vectorises. */
+ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) {
+    (void)vt;
+    const float *v = o->v;
+    for (size_t i = 0; i < o->nq; i++) {
+        float *acc = o->acc + i * o->ld_acc;
+        const float *p = o->p + i * o->p_row;
+        size_t j = 0;
+        for (; j + 2 <= o->nk; j += 2) {
+            const float p0 = p[j * o->p_key], p1 = p[(j + 1) * o->p_key];
+            const float *v0 = v + j * o->v_stride, *v1 = v0 + o->v_stride;
+            for (size_t c = 0; c < o->d_v; c++) acc[c] = (acc[c] + p0 * v0[c]) + p1 * v1[c];
+        }
+        if (j < o->nk) {
+            const float p0 = p[j * o->p_key], *v0 = v + j * o->v_stride;
+            for (size_t c = 0; c < o->d_v; c++) acc[c] += p0 * v0[c];
+        }
+    }
+}
 
 #include "attention_entries.h"

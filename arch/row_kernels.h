@@ -205,6 +205,12 @@ ALWAYS_INLINE void sum_one(const float *y, const float *x, vf vs, int unit, vpar
         *sum = vf_add_part(*sum, part, vf_load_part(y, part));
 }
 
+/* The lane sum a tail vector at i (after the steps of ROW_EXPS vectors) goes into: the first,
+ * unless the ISA spreads them as its steps do (scalar's, i mod ROW_SUMS). */
+#ifndef ROW_TAIL_SUM
+#define ROW_TAIL_SUM(i) 0
+#endif
+
 /* the sum of ROW_SUMS lane sums, neighbours first: (s0 + s1) + (s2 + s3) */
 ALWAYS_INLINE vf sum_of_lanes(const vf *s) {
     vf t = s[0] + s[1];
@@ -242,9 +248,11 @@ ALWAYS_INLINE vf exp_sum_lanes(float *y, const float *x, size_t n, vf vs, const 
         }
         for (; i < n; i += W)
             if (n - i >= W)
-                sum_one(y + i, x + i, vs, unit, vpart_first(W), 1, &s[0], vmax ? &m[0] : NULL);
+                sum_one(y + i, x + i, vs, unit, vpart_first(W), 1, &s[ROW_TAIL_SUM(i)],
+                        vmax ? &m[0] : NULL);
             else
-                sum_one(y + i, x + i, vs, unit, vpart_first(n - i), 0, &s[0], vmax ? &m[0] : NULL);
+                sum_one(y + i, x + i, vs, unit, vpart_first(n - i), 0, &s[ROW_TAIL_SUM(i)],
+                        vmax ? &m[0] : NULL);
     } else {
         for (; i + ROW_EXPS * W <= n; i += ROW_EXPS * W) {
             vf z[ROW_EXPS];
@@ -258,11 +266,11 @@ ALWAYS_INLINE vf exp_sum_lanes(float *y, const float *x, size_t n, vf vs, const 
         }
         for (; i < n; i += W)
             if (n - i >= W)
-                exp_sum_one(y + i, x + i, vs, c, kind, unit, folded, vpart_first(W), 1, &s[0],
-                            vmax ? &m[0] : NULL);
+                exp_sum_one(y + i, x + i, vs, c, kind, unit, folded, vpart_first(W), 1,
+                            &s[ROW_TAIL_SUM(i)], vmax ? &m[0] : NULL);
             else
-                exp_sum_one(y + i, x + i, vs, c, kind, unit, folded, vpart_first(n - i), 0, &s[0],
-                            vmax ? &m[0] : NULL);
+                exp_sum_one(y + i, x + i, vs, c, kind, unit, folded, vpart_first(n - i), 0,
+                            &s[ROW_TAIL_SUM(i)], vmax ? &m[0] : NULL);
     }
     if (vmax) *vmax = vf_max(m[0], m[1]);
     return sum_of_lanes(s);
@@ -337,11 +345,14 @@ static void exp_array_sleef(float *y, const float *x, size_t n) {
 /* The fields of a backend's table (arch/kernels.h) that come from this file and from the
  * backend's dot (DOT, with the DOT##_to that SDPA_DOT_TO makes of it). exp_sum_block: each of
  * the ROW_SUMS * W partial sums takes about 64 weights of a block, which keeps its float sum well
- * inside softmax's bound. */
+ * inside softmax's bound (or ROW_SUM_BLOCK, where the ISA sets it). */
+#ifndef ROW_SUM_BLOCK
+#define ROW_SUM_BLOCK 64 * ROW_SUMS *W
+#endif
 #define ROW_KERNELS(DOT)                                                                           \
     .name = SDPA_BACKEND_NAME, .dot = DOT, .dot_to = DOT##_to, .scale = scale_row,                 \
     .max_scaled = max_scaled_row, .exp_sum = {exp_sum_fast, exp_sum_sleef},                        \
-    .exp_sum_block = 64 * ROW_SUMS * W, .normalize = normalize_row,                                \
+    .exp_sum_block = ROW_SUM_BLOCK, .normalize = normalize_row,                                    \
     .softmax_backward = softmax_backward_row, .exp = {exp_array_fast, exp_array_sleef},            \
     CONVERT_ENTRIES
 

@@ -41,6 +41,25 @@ ALWAYS_INLINE vf vf_hsums(const vf *a) { return a[0]; }
 /* lanes [4c, 4c + 4) of a vector: none at W = 1 (scores_store never asks) */
 ALWAYS_INLINE void vf_store4(float *p, vf v, int c) { (void)p, (void)v, (void)c; }
 ALWAYS_INLINE int rounds_to_nearest(void) { return fegetround() == FE_TONEAREST; }
+ALWAYS_INLINE vf vf_first(vf v) { return v; }
+/* b where either is NaN, as x86's: a max skips NaN z as scalar's always did */
+ALWAYS_INLINE vf vf_max(vf a, vf b) { return a > b ? a : b; }
+ALWAYS_INLINE vf vf_min(vf a, vf b) { return a < b ? a : b; }
+ALWAYS_INLINE float vf_hsum(vf v) { return v; }
+ALWAYS_INLINE float vf_hmax(vf v) { return v; }
+ALWAYS_INLINE vf vf_max_part(vf acc, vpart n, vf z) { return (void)n, vf_max(z, acc); }
+ALWAYS_INLINE vf vf_add_part(vf acc, vpart n, vf e) { return (void)n, acc + e; }
+ALWAYS_INLINE size_t vf_lead(const float *p) { return (void)p, 0; } /* no line-aligned loops */
+
+/* one value to and from the 16-bit types: convert_portable.h's, exact in any floating-point
+ * environment, so the "ok" tests always pass */
+ALWAYS_INLINE vf vf_widen_f16(const uint16_t *p) { return f16_to_f32(*p); }
+ALWAYS_INLINE vf vf_widen_bf16(const uint16_t *p) { return bf16_to_f32(*p); }
+ALWAYS_INLINE void vf_narrow_f16(uint16_t *p, vf x) { *p = f32_to_f16(x); }
+ALWAYS_INLINE void vf_narrow_bf16(uint16_t *p, vf x) { *p = f32_to_bf16(x); }
+ALWAYS_INLINE int vf_widen_f16_ok(void) { return 1; }
+ALWAYS_INLINE int vf_narrow_f16_ok(void) { return 1; }
+#define vf_of_lanes(x) f32_from_bits((x)[0])
 
 /* ---- the exps ---- */
 
@@ -73,11 +92,26 @@ ALWAYS_INLINE float exp_of_kind(float x, int kind) {
     return kind == SDPA_EXP_FAST ? exp_fast_scalar(x) : exp_sleef_scalar(x);
 }
 
-/* the row exps (arch/row_kernels.h's; exp_keymajor takes them at a zero shift) */
+/* the row exps (arch/row_kernels.h's; exp_keymajor takes them at a zero shift): four a step,
+ * each into a lane sum of its own, element i into sum i mod 4, the tails too (ROW_TAIL_SUM) */
 #include "row_exp_plain.h"
+#define ROW_EXPS        4
+#define ROW_SUMS        4
+#define ROW_TAIL_SUM(i) ((i) % ROW_SUMS)
+#define ROW_SUM_BLOCK   512 /* 128 weights a lane sum */
+ALWAYS_INLINE int row_sums_after(int kind) { return (void)kind, 0; }
 ALWAYS_INLINE void row_exps(vf *z, int count, const row_exp *c, int kind) {
     (void)c;
     for (int u = 0; u < count; u++) z[u] = exp_of_kind(z[u], kind);
+}
+ALWAYS_INLINE vf exp_whole(vf x, const row_exp *c, int kind) {
+    return (void)c, exp_of_kind(x, kind);
+}
+/* e * factor, 0 below FLT_MIN */
+ALWAYS_INLINE vf row_weight(vf e, vf factor, vf keep_from, int from_e) {
+    (void)keep_from, (void)from_e;
+    const float w = e * factor;
+    return w < FLT_MIN ? 0.0f : w;
 }
 
 /* ---- the dot ---- */

@@ -1,11 +1,11 @@
 /* The attention microkernels' algorithms, written once over a backend's vector vocabulary (the
- * blocks "the vector vocabulary" of arch/x86/<isa>.h and arch/arm/neon.h; docs/porting.md)
- * and compiled into each <isa>_attention.c with its vector width W a constant: the register blocks
- * of scores_tile and pv_tile and the loops around them (BLIS's microkernel and its loops). Every
- * function is inlined, and its int parameters (block shapes, keys a step) are constants at every
- * call, so that each call compiles to straight-line code for its shape. What a backend supplies
- * besides its vocabulary is declared below ("the backend's part"); arch/attention_entries.h
- * turns it all into the backend's entries. */
+ * blocks "the vector vocabulary" of arch/x86/<isa>.h, arch/arm/neon.h and arch/scalar/scalar.h;
+ * docs/porting.md) and compiled into each <isa>_attention.c with its vector width W a constant: the
+ * register blocks of scores_tile and pv_tile and the loops around them (BLIS's microkernel and its
+ * loops). Every function is inlined, and its int parameters (block shapes, keys a step) are
+ * constants at every call, so that each call compiles to straight-line code for its shape. What a
+ * backend supplies besides its vocabulary is declared below ("the backend's part");
+ * arch/attention_entries.h turns it all into the backend's entries. */
 #ifndef SDPA_ARCH_ATTENTION_TILES_H
 #define SDPA_ARCH_ATTENTION_TILES_H
 

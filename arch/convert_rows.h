@@ -1,4 +1,4 @@
-/* The widening and narrowing kernels of the SIMD backends (kernels.h's widen and narrow),
+/* The widening and narrowing kernels of every backend (kernels.h's widen and narrow),
  * written once over each ISA's conversions of one vector (arch/x86/<isa>.h, arch/arm/neon.h):
  *   vf_widen_f16(p), vf_widen_bf16(p)         W 16-bit values at p, as floats, exactly
  *   vf_narrow_f16(p, x), vf_narrow_bf16(p, x) x's W floats to p, as convert_portable.h rounds

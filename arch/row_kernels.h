@@ -1,4 +1,4 @@
-/* The row kernels of the SIMD backends, written once: scale, max_scaled, exp_sum and
+/* The row kernels of every backend, written once: scale, max_scaled, exp_sum and
  * exp_sum_max, normalize, softmax_backward and the exp entry (arch/kernels.h says what each
  * does). A backend file includes this after its ISA's vector operations and row exps, and so
  * compiles each kernel at its own vector width W: one source, many targets, as in Highway. What
@@ -9,8 +9,8 @@
  * change (scale and normalize, element by element, and the max, which is exact) take a head to
  * a line boundary on avx512 (vf_lead).
  *
- * What they use of the vector vocabulary (arch/x86/<isa>.h, arch/arm/neon.h; all of it in
- * docs/porting.md), + - * being the compiler's operators:
+ * What they use of the vector vocabulary (arch/x86/<isa>.h, arch/arm/neon.h,
+ * arch/scalar/scalar.h; all of it in docs/porting.md), + - * being the compiler's operators:
  *   vf, W       a vector of W floats
  *   vf_load, vf_store, vf_set1, vf_first (lane 0), vf_max and vf_min (b where either is NaN, on
  *               x86), vf_hsum and vf_hmax (across the lanes)

@@ -325,14 +325,14 @@ ALWAYS_INLINE void scores_dots(float *s, size_t ld_s, const float *q, size_t q_s
 
 /* ---- broadcast GEMM: the P V product and the key-major scores ---- */
 
-#define BLOCK_MAX_CHAINS 32 /* mr * nv * u, the accumulators a block keeps in registers */
+#define BLOCK_MAX_CHAINS 24 /* mr * nv * u, the accumulators a block keeps in registers */
 
 /* One value of kk: ch[r * nv + t] += A(r, kk) B[kk][t] for r < mr, t < nv vectors, from a =
  * &A(0, kk) (rows a_row apart) and b = B[kk] (of type bt). B's vectors are loaded once for all mr
  * rows. */
 ALWAYS_INLINE void block_step(vf *ch, const float *a, size_t a_row, const void *b, int bt, int mr,
                               int nv, const vpart *m) {
-    vf bv[BLOCK_MAX_CHAINS]; /* nv <= mr * nv * u */
+    vf bv[8]; /* nv <= 8 */
     for (int t = 0; t < nv; t++) bv[t] = tile_load_as(elem_at(b, t * W, bt), bt, m);
     if (mr > 1)
         for (int t = 0; t < nv; t++) vf_pin(&bv[t]);

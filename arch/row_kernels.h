@@ -60,6 +60,9 @@ ALWAYS_INLINE void store_some(float *p, vpart part, int whole, vf v) {
         vf_store_part(p, part, v);
 }
 
+/* y = alpha x: four vectors a step, all loaded before any is stored (y may be x), unless the ISA
+ * defines ROW_AUTO_VECTORS (scalar: its compiler vectorises the one-element loop, with its own
+ * check of y against x, where it leaves four elements a step one vector of SSE) */
 static void scale_row(float *y, const float *x, size_t n, float alpha) {
     const vf va = vf_set1(alpha);
     size_t i = 0;
@@ -68,6 +71,7 @@ static void scale_row(float *y, const float *x, size_t n, float alpha) {
         const vpart part = vpart_first(i);
         vf_store_part(y, part, va * vf_load_part(x, part));
     }
+#ifndef ROW_AUTO_VECTORS
     for (; i + 4 * W <= n; i += 4 * W) {
         vf x0 = vf_load(x + i), x1 = vf_load(x + i + W);
         vf x2 = vf_load(x + i + 2 * W), x3 = vf_load(x + i + 3 * W);
@@ -76,6 +80,7 @@ static void scale_row(float *y, const float *x, size_t n, float alpha) {
         vf_store(y + i + 2 * W, va * x2);
         vf_store(y + i + 3 * W, va * x3);
     }
+#endif
     for (; i + W <= n; i += W) vf_store(y + i, va * vf_load(x + i));
     if (i < n) {
         const vpart part = vpart_first(n - i);

@@ -95,10 +95,11 @@ ALWAYS_INLINE float exp_of_kind(float x, int kind) {
 /* the row exps (arch/row_kernels.h's; exp_keymajor takes them at a zero shift): four a step,
  * each into a lane sum of its own, element i into sum i mod 4, the tails too (ROW_TAIL_SUM) */
 #include "row_exp_plain.h"
-#define ROW_EXPS        4
-#define ROW_SUMS        4
-#define ROW_TAIL_SUM(i) ((i) % ROW_SUMS)
-#define ROW_SUM_BLOCK   512 /* 128 weights a lane sum */
+#define ROW_EXPS         4
+#define ROW_SUMS         4
+#define ROW_TAIL_SUM(i)  ((i) % ROW_SUMS)
+#define ROW_SUM_BLOCK    512 /* 128 weights a lane sum */
+#define ROW_AUTO_VECTORS     /* scale_row a plain loop (row_kernels.h) */
 ALWAYS_INLINE int row_sums_after(int kind) { return (void)kind, 0; }
 ALWAYS_INLINE void row_exps(vf *z, int count, const row_exp *c, int kind) {
     (void)c;

@@ -28,18 +28,19 @@ ALWAYS_INLINE float isa_dot(const float *a, const float *b, size_t n) {
  * independent chains, and a pass over them is a loop the compiler vectorises. */
 ALWAYS_INLINE void isa_pv(const pv_operands *o, int vt) {
     (void)vt;
-    const float *v = o->v;
+    const f32_any *v = o->v; /* rows at any address (any_address.h), as acc's */
     for (size_t i = 0; i < o->nq; i++) {
-        float *acc = o->acc + i * o->ld_acc;
-        const float *p = o->p + i * o->p_row;
+        f32_any *acc = o->acc + i * o->ld_acc;
+        const f32_any *p = o->p + i * o->p_row;
         size_t j = 0;
         for (; j + 2 <= o->nk; j += 2) {
             const float p0 = p[j * o->p_key], p1 = p[(j + 1) * o->p_key];
-            const float *v0 = v + j * o->v_stride, *v1 = v0 + o->v_stride;
+            const f32_any *v0 = v + j * o->v_stride, *v1 = v0 + o->v_stride;
             for (size_t c = 0; c < o->d_v; c++) acc[c] = (acc[c] + p0 * v0[c]) + p1 * v1[c];
         }
         if (j < o->nk) {
-            const float p0 = p[j * o->p_key], *v0 = v + j * o->v_stride;
+            const float p0 = p[j * o->p_key];
+            const f32_any *v0 = v + j * o->v_stride;
             for (size_t c = 0; c < o->d_v; c++) acc[c] += p0 * v0[c];
         }
     }

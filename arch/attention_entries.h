@@ -8,6 +8,8 @@
  *   SCORES_MR, SCORES_NR    the scores' register block (scores_block)
  *   SCORES_KEYWISE          its loads keywise (scores_step)
  *   SCORES_ROW_NR           the keys of a single query's block
+ *   ISA_SCORES_DOTS         defined, for scores a dot each instead (attention_tiles.h's
+ *                           scores_dots; the four above unused)
  *   EXP_PV_KEYS             exp_pv's keys a step, 2 or 4 (exp_pv_loops), with the packed entries
  *   ISA_EXP_TILE            defined, to give the table exp_tile: where one call a tile measured
  *                           faster than the driver's exp_sum row by row
@@ -25,10 +27,14 @@
 ALWAYS_INLINE void scores_rows_as(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
                                   const void *k, size_t k_stride, int kt, size_t nk, size_t d,
                                   float scale) {
+#ifdef ISA_SCORES_DOTS
+    scores_dots(s, ld_s, q, q_stride, nq, k, k_stride, kt, nk, d, scale);
+#else
     size_t i = scores_row_blocks(s, ld_s, q, q_stride, nq, k, k_stride, kt, nk, d, scale, SCORES_MR,
                                  SCORES_NR, SCORES_KEYWISE);
     for (; i < nq; i++)
         scores_query(s + i * ld_s, q + i * q_stride, k, k_stride, kt, nk, d, scale, SCORES_ROW_NR);
+#endif
 }
 
 /* The rows, a function of their own per type, so that a single query (decode, and the scores
@@ -45,10 +51,15 @@ typedef void scores_rows_fn(float *s, size_t ld_s, const float *q, size_t q_stri
 ALWAYS_INLINE void scores_tile_as(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
                                   const void *k, size_t k_stride, int kt, size_t nk, size_t d,
                                   float scale, scores_rows_fn *rows) {
+#ifdef ISA_SCORES_DOTS
+    (void)kt; /* rows has it */
+    rows(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
+#else
     if (nq == 1)
         scores_query(s, q, k, k_stride, kt, nk, d, scale, SCORES_ROW_NR);
     else
         rows(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
+#endif
 }
 
 SCORES_ROWS(scores_rows, SDPA_TYPE_F32)

@@ -81,25 +81,37 @@ ALWAYS_INLINE vf keymajor_load(const float *p, size_t n, vpart m) {
     return n < W ? vf_load_upto(p, n, m) : vf_load(p);
 }
 
+/* one vector of ds_keymajor: x = scale * (p * (x - d)), the lanes of n */
+ALWAYS_INLINE void ds_vector(float *x, const float *p, vf d, vf vscale, size_t n, vpart m) {
+    const vf g = vscale * (keymajor_load(p, n, m) * (keymajor_load(x, n, m) - d));
+    if (n < W)
+        vf_store_upto(x, g, n, m);
+    else
+        vf_store(x, g);
+}
+
 /* kernels.h's ds_keymajor: ds = scale * (p * (ds - dd)), down each vector of queries' keys
- * with its dd in a register */
+ * with its dd in a register; or, where the backend defines DS_BY_KEYS (scalar, whose one-lane
+ * vector down the keys would walk a column), along each key's row, a loop its compiler
+ * vectorises */
 ALWAYS_INLINE void ds_keymajor_loops(float *ds, const float *p, size_t ld, size_t nk, size_t nq,
                                      const float *dd, float scale) {
     const vf vscale = vf_set1(scale);
+#ifdef DS_BY_KEYS
+    for (size_t j = 0; j < nk; j++)
+        for (size_t i = 0; i < nq; i += W) {
+            const size_t n = nq - i < W ? nq - i : W;
+            const vpart m = vpart_first(n);
+            ds_vector(ds + j * ld + i, p + j * ld + i, keymajor_load(dd + i, n, m), vscale, n, m);
+        }
+#else
     for (size_t i = 0; i < nq; i += W) {
         const size_t n = nq - i < W ? nq - i : W;
         const vpart m = vpart_first(n);
         const vf d = keymajor_load(dd + i, n, m);
-        for (size_t j = 0; j < nk; j++) {
-            float *x = ds + j * ld + i;
-            const vf g =
-                vscale * (keymajor_load(p + j * ld + i, n, m) * (keymajor_load(x, n, m) - d));
-            if (n < W)
-                vf_store_upto(x, g, n, m);
-            else
-                vf_store(x, g);
-        }
+        for (size_t j = 0; j < nk; j++) ds_vector(ds + j * ld + i, p + j * ld + i, d, vscale, n, m);
     }
+#endif
 }
 
 #endif

@@ -1,11 +1,11 @@
 /* The attention microkernels' algorithms, written once over a backend's vector vocabulary (the
- * blocks "the vector vocabulary" of arch/x86/<isa>.h and arch/arm/neon.h; docs/porting.md)
- * and compiled into each <isa>_attention.c with its vector width W a constant: the register blocks
- * of scores_tile and pv_tile and the loops around them (BLIS's microkernel and its loops). Every
- * function is inlined, and its int parameters (block shapes, keys a step) are constants at every
- * call, so that each call compiles to straight-line code for its shape. What a backend supplies
- * besides its vocabulary is declared below ("the backend's part"); arch/attention_entries.h
- * turns it all into the backend's entries. */
+ * blocks "the vector vocabulary" of arch/x86/<isa>.h, arch/arm/neon.h and arch/scalar/scalar.h;
+ * docs/porting.md) and compiled into each <isa>_attention.c with its vector width W a constant: the
+ * register blocks of scores_tile and pv_tile and the loops around them (BLIS's microkernel and its
+ * loops). Every function is inlined, and its int parameters (block shapes, keys a step) are
+ * constants at every call, so that each call compiles to straight-line code for its shape. What a
+ * backend supplies besides its vocabulary is declared below ("the backend's part");
+ * arch/attention_entries.h turns it all into the backend's entries. */
 #ifndef SDPA_ARCH_ATTENTION_TILES_H
 #define SDPA_ARCH_ATTENTION_TILES_H
 
@@ -313,6 +313,16 @@ ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t 
                      row_nr, 1);
     }
     for (; j < nk; j++) s[j] = scale * dot_as(q, elem_at(k, j * k_stride, kt), d, kt);
+}
+
+/* kernels.h's scores_tile as a dot (isa_dot) for every query and key: for a backend whose dot
+ * sums in an order no register block gives (scalar's blocked lanes), ISA_SCORES_DOTS */
+ALWAYS_INLINE void scores_dots(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
+                               const void *k, size_t k_stride, int kt, size_t nk, size_t d,
+                               float scale) {
+    for (size_t i = 0; i < nq; i++)
+        for (size_t j = 0; j < nk; j++)
+            s[i * ld_s + j] = scale * dot_as(q + i * q_stride, elem_at(k, j * k_stride, kt), d, kt);
 }
 
 /* ---- broadcast GEMM: the P V product and the key-major scores ---- */

@@ -1,5 +1,6 @@
 /* Partial vectors of the attention templates, over a backend's vector vocabulary (the blocks
- * "the vector vocabulary" of arch/x86/<isa>.h and arch/arm/neon.h; docs/porting.md):
+ * "the vector vocabulary" of arch/x86/<isa>.h, arch/arm/neon.h and arch/scalar/scalar.h;
+ * docs/porting.md):
  * what arch/attention_tiles.h and arch/attention_keymajor.h share. Nothing here asks for the
  * backend's part, so a file that needs only these (an add-on with flags of its own, such as
  * arch/x86/avx512_bf16.c) can include it alone. */

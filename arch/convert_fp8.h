@@ -9,9 +9,9 @@
  * (S.1111.111, its only one), which becomes an f16 NaN with the sign kept; the caller takes
  * the 2^8 back in a scale (SDPA_FP8_E4M3_F16_SHIFT).
  *
- * The scalar form is the definition (the scalar backend's, and every backend's tail); a SIMD
- * backend (one that defines W, its floats a vector) also gets the same steps on vectors of
- * 16-bit lanes, as GCC's vector extensions compile them for its ISA. */
+ * The scalar form is the definition (every backend's tail); a backend that defines W, its floats
+ * a vector (every one, scalar's W being 1), also gets the same steps on vectors of 16-bit lanes,
+ * as GCC's vector extensions compile them for its ISA. */
 #ifndef SDPA_ARCH_CONVERT_FP8_H
 #define SDPA_ARCH_CONVERT_FP8_H
 

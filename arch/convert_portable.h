@@ -1,6 +1,6 @@
 /* One element between float and the 16-bit types, in portable C: the scalar backend's
- * conversions, and the tails and fallbacks of the SIMD ones. Integer operations only, so the
- * result never depends on the rounding mode or on flush-to-zero and denormals-are-zero:
+ * vocabulary's conversions, and the tails and fallbacks of the SIMD ones. Integer operations only,
+ * so the result never depends on the rounding mode or on flush-to-zero and denormals-are-zero:
  *   widening is exact (every f16 and bf16 value is a float), a NaN stays a NaN, quieted;
  *   narrowing rounds to nearest, ties to even; a NaN stays a NaN, quieted, with its sign; a
  *   float beyond the largest finite f16 (65504, or the halfway point above it) gives inf; f16

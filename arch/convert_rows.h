@@ -1,4 +1,4 @@
-/* The widening and narrowing kernels of the SIMD backends (kernels.h's widen and narrow),
+/* The widening and narrowing kernels of every backend (kernels.h's widen and narrow),
  * written once over each ISA's conversions of one vector (arch/x86/<isa>.h, arch/arm/neon.h):
  *   vf_widen_f16(p), vf_widen_bf16(p)         W 16-bit values at p, as floats, exactly
  *   vf_narrow_f16(p, x), vf_narrow_bf16(p, x) x's W floats to p, as convert_portable.h rounds
@@ -23,6 +23,11 @@ typedef uint32_t vu32_ __attribute__((vector_size(4 * W)));
 typedef uint16_t vu16_ __attribute__((vector_size(2 * W)));
 typedef float vf32_ __attribute__((vector_size(4 * W)));
 
+/* W 32-bit lanes as a vf: a cast, or the ISA's where vf is no vector type (scalar's float) */
+#ifndef vf_of_lanes
+#define vf_of_lanes(x) ((vf)(x))
+#endif
+
 /* W f16 values from p as floats, exactly, in any floating-point environment: the exponent
  * rebiased in integers; a subnormal m 2^-24 as 2^-14 (1 + m 2^-10) - 2^-14, a difference of
  * normal floats, which is exact and so untouched by the rounding mode, FTZ and DAZ (and +0, not
@@ -36,7 +41,7 @@ ALWAYS_INLINE vf widen_f16_exact(const uint16_t *p) {
     f |= (vu32_)(em > 0x7c00u) & 0x00400000u;  /* NaN: quieted */
     const vf32_ sub = (vf32_)(f + (1u << 23)) - 0x1p-14f;
     const vu32_ tiny = (vu32_)(em < 0x0400u), subnormal = (vu32_)sub & (vu32_)(em > 0u);
-    return (vf)((tiny & subnormal) | (~tiny & f) | sign);
+    return vf_of_lanes((tiny & subnormal) | (~tiny & f) | sign);
 }
 
 ALWAYS_INLINE vf widen_vector(const uint16_t *p, int type, int exact) {

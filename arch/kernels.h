@@ -302,7 +302,8 @@ extern const sdpa_kernels sdpa_kernels_sse41;
 extern const sdpa_kernels sdpa_kernels_avx2;
 extern const sdpa_kernels sdpa_kernels_avx512;
 extern const sdpa_kernels sdpa_kernels_neon;
-/* Each SIMD backend's attention microkernels, in <isa>_attention.c beside its table's file. */
+/* Each backend's attention microkernels, in <isa>_attention.c beside its table's file. */
+extern const sdpa_attention_kernels sdpa_attention_kernels_scalar;
 extern const sdpa_attention_kernels sdpa_attention_kernels_sse41;
 extern const sdpa_attention_kernels sdpa_attention_kernels_avx2;
 extern const sdpa_attention_kernels sdpa_attention_kernels_avx512;

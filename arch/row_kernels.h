@@ -1,4 +1,4 @@
-/* The row kernels of the SIMD backends, written once: scale, max_scaled, exp_sum and
+/* The row kernels of every backend, written once: scale, max_scaled, exp_sum and
  * exp_sum_max, normalize, softmax_backward and the exp entry (arch/kernels.h says what each
  * does). A backend file includes this after its ISA's vector operations and row exps, and so
  * compiles each kernel at its own vector width W: one source, many targets, as in Highway. What
@@ -9,8 +9,8 @@
  * change (scale and normalize, element by element, and the max, which is exact) take a head to
  * a line boundary on avx512 (vf_lead).
  *
- * What they use of the vector vocabulary (arch/x86/<isa>.h, arch/arm/neon.h; all of it in
- * docs/porting.md), + - * being the compiler's operators:
+ * What they use of the vector vocabulary (arch/x86/<isa>.h, arch/arm/neon.h,
+ * arch/scalar/scalar.h; all of it in docs/porting.md), + - * being the compiler's operators:
  *   vf, W       a vector of W floats
  *   vf_load, vf_store, vf_set1, vf_first (lane 0), vf_max and vf_min (b where either is NaN, on
  *               x86), vf_hsum and vf_hmax (across the lanes)
@@ -60,6 +60,9 @@ ALWAYS_INLINE void store_some(float *p, vpart part, int whole, vf v) {
         vf_store_part(p, part, v);
 }
 
+/* y = alpha x: four vectors a step, all loaded before any is stored (y may be x), unless the ISA
+ * defines ROW_AUTO_VECTORS (scalar: its compiler vectorises the one-element loop, with its own
+ * check of y against x, where it leaves four elements a step one vector of SSE) */
 static void scale_row(float *y, const float *x, size_t n, float alpha) {
     const vf va = vf_set1(alpha);
     size_t i = 0;
@@ -68,6 +71,7 @@ static void scale_row(float *y, const float *x, size_t n, float alpha) {
         const vpart part = vpart_first(i);
         vf_store_part(y, part, va * vf_load_part(x, part));
     }
+#ifndef ROW_AUTO_VECTORS
     for (; i + 4 * W <= n; i += 4 * W) {
         vf x0 = vf_load(x + i), x1 = vf_load(x + i + W);
         vf x2 = vf_load(x + i + 2 * W), x3 = vf_load(x + i + 3 * W);
@@ -76,6 +80,7 @@ static void scale_row(float *y, const float *x, size_t n, float alpha) {
         vf_store(y + i + 2 * W, va * x2);
         vf_store(y + i + 3 * W, va * x3);
     }
+#endif
     for (; i + W <= n; i += W) vf_store(y + i, va * vf_load(x + i));
     if (i < n) {
         const vpart part = vpart_first(n - i);
@@ -205,6 +210,12 @@ ALWAYS_INLINE void sum_one(const float *y, const float *x, vf vs, int unit, vpar
         *sum = vf_add_part(*sum, part, vf_load_part(y, part));
 }
 
+/* The lane sum a tail vector at i (after the steps of ROW_EXPS vectors) goes into: the first,
+ * unless the ISA spreads them as its steps do (scalar's, i mod ROW_SUMS). */
+#ifndef ROW_TAIL_SUM
+#define ROW_TAIL_SUM(i) 0
+#endif
+
 /* the sum of ROW_SUMS lane sums, neighbours first: (s0 + s1) + (s2 + s3) */
 ALWAYS_INLINE vf sum_of_lanes(const vf *s) {
     vf t = s[0] + s[1];
@@ -242,9 +253,11 @@ ALWAYS_INLINE vf exp_sum_lanes(float *y, const float *x, size_t n, vf vs, const 
         }
         for (; i < n; i += W)
             if (n - i >= W)
-                sum_one(y + i, x + i, vs, unit, vpart_first(W), 1, &s[0], vmax ? &m[0] : NULL);
+                sum_one(y + i, x + i, vs, unit, vpart_first(W), 1, &s[ROW_TAIL_SUM(i)],
+                        vmax ? &m[0] : NULL);
             else
-                sum_one(y + i, x + i, vs, unit, vpart_first(n - i), 0, &s[0], vmax ? &m[0] : NULL);
+                sum_one(y + i, x + i, vs, unit, vpart_first(n - i), 0, &s[ROW_TAIL_SUM(i)],
+                        vmax ? &m[0] : NULL);
     } else {
         for (; i + ROW_EXPS * W <= n; i += ROW_EXPS * W) {
             vf z[ROW_EXPS];
@@ -258,11 +271,11 @@ ALWAYS_INLINE vf exp_sum_lanes(float *y, const float *x, size_t n, vf vs, const 
         }
         for (; i < n; i += W)
             if (n - i >= W)
-                exp_sum_one(y + i, x + i, vs, c, kind, unit, folded, vpart_first(W), 1, &s[0],
-                            vmax ? &m[0] : NULL);
+                exp_sum_one(y + i, x + i, vs, c, kind, unit, folded, vpart_first(W), 1,
+                            &s[ROW_TAIL_SUM(i)], vmax ? &m[0] : NULL);
             else
-                exp_sum_one(y + i, x + i, vs, c, kind, unit, folded, vpart_first(n - i), 0, &s[0],
-                            vmax ? &m[0] : NULL);
+                exp_sum_one(y + i, x + i, vs, c, kind, unit, folded, vpart_first(n - i), 0,
+                            &s[ROW_TAIL_SUM(i)], vmax ? &m[0] : NULL);
     }
     if (vmax) *vmax = vf_max(m[0], m[1]);
     return sum_of_lanes(s);
@@ -337,11 +350,14 @@ static void exp_array_sleef(float *y, const float *x, size_t n) {
 /* The fields of a backend's table (arch/kernels.h) that come from this file and from the
  * backend's dot (DOT, with the DOT##_to that SDPA_DOT_TO makes of it). exp_sum_block: each of
  * the ROW_SUMS * W partial sums takes about 64 weights of a block, which keeps its float sum well
- * inside softmax's bound. */
+ * inside softmax's bound (or ROW_SUM_BLOCK, where the ISA sets it). */
+#ifndef ROW_SUM_BLOCK
+#define ROW_SUM_BLOCK 64 * ROW_SUMS *W
+#endif
 #define ROW_KERNELS(DOT)                                                                           \
     .name = SDPA_BACKEND_NAME, .dot = DOT, .dot_to = DOT##_to, .scale = scale_row,                 \
     .max_scaled = max_scaled_row, .exp_sum = {exp_sum_fast, exp_sum_sleef},                        \
-    .exp_sum_block = 64 * ROW_SUMS * W, .normalize = normalize_row,                                \
+    .exp_sum_block = ROW_SUM_BLOCK, .normalize = normalize_row,                                    \
     .softmax_backward = softmax_backward_row, .exp = {exp_array_fast, exp_array_sleef},            \
     CONVERT_ENTRIES
 

@@ -160,6 +160,16 @@ static void fp8_runs_as_f16(const sdpa_kernels *k, uint32_t type, const row_runs
     one_run(out, tile, d, in->at[in->n]);
 }
 
+/* `to` = `from`, its runs alone: a whole row_runs is kilobytes, which a decode would copy
+   twice a block of keys. */
+static void copy_runs(row_runs *to, const row_runs *from) {
+    to->type = from->type;
+    to->n = from->n;
+    to->stride = from->stride;
+    memcpy(to->at, from->at, (from->n + 1) * sizeof from->at[0]);
+    memcpy(to->row, from->row, from->n * sizeof from->row[0]);
+}
+
 /* One run (dense, or within a page) is read in place where the type allows. A block across
    pages is read in place a page at a time where every kernel takes runs (!whole) and pages
    hold RUN_MIN_KEYS; otherwise it is gathered into the tiles. Either way each key meets the
@@ -205,12 +215,12 @@ void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_
     if (as_float && (src->type != SDPA_F32 || gather)) /* widened or gathered: one run */
         gather_runs(k, src->type, &in, d, 1, tile_f, &r->f);
     else if (as_float)
-        r->f = in;
+        copy_runs(&r->f, &in);
     if (as_16) {
         if (gather)
             gather_runs(k, src->type, &in, d, 0, tile_h, &r->h);
         else
-            r->h = in;
+            copy_runs(&r->h, &in);
         r->h.type = src->type;
     }
 }

@@ -53,10 +53,10 @@ ALWAYS_INLINE size_t vf_lead(const float *p) { return (void)p, 0; } /* no line-a
 
 /* one value to and from the 16-bit types: convert_portable.h's, exact in any floating-point
  * environment, so the "ok" tests always pass */
-ALWAYS_INLINE vf vf_widen_f16(const uint16_t *p) { return f16_to_f32(*p); }
-ALWAYS_INLINE vf vf_widen_bf16(const uint16_t *p) { return bf16_to_f32(*p); }
-ALWAYS_INLINE void vf_narrow_f16(uint16_t *p, vf x) { *p = f32_to_f16(x); }
-ALWAYS_INLINE void vf_narrow_bf16(uint16_t *p, vf x) { *p = f32_to_bf16(x); }
+ALWAYS_INLINE vf vf_widen_f16(const u16_any *p) { return f16_to_f32(*p); }
+ALWAYS_INLINE vf vf_widen_bf16(const u16_any *p) { return bf16_to_f32(*p); }
+ALWAYS_INLINE void vf_narrow_f16(u16_any *p, vf x) { *p = f32_to_f16(x); }
+ALWAYS_INLINE void vf_narrow_bf16(u16_any *p, vf x) { *p = f32_to_bf16(x); }
 ALWAYS_INLINE int vf_widen_f16_ok(void) { return 1; }
 ALWAYS_INLINE int vf_narrow_f16_ok(void) { return 1; }
 #define vf_of_lanes(x) f32_from_bits((x)[0])

@@ -148,9 +148,9 @@ ALWAYS_INLINE float dot_as(const float *q, const void *k, size_t d, int type) {
  * L3 about a fifth faster on a 2 MiB-L2 Xeon). Float rows, twice the bytes a FMA, do without.
  * An address may lie past the rows given (the next block's, in a dense layout): a prefetch
  * never faults. */
-#define PREFETCH_KEYS                                                                              \
-    16 /* keys ahead, the scores' and P V's: a register block ahead left                           \
-          decode from DRAM waiting on K (16 keys of 128 halves are 4 KiB) */
+/* Keys ahead, the scores' and P V's: a register block ahead left decode from DRAM waiting on K
+ * (16 keys of 128 halves are 4 KiB). */
+#define PREFETCH_KEYS 16
 
 /* Keys ahead for rows of type t: an 8-bit row is half a 16-bit one's lines, and its vectors
  * take fewer cycles each (decode's K and V from DRAM), so it is prefetched FP8_AHEAD times as

@@ -352,7 +352,7 @@ static void exp_array_sleef(float *y, const float *x, size_t n) {
  * the ROW_SUMS * W partial sums takes about 64 weights of a block, which keeps its float sum well
  * inside softmax's bound (or ROW_SUM_BLOCK, where the ISA sets it). */
 #ifndef ROW_SUM_BLOCK
-#define ROW_SUM_BLOCK 64 * ROW_SUMS *W
+#define ROW_SUM_BLOCK (64 * ROW_SUMS * W)
 #endif
 #define ROW_KERNELS(DOT)                                                                           \
     .name = SDPA_BACKEND_NAME, .dot = DOT, .dot_to = DOT##_to, .scale = scale_row,                 \

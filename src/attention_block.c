@@ -179,16 +179,6 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
     }
 }
 
-/* n rows of d_v floats, stride apart, hold no inf or NaN: a finite sum of their squares (the
-   backend's dot, one call where they are contiguous; a sum that overflows counts as not). */
-static int rows_finite(const sdpa_kernels *k, const float *row, size_t stride, size_t n,
-                       size_t d_v) {
-    if (stride == d_v) return isfinite(k->dot(row, row, n * d_v));
-    for (size_t j = 0; j < n; j++)
-        if (!isfinite(k->dot(row + j * stride, row + j * stride, d_v))) return 0;
-    return 1;
-}
-
 /* Whether a window's edge block [k0, k0 + nk) may take the fused path from its key j0: f32 rows
    read in place (no wide tiles), V's finite at the keys some row does not see (weight 0). */
 static int edge_fuses(const attention_run *run, const attention_problem *p, const row_block *b,
@@ -199,8 +189,8 @@ static int edge_fuses(const attention_run *run, const attention_problem *p, cons
     const size_t a = b->all_from > k0 + j0 ? b->all_from - k0 : j0; /* [a, e): every row's */
     const size_t a_in = a < nk ? a : nk, e = b->all_see > k0 + a_in ? b->all_see - k0 : a_in;
     const size_t e_in = e < nk ? e : nk, vs = src->v_stride;
-    return rows_finite(run->k, (const float *)v + j0 * vs, vs, a_in - j0, p->d_v) &&
-           rows_finite(run->k, (const float *)v + e_in * vs, vs, nk - e_in, p->d_v);
+    return run->k->rows_finite((const float *)v + j0 * vs, vs, a_in - j0, p->d_v) &&
+           run->k->rows_finite((const float *)v + e_in * vs, vs, nk - e_in, p->d_v);
 }
 
 /* A window's edge: -inf at b's pairs unseen from key k0 + b->skip, each row's max over the rest. */
@@ -375,8 +365,9 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
     }
 }
 
-/* The first nk rows of a block of values are finite (rows_finite, run by run): a weight of 0
-   then gives them a product of 0. 16-bit rows give 0 (the caller takes the runs, right for any). */
+/* The first nk rows of a block of values are finite (the table's rows_finite, run by run): a
+   weight of 0 then gives them a product of 0. 16-bit rows give 0 (the caller takes the runs,
+   right for any). */
 static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0, size_t nk,
                          size_t d_v) {
     const row_runs *v = &vr->f;
@@ -386,7 +377,7 @@ static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0,
         const size_t from = v->at[i] > j0 ? v->at[i] : j0;
         const size_t n = (v->at[i + 1] < nk ? v->at[i + 1] : nk) - from;
         const float *row = (const float *)v->row[i] + (from - v->at[i]) * v->stride;
-        if (!rows_finite(k, row, v->stride, n, d_v)) return 0;
+        if (!k->rows_finite(row, v->stride, n, d_v)) return 0;
     }
     return 1;
 }

@@ -512,7 +512,7 @@ static void prefetch_ahead(const attention_problem *p, const visibility *vis, co
     prefetch_rows((const char *)q + (q0 - n) * p->q_stride[2] * qs, p->q_stride[2] * qs,
                   p->d_k * qs, t * n / n_t, (t + 1) * n / n_t, 0);
     const size_t from = n ? visibility_row_first(vis, q0 - n) : kv_begin;
-    if (from < kv_begin) {
+    if (from < kv_begin && from < visibility_row_end(vis, q0 - n)) { /* keys that row reads */
         const size_t keys = kv_begin - from, a = t * keys / n_t;
         key_source_prefetch(src, from + a, (t + 1) * keys / n_t - a);
     }

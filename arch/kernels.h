@@ -210,6 +210,9 @@ typedef struct sdpa_kernels {
     /* max over i of (scale * x[i]) rounded to float; -inf for an all -inf row; a NaN input may
        or may not come out as NaN (the softmax driver handles both) */
     float (*max_scaled)(const float *x, size_t n, float scale);
+    /* whether n rows of d floats, stride apart, hold no inf or NaN (n or d 0: 1, reading
+       nothing) */
+    int (*rows_finite)(const float *x, size_t stride, size_t n, size_t d);
     /* y[i] = exp(scale * x[i] - shift); returns sum y[i]. y may equal x. NaN in x gives NaN in y
        and in the sum. Callers pass a shift of at least the max of scale * x[i] (so arguments are
        <= 0 up to rounding; beyond 88 the result is unspecified), and a result below FLT_MIN may

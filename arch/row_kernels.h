@@ -115,6 +115,26 @@ static float max_scaled_row(const float *x, size_t n, float scale) {
     return vf_hmax(max_lanes(x, n, vf_set1(scale), 0));
 }
 
+/* kernels.h's rows_finite: x * 0 is 0 for a finite x and NaN for an inf or a NaN, so the sum of
+ * those products (exact: every term is a zero) is 0 exactly when every element is finite. One
+ * call for a block's rows, with no reduction per row. */
+static int rows_finite_row(const float *x, size_t stride, size_t n, size_t d) {
+    const vf zero = vf_zero();
+    vf a0 = zero, a1 = zero;
+    for (size_t j = 0; j < n; j++) {
+        const float *row = x + j * stride;
+        size_t i = 0;
+        for (; i + 2 * W <= d; i += 2 * W) {
+            a0 += vf_load(row + i) * zero;
+            a1 += vf_load(row + i + W) * zero;
+        }
+        for (; i < d; i += W)
+            a0 +=
+                (d - i >= W ? vf_load(row + i) : vf_load_part(row + i, vpart_first(d - i))) * zero;
+    }
+    return vf_hsum(a0 + a1) == 0.0f;
+}
+
 ALWAYS_INLINE void normalize_one(float *y, vf factor, vf keep_from, int from_e, vpart part,
                                  int whole) {
     store_some(y, part, whole, row_weight(load_some(y, part, whole), factor, keep_from, from_e));
@@ -356,9 +376,9 @@ static void exp_array_sleef(float *y, const float *x, size_t n) {
 #endif
 #define ROW_KERNELS(DOT)                                                                           \
     .name = SDPA_BACKEND_NAME, .dot = DOT, .dot_to = DOT##_to, .scale = scale_row,                 \
-    .max_scaled = max_scaled_row, .exp_sum = {exp_sum_fast, exp_sum_sleef},                        \
-    .exp_sum_block = ROW_SUM_BLOCK, .normalize = normalize_row,                                    \
-    .softmax_backward = softmax_backward_row, .exp = {exp_array_fast, exp_array_sleef},            \
-    CONVERT_ENTRIES
+    .max_scaled = max_scaled_row, .rows_finite = rows_finite_row,                                  \
+    .exp_sum = {exp_sum_fast, exp_sum_sleef}, .exp_sum_block = ROW_SUM_BLOCK,                      \
+    .normalize = normalize_row, .softmax_backward = softmax_backward_row,                          \
+    .exp = {exp_array_fast, exp_array_sleef}, CONVERT_ENTRIES
 
 #endif

@@ -99,21 +99,6 @@ typedef struct tiles {
     _Alignas(64) float cap[SDPA_ATTN_MAX_BLOCK_KV * QT]; /* a softcap's derivative, S^T's shape */
 } tiles;
 
-/* No inf or NaN in n rows of `row` floats: the exponent bits of every float, OR-ed (integer
- * operations, which the compiler vectorizes where isfinite would branch per float). */
-static int rows_finite(const float *x, size_t n, size_t stride, size_t row) {
-    uint32_t bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        const float *r = x + i * stride;
-        for (size_t c = 0; c < row; c++) {
-            uint32_t u;
-            memcpy(&u, r + c, sizeof u);
-            bad |= (u & 0x7f800000u) + 0x00800000u; /* bit 31 set: exponent all ones */
-        }
-    }
-    return !(bad >> 31);
-}
-
 /* One tile: nq query rows from q0 of head h against the first nk keys of block kb, with their
  * views at the tile's first row and each row's lse (INFINITY for a row that saw no key) and D. */
 typedef struct tile {
@@ -319,7 +304,7 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
     const size_t first = visibility_row_first(&run->vis, q0);
     const size_t j0 = first > kb->k0 ? (first - kb->k0) / TRIM_KEYS * TRIM_KEYS : 0;
     if (!clean && run->packed && j0 && j0 < x.nk) {
-        if (kb->k_finite < 0) kb->k_finite = rows_finite(kb->k, kb->nk, ks, p->d_k);
+        if (kb->k_finite < 0) kb->k_finite = run->k->rows_finite(kb->k, ks, kb->nk, p->d_k);
         trimmed = *kb;
         trimmed.k0 += j0;
         trimmed.nk -= j0;
@@ -336,10 +321,10 @@ static int backward_tile(const backward_run *run, tiles *t, const head *h, key_b
     tile_grads(run, t, &x);
     if (!clean) {
         tile_zero_pairs(run, t, &x);
-        if (kb->k_finite < 0) kb->k_finite = rows_finite(kb->k, kb->nk, ks, p->d_k);
+        if (kb->k_finite < 0) kb->k_finite = run->k->rows_finite(kb->k, ks, kb->nk, p->d_k);
     }
-    if (clean || (kb->k_finite && rows_finite(x.q, nq, qs, p->d_k) &&
-                  rows_finite(x.dout, nq, dos, p->d_v))) {
+    if (clean || (kb->k_finite && run->k->rows_finite(x.q, qs, nq, p->d_k) &&
+                  run->k->rows_finite(x.dout, dos, nq, p->d_v))) {
         run->a->pv_tile(kb->dv_to, kb->dv_row, t->s, QT, x.nk, nq, x.dout, dos, p->d_v);
         run->a->pv_tile(kb->dk_to, kb->dk_row, t->ds, QT, x.nk, nq, x.q, qs, p->d_k);
         run->a->pv_tile_t(x.dq, h->dq_row, t->ds, QT, nq, x.nk, kb->k, ks, p->d_k);

@@ -179,16 +179,6 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
     }
 }
 
-/* n rows of d_v floats, stride apart, hold no inf or NaN: a finite sum of their squares (the
-   backend's dot, one call where they are contiguous; a sum that overflows counts as not). */
-static int rows_finite(const sdpa_kernels *k, const float *row, size_t stride, size_t n,
-                       size_t d_v) {
-    if (stride == d_v) return isfinite(k->dot(row, row, n * d_v));
-    for (size_t j = 0; j < n; j++)
-        if (!isfinite(k->dot(row + j * stride, row + j * stride, d_v))) return 0;
-    return 1;
-}
-
 /* Whether a window's edge block [k0, k0 + nk) may take the fused path from its key j0: f32 rows
    read in place (no wide tiles), V's finite at the keys some row does not see (weight 0). */
 static int edge_fuses(const attention_run *run, const attention_problem *p, const row_block *b,
@@ -199,8 +189,8 @@ static int edge_fuses(const attention_run *run, const attention_problem *p, cons
     const size_t a = b->all_from > k0 + j0 ? b->all_from - k0 : j0; /* [a, e): every row's */
     const size_t a_in = a < nk ? a : nk, e = b->all_see > k0 + a_in ? b->all_see - k0 : a_in;
     const size_t e_in = e < nk ? e : nk, vs = src->v_stride;
-    return rows_finite(run->k, (const float *)v + j0 * vs, vs, a_in - j0, p->d_v) &&
-           rows_finite(run->k, (const float *)v + e_in * vs, vs, nk - e_in, p->d_v);
+    return run->k->rows_finite((const float *)v + j0 * vs, vs, a_in - j0, p->d_v) &&
+           run->k->rows_finite((const float *)v + e_in * vs, vs, nk - e_in, p->d_v);
 }
 
 /* A window's edge: -inf at b's pairs unseen from key k0 + b->skip, each row's max over the rest. */
@@ -375,8 +365,9 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
     }
 }
 
-/* The first nk rows of a block of values are finite (rows_finite, run by run): a weight of 0
-   then gives them a product of 0. 16-bit rows give 0 (the caller takes the runs, right for any). */
+/* The first nk rows of a block of values are finite (the table's rows_finite, run by run): a
+   weight of 0 then gives them a product of 0. 16-bit rows give 0 (the caller takes the runs,
+   right for any). */
 static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0, size_t nk,
                          size_t d_v) {
     const row_runs *v = &vr->f;
@@ -386,7 +377,7 @@ static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0,
         const size_t from = v->at[i] > j0 ? v->at[i] : j0;
         const size_t n = (v->at[i + 1] < nk ? v->at[i + 1] : nk) - from;
         const float *row = (const float *)v->row[i] + (from - v->at[i]) * v->stride;
-        if (!rows_finite(k, row, v->stride, n, d_v)) return 0;
+        if (!k->rows_finite(row, v->stride, n, d_v)) return 0;
     }
     return 1;
 }
@@ -493,6 +484,40 @@ static void rows_end(const attention_run *run, const attention_problem *p, const
     }
 }
 
+/* Rows [r0, r1) of `bytes` bytes each, `stride` bytes apart from base, into the caches (write:
+   for writing). */
+static void prefetch_rows(const void *base, size_t stride, size_t bytes, size_t r0, size_t r1,
+                          int write) {
+    for (size_t r = r0; r < r1; r++)
+        for (size_t b = 0; b < bytes; b += 64) {
+            if (write)
+                __builtin_prefetch((const char *)base + r * stride + b, 1);
+            else
+                __builtin_prefetch((const char *)base + r * stride + b);
+        }
+}
+
+/* Share t of n_t, one with each block of keys, of the lines that would otherwise come from
+   memory with nothing to hide behind: this unit's out rows, written at its end, and what its
+   head's next unit reads first and this one does not, its query rows [q0 - nq, q0)
+   (plan_forward_unit runs a head's blocks from its last rows) and, under a window, its keys
+   before this unit's first (kv_begin). */
+static void prefetch_ahead(const attention_problem *p, const visibility *vis, const void *q,
+                           const key_source *src, const void *out, size_t q0, size_t nq,
+                           size_t kv_begin, size_t t, size_t n_t) {
+    const size_t qs = sdpa_type_size(p->q_type), os = sdpa_type_size(p->out_type);
+    prefetch_rows((const char *)out + q0 * p->out_stride[2] * os, p->out_stride[2] * os,
+                  p->d_v * os, t * nq / n_t, (t + 1) * nq / n_t, 1);
+    const size_t n = q0 < nq ? q0 : nq;
+    prefetch_rows((const char *)q + (q0 - n) * p->q_stride[2] * qs, p->q_stride[2] * qs,
+                  p->d_k * qs, t * n / n_t, (t + 1) * n / n_t, 0);
+    const size_t from = n ? visibility_row_first(vis, q0 - n) : kv_begin;
+    if (from < kv_begin && from < visibility_row_end(vis, q0 - n)) { /* keys that row reads */
+        const size_t keys = kv_begin - from, a = t * keys / n_t;
+        key_source_prefetch(src, from + a, (t + 1) * keys / n_t - a);
+    }
+}
+
 /* Query rows [q0, q0 + nq) of one head against all the keys they see (vis), in blocks of
  * run->rows_max rows (at most ROW_BLOCKS of them; more than one only with the wide tiles, which
  * hold the others' state): each block of keys, and of values, is read (widened) once for all of
@@ -525,8 +550,11 @@ void attention_block(const attention_run *run, const attention_problem *p, const
     }
     /* blocks of keys on the grid of block_kv from the call's key 0, so that the blocks a row
        meets do not depend on its neighbours' windows */
-    for (size_t k0 = kv_begin / block_kv * block_kv; k0 < kv_end; k0 += block_kv) {
+    const size_t k_first = kv_begin / block_kv * block_kv;
+    const size_t n_kb = (kv_end - k_first + block_kv - 1) / block_kv;
+    for (size_t k0 = k_first; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
+        prefetch_ahead(p, vis, q, src, out, q0, nq, kv_begin, (k0 - k_first) / block_kv, n_kb);
         block_rows kr, vr;
         key_rows_of(run->k, src, 0, k0, nk, floats, raw, packed, run->wide ? run->wide->kv : NULL,
                     run->wide ? run->wide->kv16 : NULL, &kr);

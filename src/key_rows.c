@@ -93,6 +93,21 @@ void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size) 
             __builtin_prefetch(row + j * r->stride * size + b);
 }
 
+void key_source_prefetch(const key_source *src, size_t k0, size_t n) {
+    const size_t size = sdpa_type_size(src->type);
+    for (int values = 0; values < 2; values++) {
+        const size_t bytes = (values ? src->d_v : src->d_k) * size;
+        const size_t stride = (values ? src->v_stride : src->k_stride) * size;
+        for (size_t j = k0, m; j < k0 + n; j += m) {
+            const void *run;
+            m = key_source_run(src, values, j, k0 + n - j, &run);
+            for (size_t r = 0; r < m; r++)
+                for (size_t b = 0; b < bytes; b += 64)
+                    __builtin_prefetch((const char *)run + r * stride + b);
+        }
+    }
+}
+
 /* A row's bytes in 64-byte pieces of a size the compiler knows: a call to memcpy a row of a
    token table would cost as much as the copy. */
 static inline void copy_row(char *to, const char *from, size_t bytes) {

@@ -92,4 +92,7 @@ void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_
    page's. */
 void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size);
 
+/* The keys and values [k0, k0 + n) of src into the caches, for a block that reads them later. */
+void key_source_prefetch(const key_source *src, size_t k0, size_t n);
+
 #endif

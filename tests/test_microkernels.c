@@ -1028,12 +1028,44 @@ BACKEND_TEST(microkernels, stage_tile) {
     }
 }
 
+/* rows_finite against isfinite element by element: n rows of d floats, stride apart, the last
+ * ending at a guard page, with finite extremes (FLT_MAX, subnormals, signed zeros) everywhere
+ * and inf between the rows, which must not count; then each of inf, -inf and NaN at every place
+ * in turn, every one of which must. */
+BACKEND_TEST(microkernels, rows_finite_finds_every_inf_and_nan) {
+    const sdpa_kernels *k = kernels_of(sdpa_backend());
+    const size_t shapes[][3] = {{1, 1, 1}, {3, 17, 20}, {5, 16, 16}, {2, 33, 40}, {4, 128, 131},
+                                {2, 7, 7}, {0, 8, 8},   {2, 0, 4}}; /* n, d, stride */
+    const float good[] = {FLT_MAX, -FLT_MAX, FLT_MIN, 1e-45f, -0.0f, 0.0f, 1.0f};
+    const float bad[] = {INFINITY, -INFINITY, NAN};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const size_t n = shapes[i][0], d = shapes[i][1], stride = shapes[i][2];
+        const size_t total = n && d ? (n - 1) * stride + d : 0;
+        guarded g = guard_alloc(total, GUARD_AFTER);
+        float *x = g.p;
+        for (size_t j = 0; j < total; j++) x[j] = INFINITY;
+        for (size_t r = 0; r < n; r++)
+            for (size_t c = 0; c < d; c++) x[r * stride + c] = good[(r + c) % 7];
+        cr_assert_eq(k->rows_finite(x, stride, n, d), 1, "n %zu d %zu", n, d);
+        for (size_t r = 0; r < n; r++)
+            for (size_t c = 0; c < d; c++)
+                for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+                    const float keep = x[r * stride + c];
+                    x[r * stride + c] = bad[b];
+                    cr_assert_eq(k->rows_finite(x, stride, n, d), 0, "n %zu d %zu at %zu,%zu: %g",
+                                 n, d, r, c, (double)bad[b]);
+                    x[r * stride + c] = keep;
+                }
+        guard_free(&g);
+    }
+}
+
 /* The rules of arch/kernels.h that no call would show: required kernels present, optional
  * pairs both present or both absent, blocks within the driver's stack tiles. */
 BACKEND_TEST(microkernels, table_obeys_its_rules) {
     const sdpa_kernels *k = kernels_of(sdpa_backend());
     cr_assert_str_eq(k->name, sdpa_backend());
-    cr_assert(k->dot && k->dot_to && k->scale && k->max_scaled && k->normalize &&
+    cr_assert(k->dot && k->dot_to && k->scale && k->max_scaled && k->rows_finite && k->normalize &&
               k->softmax_backward && k->attention);
     cr_assert(k->exp_sum_block >= 16);
     for (int kind = 0; kind < SDPA_EXP_KINDS; kind++) {

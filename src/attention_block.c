@@ -365,23 +365,6 @@ static void values_pv(const attention_run *run, const attention_problem *p, floa
     }
 }
 
-/* The first nk rows of a block of values are finite (the table's rows_finite, run by run): a
-   weight of 0 then gives them a product of 0. 16-bit rows give 0 (the caller takes the runs,
-   right for any). */
-static int values_finite(const sdpa_kernels *k, const block_rows *vr, size_t j0, size_t nk,
-                         size_t d_v) {
-    const row_runs *v = &vr->f;
-    if (vr->h.n) return 0;
-    for (size_t i = 0; i < v->n && v->at[i] < nk; i++) {
-        if (v->at[i + 1] <= j0) continue;
-        const size_t from = v->at[i] > j0 ? v->at[i] : j0;
-        const size_t n = (v->at[i + 1] < nk ? v->at[i + 1] : nk) - from;
-        const float *row = (const float *)v->row[i] + (from - v->at[i]) * v->stride;
-        if (!k->rows_finite(row, v->stride, n, d_v)) return 0;
-    }
-    return 1;
-}
-
 /* The second half: the weights of rows_scores times the block of values vr into acc (its float
  * rows for the fused path, else the 16-bit rows with typed_v, else the float rows). */
 static void rows_values(const attention_run *run, const attention_problem *p, row_block *b,
@@ -399,7 +382,7 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
         }
         return;
     }
-    if (b->simple && (!b->filled || values_finite(run->k, vr, b->skip, nk, d_v))) {
+    if (b->simple && (!b->filled || block_rows_finite(run->k, vr, b->skip, nk, d_v))) {
         for (size_t r = 0; r < nq; r++) {
             float *s = s_tile + r * ld_s;
             if (!b->live[r]) {
@@ -484,19 +467,6 @@ static void rows_end(const attention_run *run, const attention_problem *p, const
     }
 }
 
-/* Rows [r0, r1) of `bytes` bytes each, `stride` bytes apart from base, into the caches (write:
-   for writing). */
-static void prefetch_rows(const void *base, size_t stride, size_t bytes, size_t r0, size_t r1,
-                          int write) {
-    for (size_t r = r0; r < r1; r++)
-        for (size_t b = 0; b < bytes; b += 64) {
-            if (write)
-                __builtin_prefetch((const char *)base + r * stride + b, 1);
-            else
-                __builtin_prefetch((const char *)base + r * stride + b);
-        }
-}
-
 /* Share t of n_t, one with each block of keys, of the lines that would otherwise come from
    memory with nothing to hide behind: this unit's out rows, written at its end, and what its
    head's next unit reads first and this one does not, its query rows [q0 - nq, q0)
@@ -506,10 +476,10 @@ static void prefetch_ahead(const attention_problem *p, const visibility *vis, co
                            const key_source *src, const void *out, size_t q0, size_t nq,
                            size_t kv_begin, size_t t, size_t n_t) {
     const size_t qs = sdpa_type_size(p->q_type), os = sdpa_type_size(p->out_type);
-    prefetch_rows((const char *)out + q0 * p->out_stride[2] * os, p->out_stride[2] * os,
+    rows_prefetch((const char *)out + q0 * p->out_stride[2] * os, p->out_stride[2] * os,
                   p->d_v * os, t * nq / n_t, (t + 1) * nq / n_t, 1);
     const size_t n = q0 < nq ? q0 : nq;
-    prefetch_rows((const char *)q + (q0 - n) * p->q_stride[2] * qs, p->q_stride[2] * qs,
+    rows_prefetch((const char *)q + (q0 - n) * p->q_stride[2] * qs, p->q_stride[2] * qs,
                   p->d_k * qs, t * n / n_t, (t + 1) * n / n_t, 0);
     const size_t from = n ? visibility_row_first(vis, q0 - n) : kv_begin;
     if (from < kv_begin && from < visibility_row_end(vis, q0 - n)) { /* keys that row reads */

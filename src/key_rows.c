@@ -93,6 +93,29 @@ void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size) 
             __builtin_prefetch(row + j * r->stride * size + b);
 }
 
+void rows_prefetch(const void *base, size_t stride, size_t bytes, size_t r0, size_t r1, int write) {
+    for (size_t r = r0; r < r1; r++)
+        for (size_t b = 0; b < bytes; b += 64) {
+            if (write)
+                __builtin_prefetch((const char *)base + r * stride + b, 1);
+            else
+                __builtin_prefetch((const char *)base + r * stride + b);
+        }
+}
+
+int block_rows_finite(const sdpa_kernels *k, const block_rows *r, size_t j0, size_t nk, size_t d) {
+    const row_runs *f = &r->f;
+    if (r->h.n) return 0;
+    for (size_t i = 0; i < f->n && f->at[i] < nk; i++) {
+        if (f->at[i + 1] <= j0) continue;
+        const size_t from = f->at[i] > j0 ? f->at[i] : j0;
+        const size_t n = (f->at[i + 1] < nk ? f->at[i + 1] : nk) - from;
+        const float *row = (const float *)f->row[i] + (from - f->at[i]) * f->stride;
+        if (!k->rows_finite(row, f->stride, n, d)) return 0;
+    }
+    return 1;
+}
+
 void key_source_prefetch(const key_source *src, size_t k0, size_t n) {
     const size_t size = sdpa_type_size(src->type);
     for (int values = 0; values < 2; values++) {

@@ -92,6 +92,15 @@ void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_
    page's. */
 void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size);
 
+/* Rows [r0, r1) of `bytes` bytes each, `stride` bytes apart from base, into the caches (write:
+   for writing). */
+void rows_prefetch(const void *base, size_t stride, size_t bytes, size_t r0, size_t r1, int write);
+
+/* Whether the float rows [j0, nk) of r (d floats each) hold no inf or NaN (the table's
+   rows_finite, run by run): a weight of 0 then gives them a product of 0. Rows with 16-bit ones
+   (h) give 0, which callers take as "not known". */
+int block_rows_finite(const sdpa_kernels *k, const block_rows *r, size_t j0, size_t nk, size_t d);
+
 /* The keys and values [k0, k0 + n) of src into the caches, for a block that reads them later. */
 void key_source_prefetch(const key_source *src, size_t k0, size_t n);
 

@@ -182,10 +182,9 @@ ALWAYS_INLINE void scores_step(vf *a, const float *q, size_t q_stride, const voi
     if (keywise) {
         for (int c = 0; c < nr; c++) {
             const vf kc = tile_load_as(elem_at(k, c * k_stride, kt), kt, m);
-            /* a compiler barrier: the keys' loads stay in key order, which the hardware's
-               prefetchers follow (8 rows of 128 floats are one 4 KiB page); sse's compiler
-               otherwise interleaves them, and its scores from L3 or memory run far slower */
-            __asm__("" ::: "memory");
+#ifdef ISA_KEYS_IN_ORDER
+            __asm__("" ::: "memory"); /* the loads in key order (the ISA's file says why) */
+#endif
             for (int r = 0; r < mr; r++) a[r * nr + c] = vf_madd(vq[r], kc, a[r * nr + c]);
         }
         return;

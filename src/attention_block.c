@@ -524,7 +524,8 @@ void attention_block(const attention_run *run, const attention_problem *p, const
     const size_t n_kb = (kv_end - k_first + block_kv - 1) / block_kv;
     for (size_t k0 = k_first; k0 < kv_end; k0 += block_kv) {
         const size_t nk = kv_end - k0 < block_kv ? kv_end - k0 : block_kv;
-        prefetch_ahead(p, vis, q, src, out, q0, nq, kv_begin, (k0 - k_first) / block_kv, n_kb);
+        if (q0) /* a head's first rows (decode's only ones) have no unit after them */
+            prefetch_ahead(p, vis, q, src, out, q0, nq, kv_begin, (k0 - k_first) / block_kv, n_kb);
         block_rows kr, vr;
         key_rows_of(run->k, src, 0, k0, nk, floats, raw, packed, run->wide ? run->wide->kv : NULL,
                     run->wide ? run->wide->kv16 : NULL, &kr);

@@ -7,8 +7,9 @@
  *   BLOCK_Q, BLOCK_KV       the table's tile (kernels.h)
  *   SCORES_MR, SCORES_NR    the scores' register block (scores_block)
  *   SCORES_KEYWISE          its loads keywise (scores_step)
- *   ISA_KEYS_IN_ORDER       defined before attention_tiles.h is included, for the keywise
- *                           loads in key order (a compiler barrier after each, scores_step)
+ *   ISA_FIRST_KEY_FIRST     defined before attention_tiles.h is included, for each step of
+ *                           the keywise loads from the first key (a compiler barrier after
+ *                           it, scores_step)
  *   SCORES_ROW_NR           the keys of a single query's block
  *   ISA_SCORES_DOTS         defined, for scores a dot each instead (attention_tiles.h's
  *                           scores_dots; the four above unused)

@@ -182,8 +182,9 @@ ALWAYS_INLINE void scores_step(vf *a, const float *q, size_t q_stride, const voi
     if (keywise) {
         for (int c = 0; c < nr; c++) {
             const vf kc = tile_load_as(elem_at(k, c * k_stride, kt), kt, m);
-#ifdef ISA_KEYS_IN_ORDER
-            __asm__("" ::: "memory"); /* the loads in key order (the ISA's file says why) */
+#ifdef ISA_FIRST_KEY_FIRST
+            /* the first key's load first (the ISA's file says why) */
+            if (c == 0) __asm__("" ::: "memory");
 #endif
             for (int r = 0; r < mr; r++) a[r * nr + c] = vf_madd(vq[r], kc, a[r * nr + c]);
         }

@@ -6,11 +6,12 @@
 
 #define ISA_NAME(f) f##_sse41
 
-/* A compiler barrier after each key's load in the keywise scores (attention_tiles.h): the loads
- * stay in key order, which the hardware's prefetchers follow (8 rows of 128 floats are one 4 KiB
- * page). This ISA's compiled loop otherwise interleaves the eight keys' loads, and its scores from
- * L3 or memory run far slower; avx2's is faster without it. */
-#define ISA_KEYS_IN_ORDER 1
+/* A compiler barrier after the first key's load of each step of the keywise scores
+ * (attention_tiles.h), so that the step reads its keys from the first. This ISA's compiler
+ * otherwise starts a step elsewhere among the eight keys' rows, and its scores from L3 or memory
+ * then run far slower: the hardware's prefetchers follow the rows worse. A barrier after every
+ * key is as fast from memory and slower for short calls; avx2 needs neither. */
+#define ISA_FIRST_KEY_FIRST 1
 
 #include "attention_packed.h"
 

@@ -86,11 +86,8 @@ static void cursor_prefetch(row_cursor *c, size_t n) {
 
 void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size) {
     if (i + 1 >= r->n) return;
-    const size_t n = r->at[i + 2] - r->at[i + 1], rows = n < 16 ? n : 16;
-    const char *row = r->row[i + 1];
-    for (size_t j = 0; j < rows; j++)
-        for (size_t b = 0; b < d * size; b += 64)
-            __builtin_prefetch(row + j * r->stride * size + b);
+    const size_t n = r->at[i + 2] - r->at[i + 1];
+    rows_prefetch(r->row[i + 1], r->stride * size, d * size, 0, n < 16 ? n : 16, 0);
 }
 
 void rows_prefetch(const void *base, size_t stride, size_t bytes, size_t r0, size_t r1, int write) {
@@ -124,9 +121,7 @@ void key_source_prefetch(const key_source *src, size_t k0, size_t n) {
         for (size_t j = k0, m; j < k0 + n; j += m) {
             const void *run;
             m = key_source_run(src, values, j, k0 + n - j, &run);
-            for (size_t r = 0; r < m; r++)
-                for (size_t b = 0; b < bytes; b += 64)
-                    __builtin_prefetch((const char *)run + r * stride + b);
+            rows_prefetch(run, stride, bytes, 0, m, 0);
         }
     }
 }

@@ -345,10 +345,11 @@ static void rows_scores(const attention_run *run, const attention_problem *p, ro
 }
 
 /* pv_tile on the values [j, j + nk) of the block, run by run: the 16-bit rows through the
- * typed entry where vr has them, else the float rows. w is the weights of key j. */
-static void values_pv(const attention_run *run, const attention_problem *p, float *acc,
-                      size_t ld_acc, const float *w, size_t ld_w, size_t nq, size_t nk,
-                      const block_rows *vr, size_t j) {
+ * typed entry where vr has them, else the float rows. w is the weights of key j. Inline: a
+ * decode calls it once a block of keys, beside kernels of a few hundred cycles. */
+static inline __attribute__((always_inline)) void
+values_pv(const attention_run *run, const attention_problem *p, float *acc, size_t ld_acc,
+          const float *w, size_t ld_w, size_t nq, size_t nk, const block_rows *vr, size_t j) {
     const row_runs *v = vr->h.n ? &vr->h : &vr->f;
     const size_t end = j + nk, size = vr->h.n ? sdpa_type_size(vr->h.type) : 4;
     for (size_t i = 0; i < v->n && v->at[i] < end; i++) {
@@ -497,7 +498,7 @@ void attention_block(const attention_run *run, const attention_problem *p, const
                      float *lse, size_t lse_row, float *part_l, size_t q0, size_t nq) {
     const size_t block_kv = run->keys_max;
     row_block first;
-    float acc_tile[ACC_FLOATS];
+    _Alignas(64) float acc_tile[ACC_FLOATS];
     row_block *blocks[ROW_BLOCKS] = {&first};
     size_t n_blocks = 0, kv_begin = SIZE_MAX, kv_end = 0;
     for (size_t r0 = 0; r0 < nq; r0 += run->rows_max, n_blocks++) {

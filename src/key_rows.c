@@ -27,14 +27,6 @@ const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void
     return tile;
 }
 
-static void one_run(row_runs *r, const void *row, size_t stride, size_t nk) {
-    r->n = 1;
-    r->stride = stride;
-    r->at[0] = 0;
-    r->at[1] = nk;
-    r->row[0] = row;
-}
-
 /* Keys [k0, k0 + nk) of a source's view (values: 0 keys, 1 values) into r as in-place runs of
    the source's type: key_source_run's rows, the page found once and then stepped (a division a
    key would cost a token table more than its copy). */
@@ -42,7 +34,7 @@ static void page_runs(const key_source *src, int values, size_t k0, size_t nk, r
     if (!src->pages) {
         const void *row;
         key_source_run(src, values, k0, nk, &row);
-        one_run(r, row, values ? src->v_stride : src->k_stride, nk);
+        row_runs_one(r, row, values ? src->v_stride : src->k_stride, nk);
         return;
     }
     const size_t size = sdpa_type_size(src->type), stride = values ? src->v_stride : src->k_stride;
@@ -82,12 +74,6 @@ static void cursor_prefetch(row_cursor *c, size_t n) {
         for (size_t b = 0; b < c->bytes; b += 64) __builtin_prefetch(row + b);
         if (++c->row == r->at[c->run + 1] - r->at[c->run]) c->run++, c->row = 0;
     }
-}
-
-void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size) {
-    if (i + 1 >= r->n) return;
-    const size_t n = r->at[i + 2] - r->at[i + 1];
-    rows_prefetch(r->row[i + 1], r->stride * size, d * size, 0, n < 16 ? n : 16, 0);
 }
 
 void rows_prefetch(const void *base, size_t stride, size_t bytes, size_t r0, size_t r1, int write) {
@@ -155,7 +141,7 @@ static void gather_runs(const sdpa_kernels *k, uint32_t type, const row_runs *in
             for (size_t r = 0; r < n; r++)
                 copy_row(to + r * d * size, from + r * in->stride * size, d * size);
     }
-    one_run(out, tile, d, in->at[in->n]);
+    row_runs_one(out, tile, d, in->at[in->n]);
 }
 
 /* Rows ahead of the one widened whose lines are prefetched: decode reads an 8-bit cache from
@@ -190,7 +176,7 @@ static void fp8_runs_as_f16(const sdpa_kernels *k, uint32_t type, const row_runs
             widen(to + r * d, row + r * in->stride, d);
         }
     }
-    one_run(out, tile, d, in->at[in->n]);
+    row_runs_one(out, tile, d, in->at[in->n]);
 }
 
 /* `to` = `from`, its runs alone: a whole row_runs is kilobytes, which a decode would copy
@@ -199,17 +185,21 @@ static void copy_runs(row_runs *to, const row_runs *from) {
     to->type = from->type;
     to->n = from->n;
     to->stride = from->stride;
-    memcpy(to->at, from->at, (from->n + 1) * sizeof from->at[0]);
-    memcpy(to->row, from->row, from->n * sizeof from->row[0]);
+    /* a loop: a dense block has one run, which memcpy's rep movs would take longer to copy */
+    for (size_t i = 0; i < from->n; i++) {
+        to->at[i] = from->at[i];
+        to->row[i] = from->row[i];
+    }
+    to->at[from->n] = from->at[from->n];
 }
 
 /* One run (dense, or within a page) is read in place where the type allows. A block across
    pages is read in place a page at a time where every kernel takes runs (!whole) and pages
    hold RUN_MIN_KEYS; otherwise it is gathered into the tiles. Either way each key meets the
    same kernel in the same order as dense, so only a P V split at a page may round otherwise. */
-void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_t k0, size_t nk,
-                 int as_float, int as_16, int whole, float *tile_f, uint16_t *tile_h,
-                 block_rows *r) {
+void key_rows_any(const sdpa_kernels *k, const key_source *src, int values, size_t k0, size_t nk,
+                  int as_float, int as_16, int whole, float *tile_f, uint16_t *tile_h,
+                  block_rows *r) {
     const size_t d = values ? src->d_v : src->d_k;
     row_runs in;
     page_runs(src, values, k0, nk, &in);
@@ -230,7 +220,7 @@ void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_
                 const uint8_t *row = (const uint8_t *)in.row[i] + (j - in.at[i]) * in.stride;
                 for (size_t c = 0; c < d; c++) tile_f[j * d + c] = table[row[c]];
             }
-        one_run(&r->f, tile_f, d, nk);
+        row_runs_one(&r->f, tile_f, d, nk);
         return;
     }
     if (sdpa_type_is_fp8(src->type) && (as_float || as_16) && !fp8_as_is) {
@@ -239,7 +229,7 @@ void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_
         r->h.type = SDPA_F16;
         if (as_float) {
             k->widen[SDPA_F16](tile_f, tile_h, nk * d);
-            one_run(&r->f, tile_f, d, nk);
+            row_runs_one(&r->f, tile_f, d, nk);
         }
         if (!as_16) r->h.n = 0;
         return;

@@ -76,25 +76,57 @@ const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void
                                 size_t n, size_t stride, size_t row, float *tile,
                                 size_t *float_stride);
 
+/* key_rows_of's every case: pages, gathers, widening, 8-bit rows. */
+void key_rows_any(const sdpa_kernels *k, const key_source *src, int values, size_t k0, size_t nk,
+                  int as_float, int as_16, int whole, float *tile_f, uint16_t *tile_h,
+                  block_rows *r);
+
+/* One run of rows in place: keys [0, nk) from row, stride elements apart. */
+static inline void row_runs_one(row_runs *r, const void *row, size_t stride, size_t nk) {
+    r->n = 1;
+    r->stride = stride;
+    r->at[0] = 0;
+    r->at[1] = nk;
+    r->row[0] = row;
+}
+
 /* Keys (values: 0) or values (1) [k0, k0 + nk) of src into r: as float rows when as_float (into
    tile_f, keys_max x d floats, when they must be widened or gathered), as the 16-bit rows when
    as_16 (a 16-bit source, gathered into tile_h; an 8-bit one as it is where the backend's
    kernels widen it in their loads (kernels.h, scores_tile_fp8) and no float rows are asked
    for, else widened into tile_h to f16 by the backend's widen_fp8, e4m3 at 2^-8 of its values,
    as its float rows are too: r->h.type says which); whole: every kernel that reads them wants
-   one run (the packed and fused ones). */
-void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_t k0, size_t nk,
-                 int as_float, int as_16, int whole, float *tile_f, uint16_t *tile_h,
-                 block_rows *r);
-
-/* The first rows of run i + 1 of r (rows of d elements of `size` bytes), while run i is read:
-   a kernel prefetches the rows ahead of the one it reads, which past a page are not the next
-   page's. */
-void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size);
+   one run (the packed and fused ones). A dense block read in place (f32 rows as floats, 16-bit rows
+   as they are) is inline: a decode pays for this twice a block of keys, beside kernels of a few
+   hundred cycles. */
+static inline void key_rows_of(const sdpa_kernels *k, const key_source *src, int values, size_t k0,
+                               size_t nk, int as_float, int as_16, int whole, float *tile_f,
+                               uint16_t *tile_h, block_rows *r) {
+    const int f32 = src->type == SDPA_F32, h16 = !f32 && src->type <= SDPA_BF16;
+    if (src->pages || !(f32 ? as_float && !as_16 : h16 && as_16 && !as_float)) {
+        key_rows_any(k, src, values, k0, nk, as_float, as_16, whole, tile_f, tile_h, r);
+        return;
+    }
+    const void *row;
+    key_source_run(src, values, k0, nk, &row);
+    r->f.n = r->h.n = 0;
+    r->f.type = SDPA_F32;
+    r->h.type = src->type;
+    row_runs_one(f32 ? &r->f : &r->h, row, values ? src->v_stride : src->k_stride, nk);
+}
 
 /* Rows [r0, r1) of `bytes` bytes each, `stride` bytes apart from base, into the caches (write:
    for writing). */
 void rows_prefetch(const void *base, size_t stride, size_t bytes, size_t r0, size_t r1, int write);
+
+/* The first rows of run i + 1 of r (rows of d elements of `size` bytes), while run i is read:
+   a kernel prefetches the rows ahead of the one it reads, which past a page are not the next
+   page's. */
+static inline void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size) {
+    if (i + 1 >= r->n) return;
+    const size_t n = r->at[i + 2] - r->at[i + 1];
+    rows_prefetch(r->row[i + 1], r->stride * size, d * size, 0, n < 16 ? n : 16, 0);
+}
 
 /* Whether the float rows [j0, nk) of r (d floats each) hold no inf or NaN (the table's
    rows_finite, run by run): a weight of 0 then gives them a product of 0. Rows with 16-bit ones

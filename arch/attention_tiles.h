@@ -145,12 +145,24 @@ ALWAYS_INLINE float dot_as(const float *q, const void *k, size_t d, int type) {
 /* Rows of 16-bit K and V, which decode reads from beyond L2, are prefetched a little ahead of
  * their loads, a line for each line loaded: a 16-bit vector feeds a conversion and a handful of
  * FMAs, so the out-of-order window alone holds too few misses to hide the latency (decode from
- * L3 about a fifth faster on a 2 MiB-L2 Xeon). Float rows, twice the bytes a FMA, do without.
- * An address may lie past the rows given (the next block's, in a dense layout): a prefetch
- * never faults. */
+ * L3 about a fifth faster on a 2 MiB-L2 Xeon). Float rows are prefetched where few rows read
+ * them (STREAM_ROWS, below). An address may lie past the rows given (the next block's, in a dense
+ * layout): a prefetch never faults. */
 /* Keys ahead, the scores' and P V's: a register block ahead left decode from DRAM waiting on K
  * (16 keys of 128 halves are 4 KiB). */
 #define PREFETCH_KEYS 16
+
+/* A call of at most this many rows reads each key and value from memory once when the keys
+ * are many (decode: the query heads of a kv head), so its float rows are prefetched ahead too:
+ * the hardware's prefetchers alone left a GQA decode from DRAM about 1.4x slower on Zen 5. A
+ * single row does without: its prefetches cost more than they hide where K and V sit in L3. */
+#define STREAM_ROWS 8
+
+/* Whether the register block of rows from row i prefetches the rows of type t ahead of its
+ * loads: only the first block, the one that brings them in (a call of nq rows). */
+ALWAYS_INLINE int rows_ahead(int t, size_t nq, size_t i) {
+    return i == 0 && (t != SDPA_TYPE_F32 || (nq > 1 && nq <= STREAM_ROWS));
+}
 
 /* Keys ahead for rows of type t: an 8-bit row is half a 16-bit one's lines, and its vectors
  * take fewer cycles each (decode's K and V from DRAM), so it is prefetched FP8_AHEAD times as
@@ -241,7 +253,7 @@ ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, si
         float *si = s + i * ld_s;
         size_t j = 0;
         for (; j + nr <= nk; j += nr) {
-            if (kt != SDPA_TYPE_F32) /* the next block's keys */
+            if (rows_ahead(kt, nq, i)) /* the next block's keys */
                 for (int c = 0; c < nr; c++)
                     prefetch_row(k, j + keys_ahead(PREFETCH_KEYS, kt) + c, k_stride, d, kt);
             scores_block(si + j, ld_s, qi, q_stride, elem_at(k, j * k_stride, kt), k_stride, kt, d,
@@ -357,8 +369,8 @@ ALWAYS_INLINE void block_step(vf *ch, const float *a, size_t a_row, const void *
  * independent FMA chains where mr * nv is small), added at the end; mr * nv * u <=
  * BLOCK_MAX_CHAINS. */
 ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_row, size_t a_col,
-                               const void *b, size_t ldb, int bt, size_t kn, int mr, int nv, int u,
-                               const float *alpha, const vf *scale, const vpart *m) {
+                               const void *b, size_t ldb, int bt, int ahead, size_t kn, int mr,
+                               int nv, int u, const float *alpha, const vf *scale, const vpart *m) {
     const int n = mr * nv;
     float *row[BLOCK_MAX_CHAINS];
     vf ch[BLOCK_MAX_CHAINS];
@@ -378,7 +390,7 @@ ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_ro
     for (; j + u <= kn; j += u) {
 #pragma GCC unroll 4
         for (int x = 0; x < u; x++) {
-            if (bt != SDPA_TYPE_F32) /* the columns of a row ahead */
+            if (ahead) /* the columns of a row ahead */
                 prefetch_row(elem_at(b, (j + x + keys_ahead(PREFETCH_KEYS, bt)) * ldb, bt), 0, 0,
                              nv * W, bt);
             block_step(ch + x * n, a + (j + x) * a_col, a_row, elem_at(b, (j + x) * ldb, bt), bt,
@@ -411,7 +423,7 @@ ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_ro
 ALWAYS_INLINE void pv_vector(const pv_operands *o, int vt, size_t i, size_t c, int mr, int u,
                              const vpart *m) {
     bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row, o->p_key,
-                elem_at(o->v, c, vt), o->v_stride, vt, o->nk, mr, 1, u,
+                elem_at(o->v, c, vt), o->v_stride, vt, rows_ahead(vt, o->nq, i), o->nk, mr, 1, u,
                 o->alpha ? o->alpha + i : NULL, NULL, m);
 }
 
@@ -435,8 +447,8 @@ ALWAYS_INLINE size_t pv_rows(const pv_operands *o, int vt, size_t i, int mr, int
                     for (int f = 0; f < nv * W; f += 16)
                         __builtin_prefetch(o->acc + (i + mr + r) * o->ld_acc + c + f, 1);
             bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row,
-                        o->p_key, elem_at(o->v, c, vt), o->v_stride, vt, o->nk, mr, nv, u,
-                        o->alpha ? o->alpha + i : NULL, NULL, NULL);
+                        o->p_key, elem_at(o->v, c, vt), o->v_stride, vt, rows_ahead(vt, o->nq, i),
+                        o->nk, mr, nv, u, o->alpha ? o->alpha + i : NULL, NULL, NULL);
         }
         for (; c < o->d_v; c += W) {
             const size_t n = o->d_v - c < W ? o->d_v - c : W;

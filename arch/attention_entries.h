@@ -28,40 +28,43 @@
 /* kernels.h's scores_tile with k rows of type kt (attention_tiles.h) for several rows: blocks
  * of mr, then the rows left over one query each. */
 ALWAYS_INLINE void scores_rows_as(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                                  const void *k, size_t k_stride, int kt, size_t nk, size_t d,
-                                  float scale) {
+                                  const void *k, size_t k_stride, const void *ahead, int kt,
+                                  size_t nk, size_t d, float scale) {
 #ifdef ISA_SCORES_DOTS
+    (void)ahead;
     scores_dots(s, ld_s, q, q_stride, nq, k, k_stride, kt, nk, d, scale);
 #else
-    size_t i = scores_row_blocks(s, ld_s, q, q_stride, nq, k, k_stride, kt, nk, d, scale, SCORES_MR,
-                                 SCORES_NR, SCORES_KEYWISE);
+    size_t i = scores_row_blocks(s, ld_s, q, q_stride, nq, k, k_stride, ahead, kt, nk, d, scale,
+                                 SCORES_MR, SCORES_NR, SCORES_KEYWISE);
     for (; i < nq; i++)
-        scores_query(s + i * ld_s, q + i * q_stride, k, k_stride, kt, nk, d, scale, SCORES_ROW_NR);
+        scores_query(s + i * ld_s, q + i * q_stride, k, k_stride, ahead, kt, nk, d, scale,
+                     SCORES_ROW_NR);
 #endif
 }
 
 /* The rows, a function of their own per type, so that a single query (decode, and the scores
  * entry) runs with no row loop around it: its row_nr key streams need every general register. */
 typedef void scores_rows_fn(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                            const void *k, size_t k_stride, size_t nk, size_t d, float scale);
+                            const void *k, size_t k_stride, const void *ahead, size_t nk, size_t d,
+                            float scale);
 #define SCORES_ROWS(name, kt)                                                                      \
     __attribute__((noinline)) static void ISA_NAME(name)(                                          \
         float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq, const void *k,          \
-        size_t k_stride, size_t nk, size_t d, float scale) {                                       \
-        scores_rows_as(s, ld_s, q, q_stride, nq, k, k_stride, kt, nk, d, scale);                   \
+        size_t k_stride, const void *ahead, size_t nk, size_t d, float scale) {                    \
+        scores_rows_as(s, ld_s, q, q_stride, nq, k, k_stride, ahead, kt, nk, d, scale);            \
     }
 
 ALWAYS_INLINE void scores_tile_as(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                                  const void *k, size_t k_stride, int kt, size_t nk, size_t d,
-                                  float scale, scores_rows_fn *rows) {
+                                  const void *k, size_t k_stride, const void *ahead, int kt,
+                                  size_t nk, size_t d, float scale, scores_rows_fn *rows) {
 #ifdef ISA_SCORES_DOTS
     (void)kt; /* rows has it */
-    rows(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
+    rows(s, ld_s, q, q_stride, nq, k, k_stride, ahead, nk, d, scale);
 #else
     if (nq == 1)
-        scores_query(s, q, k, k_stride, kt, nk, d, scale, SCORES_ROW_NR);
+        scores_query(s, q, k, k_stride, ahead, kt, nk, d, scale, SCORES_ROW_NR);
     else
-        rows(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
+        rows(s, ld_s, q, q_stride, nq, k, k_stride, ahead, nk, d, scale);
 #endif
 }
 
@@ -70,13 +73,13 @@ SCORES_ROWS(scores_rows, SDPA_TYPE_F32)
 static void ISA_NAME(scores_tile)(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
                                   const float *k, size_t k_stride, size_t nk, size_t d,
                                   float scale) {
-    scores_tile_as(s, ld_s, q, q_stride, nq, k, k_stride, SDPA_TYPE_F32, nk, d, scale,
+    scores_tile_as(s, ld_s, q, q_stride, nq, k, k_stride, NULL, SDPA_TYPE_F32, nk, d, scale,
                    ISA_NAME(scores_rows));
 }
 
 static void ISA_NAME(pv_tile)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
                               size_t nk, const float *v, size_t v_stride, size_t d_v) {
-    const pv_operands o = {acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v};
+    const pv_operands o = {acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v, NULL};
     isa_pv(&o, SDPA_TYPE_F32);
 }
 
@@ -89,14 +92,14 @@ static void ISA_NAME(pv_tile)(float *acc, size_t ld_acc, const float *p, size_t 
     SCORES_ROWS(scores_rows_##name, kt)                                                            \
     __attribute__((noinline)) static void ISA_NAME(scores_tile_##name)(                            \
         float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq, const void *k,          \
-        size_t k_stride, size_t nk, size_t d, float scale) {                                       \
-        scores_tile_as(s, ld_s, q, q_stride, nq, k, k_stride, kt, nk, d, scale,                    \
+        size_t k_stride, const void *ahead, size_t nk, size_t d, float scale) {                    \
+        scores_tile_as(s, ld_s, q, q_stride, nq, k, k_stride, ahead, kt, nk, d, scale,             \
                        ISA_NAME(scores_rows_##name));                                              \
     }                                                                                              \
     __attribute__((noinline)) static void ISA_NAME(pv_tile_##name)(                                \
         float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq, size_t nk,              \
-        const void *v, size_t v_stride, size_t d_v) {                                              \
-        const pv_operands o = {acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v};           \
+        const void *v, size_t v_stride, const void *ahead, size_t d_v) {                           \
+        const pv_operands o = {acc, ld_acc, p, ld_p, 1, NULL, nq, nk, v, v_stride, d_v, ahead};    \
         isa_pv(&o, kt);                                                                            \
     }
 
@@ -105,20 +108,21 @@ TYPED_ENTRIES(f16_exact, TILE_F16_EXACT)
 TYPED_ENTRIES(bf16, SDPA_TYPE_BF16)
 
 static void ISA_NAME(scores_tile_f16)(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                      size_t nq, const void *k, size_t k_stride, size_t nk,
-                                      size_t d, float scale) {
+                                      size_t nq, const void *k, size_t k_stride, const void *ahead,
+                                      size_t nk, size_t d, float scale) {
     if (vf_widen_f16_ok())
-        ISA_NAME(scores_tile_f16_fast)(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
+        ISA_NAME(scores_tile_f16_fast)(s, ld_s, q, q_stride, nq, k, k_stride, ahead, nk, d, scale);
     else
-        ISA_NAME(scores_tile_f16_exact)(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);
+        ISA_NAME(scores_tile_f16_exact)(s, ld_s, q, q_stride, nq, k, k_stride, ahead, nk, d, scale);
 }
 
 static void ISA_NAME(pv_tile_f16)(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
-                                  size_t nk, const void *v, size_t v_stride, size_t d_v) {
+                                  size_t nk, const void *v, size_t v_stride, const void *ahead,
+                                  size_t d_v) {
     if (vf_widen_f16_ok())
-        ISA_NAME(pv_tile_f16_fast)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);
+        ISA_NAME(pv_tile_f16_fast)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, ahead, d_v);
     else
-        ISA_NAME(pv_tile_f16_exact)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);
+        ISA_NAME(pv_tile_f16_exact)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, ahead, d_v);
 }
 
 /* kernels.h's scores_tile_fp8 and pv_tile_fp8, for the 8-bit types the backend names
@@ -129,34 +133,37 @@ static void ISA_NAME(pv_tile_f16)(float *acc, size_t ld_acc, const float *p, siz
     TYPED_ENTRIES(t##_fast, kt)                                                                    \
     TYPED_ENTRIES(t##_exact, (kt) | TILE_FP8_EXACT)                                                \
     static void ISA_NAME(scores_tile_##t)(float *s, size_t ld_s, const float *q, size_t q_stride,  \
-                                          size_t nq, const void *k, size_t k_stride, size_t nk,    \
-                                          size_t d, float scale) {                                 \
+                                          size_t nq, const void *k, size_t k_stride,               \
+                                          const void *ahead, size_t nk, size_t d, float scale) {   \
         if (!vf_widen_f16_ok()) {                                                                  \
             ISA_NAME(scores_tile_##t##_exact)                                                      \
-            (s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);                                 \
+            (s, ld_s, q, q_stride, nq, k, k_stride, ahead, nk, d, scale);                          \
             return;                                                                                \
         }                                                                                          \
-        ISA_NAME(scores_tile_##no_nan)(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale);       \
-        if (fp8_redo(kt, k, k_stride, nk, d))                                                      \
-            ISA_NAME(scores_tile_##t##_fast)(s, ld_s, q, q_stride, nq, k, k_stride, nk, d, scale); \
+        ISA_NAME(scores_tile_##no_nan)                                                             \
+        (s, ld_s, q, q_stride, nq, k, k_stride, ahead, nk, d, scale);                              \
+        if (fp8_redo(kt, k, k_stride, nk, d)) {                                                    \
+            ISA_NAME(scores_tile_##t##_fast)                                                       \
+            (s, ld_s, q, q_stride, nq, k, k_stride, ahead, nk, d, scale);                          \
+        }                                                                                          \
     }                                                                                              \
     static void ISA_NAME(pv_tile_##t)(float *acc, size_t ld_acc, const float *p, size_t ld_p,      \
                                       size_t nq, size_t nk, const void *v, size_t v_stride,        \
-                                      size_t d_v) {                                                \
+                                      const void *ahead, size_t d_v) {                             \
         if (!vf_widen_f16_ok()) {                                                                  \
-            ISA_NAME(pv_tile_##t##_exact)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);         \
+            ISA_NAME(pv_tile_##t##_exact)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, ahead, d_v);  \
             return;                                                                                \
         }                                                                                          \
         float kept[FP8_KEPT_ACC];                                                                  \
         if (!fp8_keep_acc(kt, kept, acc, ld_acc, nq, d_v) &&                                       \
             fp8_redo(kt, v, v_stride, nk, d_v)) { /* too many to keep: NaN looked for first */     \
-            ISA_NAME(pv_tile_##t##_fast)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);          \
+            ISA_NAME(pv_tile_##t##_fast)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, ahead, d_v);   \
             return;                                                                                \
         }                                                                                          \
-        ISA_NAME(pv_tile_##no_nan)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);                \
+        ISA_NAME(pv_tile_##no_nan)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, ahead, d_v);         \
         if (fp8_kept(kt, nq, d_v) && fp8_redo(kt, v, v_stride, nk, d_v)) {                         \
             fp8_restore_acc(acc, ld_acc, kept, nq, d_v);                                           \
-            ISA_NAME(pv_tile_##t##_fast)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, d_v);          \
+            ISA_NAME(pv_tile_##t##_fast)(acc, ld_acc, p, ld_p, nq, nk, v, v_stride, ahead, d_v);   \
         }                                                                                          \
     }
 
@@ -212,7 +219,7 @@ static void ISA_NAME(pv_tile_t)(float *acc, size_t ld_acc, const float *p, size_
     for (size_t j = 0; j < nk; j += PV_T_KEYS) {
         const size_t n = nk - j < PV_T_KEYS ? nk - j : PV_T_KEYS;
         const pv_operands o = {acc, ld_acc, p + j * ld_p,     1,        ld_p, NULL,
-                               nq,  n,      v + j * v_stride, v_stride, d_v};
+                               nq,  n,      v + j * v_stride, v_stride, d_v,  NULL};
         isa_pv(&o, SDPA_TYPE_F32);
     }
 }

@@ -58,7 +58,7 @@ ALWAYS_INLINE size_t keymajor_blocks(float *st, size_t ld_st, const float *qt, s
     for (; j + nkeys <= nk; j += nkeys)
         for (size_t h = 0; h < SDPA_ATTN_MAX_BLOCK_Q; h += nv * W)
             bcast_block(st + j * ld_st + h, ld_st, k + j * k_stride, k_stride, 1, qt + h, ld_qt,
-                        SDPA_TYPE_F32, 0, d, nkeys, nv, 1, NULL, &vscale, NULL);
+                        SDPA_TYPE_F32, 0, NULL, d, nkeys, nv, 1, NULL, &vscale, NULL);
     return j;
 }
 
@@ -126,7 +126,7 @@ ALWAYS_INLINE void exp_pv_loops(float *acc, size_t ld_acc, float *st, size_t ld_
         }
         vf_store(sums + h * W, s0 + s1);
     }
-    const pv_operands o = {acc, ld_acc, st, 1, ld_st, alpha, nq, nk, v, v_stride, d_v};
+    const pv_operands o = {acc, ld_acc, st, 1, ld_st, alpha, nq, nk, v, v_stride, d_v, NULL};
     isa_pv(&o, SDPA_TYPE_F32);
 }
 

@@ -31,6 +31,7 @@ typedef struct pv_operands {
     size_t nq, nk;
     const void *v; /* rows of the type the caller passes beside o */
     size_t v_stride, d_v;
+    const void *ahead; /* where the read-ahead goes past v's nk rows (row_ahead) */
 } pv_operands;
 /* kernels.h's pv_tile on o, its v rows of v_type: pv_tile_loops with the backend's blocks, or
  * loops of its own (for f32 only) */
@@ -172,10 +173,18 @@ ALWAYS_INLINE size_t keys_ahead(size_t keys, int t) {
     return t >= TILE_FP8 ? FP8_AHEAD * keys : keys;
 }
 
-/* the lines of elements [0, n) of row `row` of x, of the 16-bit or 8-bit type t */
-ALWAYS_INLINE void prefetch_row(const void *x, size_t row, size_t stride, size_t n, int t) {
-    for (size_t l = 0; l < n; l += 64 / elem_size(t))
-        __builtin_prefetch(elem_at(x, row * stride + l, t));
+/* Row `row` of x's rows (stride elements apart, type t) for a read-ahead, where x holds nk rows:
+ * past them, rows of ahead, a stride apart (kernels.h: the rows the caller reads next), or
+ * with ahead NULL those that follow x's in memory. */
+ALWAYS_INLINE const void *row_ahead(const void *x, const void *ahead, size_t row, size_t nk,
+                                    size_t stride, int t) {
+    return ahead && row >= nk ? elem_at(ahead, (row - nk) * stride, t)
+                              : elem_at(x, row * stride, t);
+}
+
+/* the lines of elements [0, n) of the row at r, of type t */
+ALWAYS_INLINE void prefetch_row(const void *r, size_t n, int t) {
+    for (size_t l = 0; l < n; l += 64 / elem_size(t)) __builtin_prefetch(elem_at(r, l, t));
 }
 
 /* ---- scores: s = scale * q k^T, a register block of dots along d ---- */
@@ -244,8 +253,9 @@ ALWAYS_INLINE void scores_block(float *s, size_t ld_s, const float *q, size_t q_
  * keys at a time (keywise as in scores_step), the keys left over one dot each; returns the first
  * row not done */
 ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                       size_t nq, const void *k, size_t k_stride, int kt, size_t nk,
-                                       size_t d, float scale, int mr, int nr, int keywise) {
+                                       size_t nq, const void *k, size_t k_stride, const void *ahead,
+                                       int kt, size_t nk, size_t d, float scale, int mr, int nr,
+                                       int keywise) {
     const vf vscale = vf_set1(scale);
     size_t i = 0;
     for (; i + mr <= nq; i += mr) {
@@ -255,7 +265,9 @@ ALWAYS_INLINE size_t scores_row_blocks(float *s, size_t ld_s, const float *q, si
         for (; j + nr <= nk; j += nr) {
             if (rows_ahead(kt, nq, i)) /* the next block's keys */
                 for (int c = 0; c < nr; c++)
-                    prefetch_row(k, j + keys_ahead(PREFETCH_KEYS, kt) + c, k_stride, d, kt);
+                    prefetch_row(row_ahead(k, ahead, j + keys_ahead(PREFETCH_KEYS, kt) + c, nk,
+                                           k_stride, kt),
+                                 d, kt);
             scores_block(si + j, ld_s, qi, q_stride, elem_at(k, j * k_stride, kt), k_stride, kt, d,
                          vscale, mr, nr, keywise);
         }
@@ -301,8 +313,9 @@ ALWAYS_INLINE size_t scores_query_held(float *s, const float *q, const float *k,
 /* one query's scores (a row left over, or decode): row_nr keys at a time, the query's vector
  * loaded once for all of them (or, where the backend defines ISA_SCORES_HELD, held for the call:
  * scores_query_held, for d up to SCORES_HELD_MAX_V vectors), then a dot each */
-ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t k_stride, int kt,
-                                size_t nk, size_t d, float scale, int row_nr) {
+ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t k_stride,
+                                const void *ahead, int kt, size_t nk, size_t d, float scale,
+                                int row_nr) {
     const vf vscale = vf_set1(scale);
     size_t j = 0;
 #ifdef ISA_SCORES_HELD
@@ -324,7 +337,9 @@ ALWAYS_INLINE void scores_query(float *s, const float *q, const void *k, size_t 
     for (; j + row_nr <= nk; j += row_nr) {
         if (kt != SDPA_TYPE_F32)
             for (int c = 0; c < row_nr; c++)
-                prefetch_row(k, j + keys_ahead(PREFETCH_KEYS, kt) + c, k_stride, d, kt);
+                prefetch_row(
+                    row_ahead(k, ahead, j + keys_ahead(PREFETCH_KEYS, kt) + c, nk, k_stride, kt), d,
+                    kt);
         scores_block(s + j, 0, q, 0, elem_at(k, j * k_stride, kt), k_stride, kt, d, vscale, 1,
                      row_nr, 1);
     }
@@ -369,8 +384,9 @@ ALWAYS_INLINE void block_step(vf *ch, const float *a, size_t a_row, const void *
  * independent FMA chains where mr * nv is small), added at the end; mr * nv * u <=
  * BLOCK_MAX_CHAINS. */
 ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_row, size_t a_col,
-                               const void *b, size_t ldb, int bt, int ahead, size_t kn, int mr,
-                               int nv, int u, const float *alpha, const vf *scale, const vpart *m) {
+                               const void *b, size_t ldb, int bt, int ahead, const void *b_ahead,
+                               size_t kn, int mr, int nv, int u, const float *alpha,
+                               const vf *scale, const vpart *m) {
     const int n = mr * nv;
     float *row[BLOCK_MAX_CHAINS];
     vf ch[BLOCK_MAX_CHAINS];
@@ -391,8 +407,9 @@ ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_ro
 #pragma GCC unroll 4
         for (int x = 0; x < u; x++) {
             if (ahead) /* the columns of a row ahead */
-                prefetch_row(elem_at(b, (j + x + keys_ahead(PREFETCH_KEYS, bt)) * ldb, bt), 0, 0,
-                             nv * W, bt);
+                prefetch_row(
+                    row_ahead(b, b_ahead, j + x + keys_ahead(PREFETCH_KEYS, bt), kn, ldb, bt),
+                    nv * W, bt);
             block_step(ch + x * n, a + (j + x) * a_col, a_row, elem_at(b, (j + x) * ldb, bt), bt,
                        mr, nv, m);
         }
@@ -423,7 +440,8 @@ ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_ro
 ALWAYS_INLINE void pv_vector(const pv_operands *o, int vt, size_t i, size_t c, int mr, int u,
                              const vpart *m) {
     bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row, o->p_key,
-                elem_at(o->v, c, vt), o->v_stride, vt, rows_ahead(vt, o->nq, i), o->nk, mr, 1, u,
+                elem_at(o->v, c, vt), o->v_stride, vt, rows_ahead(vt, o->nq, i),
+                o->ahead ? elem_at(o->ahead, c, vt) : NULL, o->nk, mr, 1, u,
                 o->alpha ? o->alpha + i : NULL, NULL, m);
 }
 
@@ -448,7 +466,8 @@ ALWAYS_INLINE size_t pv_rows(const pv_operands *o, int vt, size_t i, int mr, int
                         __builtin_prefetch(o->acc + (i + mr + r) * o->ld_acc + c + f, 1);
             bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row,
                         o->p_key, elem_at(o->v, c, vt), o->v_stride, vt, rows_ahead(vt, o->nq, i),
-                        o->nk, mr, nv, u, o->alpha ? o->alpha + i : NULL, NULL, NULL);
+                        o->ahead ? elem_at(o->ahead, c, vt) : NULL, o->nk, mr, nv, u,
+                        o->alpha ? o->alpha + i : NULL, NULL, NULL);
         }
         for (; c < o->d_v; c += W) {
             const size_t n = o->d_v - c < W ? o->d_v - c : W;

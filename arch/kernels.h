@@ -63,13 +63,17 @@ typedef struct sdpa_attention_kernels {
        for d, d_v <= SDPA_ATTN_TYPED_MAX_D. Each vector is widened as it is loaded instead of
        the block being widened first into a float tile (stored, then loaded again for only nq
        FMAs an element); the widening is exact and the FMAs are the float entry's in the same
-       order, so the results are those of widen[t] then the float entry, bit for bit. */
+       order, so the results are those of widen[t] then the float entry, bit for bit. They read
+       ahead of their loads (decode streams K and V from memory): past the nk rows given, into
+       the rows at ahead, a stride apart, which the caller reads next (a paged cache: the next
+       task's page); NULL: the rows that follow in memory. Where they read ahead never changes
+       a result, and a read-ahead never faults. */
     void (*scores_tile_typed[SDPA_TYPES])(float *s, size_t ld_s, const float *q, size_t q_stride,
-                                          size_t nq, const void *k, size_t k_stride, size_t nk,
-                                          size_t d, float scale);
+                                          size_t nq, const void *k, size_t k_stride,
+                                          const void *ahead, size_t nk, size_t d, float scale);
     void (*pv_tile_typed[SDPA_TYPES])(float *acc, size_t ld_acc, const float *p, size_t ld_p,
                                       size_t nq, size_t nk, const void *v, size_t v_stride,
-                                      size_t d_v);
+                                      const void *ahead, size_t d_v);
     /* optional (both or neither; NULL where a backend has none), per 8-bit type
        SDPA_TYPE_FP8_E4M3 + t: the typed entries with k and v rows of that type as they are
        (strides in elements, a byte each), every vector of codes widened in registers as
@@ -77,9 +81,11 @@ typedef struct sdpa_attention_kernels {
        float as widen[f16]: the results are those of widen_fp8 then the f16 entries, bit for
        bit, with no f16 tile stored and read back between them. */
     void (*scores_tile_fp8[2])(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                               const void *k, size_t k_stride, size_t nk, size_t d, float scale);
+                               const void *k, size_t k_stride, const void *ahead, size_t nk,
+                               size_t d, float scale);
     void (*pv_tile_fp8[2])(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
-                           size_t nk, const void *v, size_t v_stride, size_t d_v);
+                           size_t nk, const void *v, size_t v_stride, const void *ahead,
+                           size_t d_v);
     /* optional (NULL: the driver calls exp_sum row by row): s[i * ld_s + j] =
        exp(s[i * ld_s + j] - shift[i]), the difference rounded to float, and sums[i] = the sum of
        row i after, for i < nq, j < nk; one call for a whole tile keeps many independent exps in

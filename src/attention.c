@@ -144,9 +144,10 @@ static void merge_rows(const sdpa_kernels *k, float *out, size_t out_row, float 
 }
 
 /* Unit x's rows over the keys of chunk c, as rows_end leaves a chunk: its rows of acc to out
-   (out_row floats apart), each row's max to m[r] and sum to l[r]. */
+   (out_row floats apart), each row's max to m[r] and sum to l[r]; next: the keys of the task
+   that runs next, or NULL. */
 static void split_rows(const attention_run *run, const forward_call *pl, const unit *x, size_t c,
-                       float *out, size_t out_row, float *m, float *l) {
+                       const key_source *next, float *out, size_t out_row, float *m, float *l) {
     const attention_problem *p = pl->p;
     size_t begin, end;
     plan_forward_chunk(&pl->f, p, c, &begin, &end);
@@ -154,9 +155,25 @@ static void split_rows(const attention_run *run, const forward_call *pl, const u
     attention_problem sub = x->sub; /* the chunk's keys; which of them each row sees is vis */
     sub.len_kv = end - begin;
     sub.out_stride[2] = out_row;
-    const key_source src = key_source_of(&x->sub, x->k, x->v, begin);
+    key_source src = key_source_of(&x->sub, x->k, x->v, begin);
+    src.next = next;
     const score_stage stage = score_stage_from(&x->stage, begin);
     attention_block(run, &sub, &vis, x->q, &src, &stage, out, m, 1, l, 0, x->nq);
+}
+
+/* The keys of the task that runs after unit u's chunk c on this thread, into *next, where the
+   plan interleaves: the kernels of this one read ahead into them (a paged cache's pages lie
+   apart, so the rows past a page are not what anyone reads next). NULL where it does not. */
+static const key_source *next_task_keys(const forward_call *pl, size_t u, size_t c,
+                                        key_source *next) {
+    const chunk_plan r = plan_forward_chunks(&pl->f);
+    size_t u_next, c_next, begin, end;
+    if (!r.interleave || !chunk_plan_next(&r, u, c, &u_next, &c_next)) return NULL;
+    unit y;
+    unit_of(pl, u_next, &y);
+    plan_forward_chunk(&pl->f, pl->p, c_next, &begin, &end);
+    *next = key_source_of(&y.sub, y.k, y.v, begin);
+    return next;
 }
 
 /* Chunk b's state (rows b, b_row floats apart, maxima mb, sums lb) into a's (rows a, maxima ma,
@@ -250,10 +267,12 @@ static void split_chunk(const void *ctx, void *scratch, size_t u, size_t c, size
     const unit *x = split_unit(pl, scratch, u);
     float *m = slot + pl->f.block_q * pl->p->d_v, *l = m + pl->f.block_q;
     const attention_run *run = ((split_scratch *)scratch)->run;
+    key_source keys;
+    const key_source *next = next_task_keys(pl, u, c, &keys);
     if (c == 0)
-        split_rows(run, pl, x, 0, (float *)x->out, x->sub.out_stride[2], m, l);
+        split_rows(run, pl, x, 0, next, (float *)x->out, x->sub.out_stride[2], m, l);
     else
-        split_rows(run, pl, x, c, slot, pl->p->d_v, m, l);
+        split_rows(run, pl, x, c, next, slot, pl->p->d_v, m, l);
 }
 
 static void split_merge(const void *ctx, void *scratch, size_t u, size_t c, size_t part,

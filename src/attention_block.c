@@ -148,9 +148,10 @@ static int typed(const attention_run *run, const attention_problem *p, int value
 }
 
 typedef void scores_typed_fn(float *s, size_t ld_s, const float *q, size_t q_stride, size_t nq,
-                             const void *k, size_t k_stride, size_t nk, size_t d, float scale);
+                             const void *k, size_t k_stride, const void *ahead, size_t nk, size_t d,
+                             float scale);
 typedef void pv_typed_fn(float *acc, size_t ld_acc, const float *p, size_t ld_p, size_t nq,
-                         size_t nk, const void *v, size_t v_stride, size_t d_v);
+                         size_t nk, const void *v, size_t v_stride, const void *ahead, size_t d_v);
 
 /* The typed entries for rows of type t (key_rows_of's h rows): an 8-bit type's own, which widen
    its codes in their loads, or the 16-bit type's. */
@@ -171,8 +172,8 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
         const size_t j = k->at[i], n = (k->at[i + 1] < nk ? k->at[i + 1] : nk) - j;
         key_rows_prefetch_next(k, i, p->d_k, typed ? sdpa_type_size(k->type) : 4);
         if (typed)
-            scores_typed(run, k->type)(b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i], k->stride, n,
-                                       p->d_k, p->scale);
+            scores_typed(run, k->type)(b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i], k->stride,
+                                       k->ahead[i], n, p->d_k, p->scale);
         else
             run->a->scores_tile(b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i], k->stride, n,
                                 p->d_k, p->scale);
@@ -356,10 +357,12 @@ values_pv(const attention_run *run, const attention_problem *p, float *acc, size
         if (v->at[i + 1] <= j) continue;
         const size_t from = v->at[i] > j ? v->at[i] : j;
         const size_t n = (v->at[i + 1] < end ? v->at[i + 1] : end) - from;
-        const void *rows = (const char *)v->row[i] + (from - v->at[i]) * v->stride * size;
+        const size_t skip = (from - v->at[i]) * v->stride * size; /* bytes */
+        const void *rows = (const char *)v->row[i] + skip;
         key_rows_prefetch_next(v, i, p->d_v, size);
         if (vr->h.n)
             pv_typed(run, vr->h.type)(acc, ld_acc, w + (from - j), ld_w, nq, n, rows, v->stride,
+                                      v->ahead[i] ? (const char *)v->ahead[i] + skip : NULL,
                                       p->d_v);
         else
             run->a->pv_tile(acc, ld_acc, w + (from - j), ld_w, nq, n, rows, v->stride, p->d_v);

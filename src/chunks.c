@@ -23,14 +23,28 @@ typedef struct task_args {
     size_t index;
 } task_args;
 
-/* Task t: the i-th of unit u's chunks in the plan's order (u = t / n_chunks, i = t % n_chunks;
-   interleaved, i = t / n_units, u = t % n_units), its parts in order. */
+/* Task t is the i-th of unit u's chunks in the plan's order (u = t / n_chunks, i = t % n_chunks;
+   interleaved, i = t / n_units, u = t % n_units): its unit and chunk. */
+static void task_at(const chunk_plan *r, size_t t, size_t *u, size_t *c) {
+    const size_t n = r->n_chunks;
+    *u = r->interleave ? t % r->n_units : t / n;
+    const size_t i = r->interleave ? t / r->n_units : t % n;
+    *c = r->last_first ? n - 1 - i : i;
+}
+
+int chunk_plan_next(const chunk_plan *r, size_t u, size_t c, size_t *u_next, size_t *c_next) {
+    const size_t n = r->n_chunks, i = r->last_first ? n - 1 - c : c;
+    const size_t t = r->interleave ? i * r->n_units + u : u * n + i;
+    if (t + 1 >= r->n_units * n) return 0;
+    task_at(r, t + 1, u_next, c_next);
+    return 1;
+}
+
+/* Task t, its parts in order. */
 static void task_run(const reduction *x, void *scratch, size_t t) {
     const chunk_plan *r = x->r;
-    const size_t n = r->n_chunks;
-    const size_t u = r->interleave ? t % r->n_units : t / n,
-                 i = r->interleave ? t / r->n_units : t % n;
-    const size_t c = r->last_first ? n - 1 - i : i;
+    size_t u, c;
+    task_at(r, t, &u, &c);
     for (size_t part = 0; part < r->n_parts; part++)
         x->ops->run(x->ctx, scratch, u, c, part, slot_of(x, u, c, part));
 }

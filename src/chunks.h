@@ -40,6 +40,10 @@ typedef struct chunk_ops {
 void chunks_run(const chunk_plan *r, const chunk_ops *ops, const void *ctx, int parallel,
                 size_t threads);
 
+/* The task after unit u's chunk c in the tasks' order, which one thread runs next when r
+   interleaves: its unit and chunk; 0 if (u, c) is the last. */
+int chunk_plan_next(const chunk_plan *r, size_t u, size_t c, size_t *u_next, size_t *c_next);
+
 /* A call's work: chunks_run when r has chunks, else unit_task(ctx, u) for each of its units, as
    tasks on `threads` threads when `parallel`, else in order on this thread. */
 void work_run(const chunk_plan *r, const chunk_ops *ops, sdpa_task_fn unit_task, void *ctx,

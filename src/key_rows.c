@@ -47,6 +47,9 @@ static void page_runs(const key_source *src, int values, size_t k0, size_t nk, r
     for (size_t i = 0; i < nk; r->n++, page++, in_page = 0) {
         r->at[r->n] = i;
         r->row[r->n] = base + ((size_t)src->pages[page] * page_stride + in_page * stride) * size;
+        r->ahead[r->n] = NULL;
+        if (src->next && k0 + i < src->next->keys)
+            key_source_run(src->next, values, k0 + i, 1, &r->ahead[r->n]);
         i += page_size - in_page < nk - i ? page_size - in_page : nk - i;
     }
     r->at[r->n] = nk;
@@ -189,6 +192,7 @@ static void copy_runs(row_runs *to, const row_runs *from) {
     for (size_t i = 0; i < from->n; i++) {
         to->at[i] = from->at[i];
         to->row[i] = from->row[i];
+        to->ahead[i] = from->ahead[i];
     }
     to->at[from->n] = from->at[from->n];
 }

@@ -22,6 +22,11 @@ typedef struct key_source {
     size_t first;              /* key 0 of the source is key `first` of the head */
     const int32_t *pages;      /* NULL: dense, one run */
     size_t page_size, k_page_stride, v_page_stride;
+    size_t keys; /* keys from first that the source holds */
+    /* The source of the task that runs next on this thread, which reads its key j after this
+       one reads key j (chunk_plan's interleave), or NULL: the kernels' read-ahead past a run
+       goes to that task's rows of the same keys (kernels.h, ahead). */
+    const struct key_source *next;
 } key_source;
 
 /* Pages shorter than this are gathered even for kernels that take runs: a call a run would
@@ -29,12 +34,23 @@ typedef struct key_source {
 #define RUN_MIN_KEYS 8
 
 /* The keys and values of problem p's head at k and v (as attention.c's units find them), from
-   key `first`. */
+   key `first`, with no next task known. */
 static inline key_source key_source_of(const attention_problem *p, const void *k, const void *v,
                                        size_t first) {
-    key_source s = {p->kv_type, p->d_k,         p->d_v,           k,
-                    v,          p->k_stride[2], p->v_stride[2],   first,
-                    p->pages,   p->page_size,   p->k_page_stride, p->v_page_stride};
+    key_source s = {p->kv_type,
+                    p->d_k,
+                    p->d_v,
+                    k,
+                    v,
+                    p->k_stride[2],
+                    p->v_stride[2],
+                    first,
+                    p->pages,
+                    p->page_size,
+                    p->k_page_stride,
+                    p->v_page_stride,
+                    p->len_kv - first,
+                    NULL};
     return s;
 }
 
@@ -55,14 +71,15 @@ static inline size_t key_source_run(const key_source *s, int values, size_t j, s
 }
 
 /* Rows of a block of keys or values as a kernel reads them: runs, run i being keys [at[i],
-   at[i + 1]) of the block from row[i], stride elements apart (floats once widened). One run
-   when dense, gathered or widened; n = 0 where no kernel asked for this form. type: the rows'
-   element type (sdpa_dtype), set for the rows as they are (h). */
+   at[i + 1]) of the block from row[i], stride elements apart (floats once widened), the next
+   task's rows of the same keys at ahead[i] (NULL: none known). One run when dense, gathered or
+   widened; n = 0 where no kernel asked for this form. type: the rows' element type
+   (sdpa_dtype), set for the rows as they are (h). */
 typedef struct row_runs {
     uint32_t type;
     size_t n, stride;
     size_t at[SDPA_ATTN_MAX_BLOCK_KV + 1];
-    const void *row[SDPA_ATTN_MAX_BLOCK_KV];
+    const void *row[SDPA_ATTN_MAX_BLOCK_KV], *ahead[SDPA_ATTN_MAX_BLOCK_KV];
 } row_runs;
 
 /* A block as float rows (f) and as the 16-bit rows themselves (h). */
@@ -88,6 +105,7 @@ static inline void row_runs_one(row_runs *r, const void *row, size_t stride, siz
     r->at[0] = 0;
     r->at[1] = nk;
     r->row[0] = row;
+    r->ahead[0] = NULL;
 }
 
 /* Keys (values: 0) or values (1) [k0, k0 + nk) of src into r: as float rows when as_float (into
@@ -103,7 +121,7 @@ static inline void key_rows_of(const sdpa_kernels *k, const key_source *src, int
                                size_t nk, int as_float, int as_16, int whole, float *tile_f,
                                uint16_t *tile_h, block_rows *r) {
     const int f32 = src->type == SDPA_F32, h16 = !f32 && src->type <= SDPA_BF16;
-    if (src->pages || !(f32 ? as_float && !as_16 : h16 && as_16 && !as_float)) {
+    if (src->pages || src->next || !(f32 ? as_float && !as_16 : h16 && as_16 && !as_float)) {
         key_rows_any(k, src, values, k0, nk, as_float, as_16, whole, tile_f, tile_h, r);
         return;
     }

@@ -36,7 +36,7 @@ ALWAYS_INLINE void pv_single_row(const pv_operands *o) {
     size_t c = 0;
     for (; c + 8 * W <= o->d_v; c += 8 * W)
         bcast_block(o->acc + c, o->ld_acc, o->p, o->p_row, o->p_key, (const float *)o->v + c,
-                    o->v_stride, SDPA_TYPE_F32, 0, o->nk, 1, 8, 2, o->alpha, NULL, NULL);
+                    o->v_stride, SDPA_TYPE_F32, 0, NULL, o->nk, 1, 8, 2, o->alpha, NULL, NULL);
     if (c == o->d_v) return;
     pv_operands rest = *o;
     rest.acc += c;

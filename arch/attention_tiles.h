@@ -155,8 +155,9 @@ ALWAYS_INLINE float dot_as(const float *q, const void *k, size_t d, int type) {
 
 /* A call of at most this many rows reads each key and value from memory once when the keys
  * are many (decode: the query heads of a kv head), so its float rows are prefetched ahead too:
- * the hardware's prefetchers alone left a GQA decode from DRAM about 1.4x slower on Zen 5. A
- * single row does without: its prefetches cost more than they hide where K and V sit in L3. */
+ * the hardware's prefetchers alone keep too few misses in flight for its key streams from DRAM
+ * (Zen 5). A single row does without: its prefetches cost more than they hide where K and V sit
+ * in L3. */
 #define STREAM_ROWS 8
 
 /* Whether the register block of rows from row i prefetches the rows of type t ahead of its
@@ -382,7 +383,8 @@ ALWAYS_INLINE void block_step(vf *ch, const float *a, size_t a_row, const void *
  * the load rather than a pass over the row; else C = scale (A B), the key-major scores, each a
  * finished dot times scale. u values of kk a step, each into accumulators of its own (more
  * independent FMA chains where mr * nv is small), added at the end; mr * nv * u <=
- * BLOCK_MAX_CHAINS. */
+ * BLOCK_MAX_CHAINS. ahead: B's rows are prefetched PREFETCH_KEYS ahead of their loads, past kn
+ * into b_ahead's (row_ahead). */
 ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_row, size_t a_col,
                                const void *b, size_t ldb, int bt, int ahead, const void *b_ahead,
                                size_t kn, int mr, int nv, int u, const float *alpha,

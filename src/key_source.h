@@ -37,20 +37,20 @@ typedef struct key_source {
    key `first`, with no next task known. */
 static inline key_source key_source_of(const attention_problem *p, const void *k, const void *v,
                                        size_t first) {
-    key_source s = {p->kv_type,
-                    p->d_k,
-                    p->d_v,
-                    k,
-                    v,
-                    p->k_stride[2],
-                    p->v_stride[2],
-                    first,
-                    p->pages,
-                    p->page_size,
-                    p->k_page_stride,
-                    p->v_page_stride,
-                    p->len_kv - first,
-                    NULL};
+    key_source s = {.type = p->kv_type,
+                    .d_k = p->d_k,
+                    .d_v = p->d_v,
+                    .k = k,
+                    .v = v,
+                    .k_stride = p->k_stride[2],
+                    .v_stride = p->v_stride[2],
+                    .first = first,
+                    .pages = p->pages,
+                    .page_size = p->page_size,
+                    .k_page_stride = p->k_page_stride,
+                    .v_page_stride = p->v_page_stride,
+                    .keys = p->len_kv - first,
+                    .next = NULL};
     return s;
 }
 

@@ -354,9 +354,9 @@ values_pv(const attention_run *run, const attention_problem *p, float *acc, size
     const row_runs *v = vr->h.n ? &vr->h : &vr->f;
     const size_t end = j + nk, size = vr->h.n ? sdpa_type_size(vr->h.type) : 4;
     for (size_t i = 0; i < v->n && v->at[i] < end; i++) {
-        if (v->at[i + 1] <= j) continue;
-        const size_t from = v->at[i] > j ? v->at[i] : j;
-        const size_t n = (v->at[i + 1] < end ? v->at[i + 1] : end) - from;
+        size_t from;
+        const size_t n = run_part(v, i, j, end, &from);
+        if (!n) continue;
         const size_t skip = (from - v->at[i]) * v->stride * size; /* bytes */
         const void *rows = (const char *)v->row[i] + skip;
         key_rows_prefetch_next(v, i, p->d_v, size);

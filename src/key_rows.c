@@ -93,9 +93,9 @@ int block_rows_finite(const sdpa_kernels *k, const block_rows *r, size_t j0, siz
     const row_runs *f = &r->f;
     if (r->h.n) return 0;
     for (size_t i = 0; i < f->n && f->at[i] < nk; i++) {
-        if (f->at[i + 1] <= j0) continue;
-        const size_t from = f->at[i] > j0 ? f->at[i] : j0;
-        const size_t n = (f->at[i + 1] < nk ? f->at[i + 1] : nk) - from;
+        size_t from;
+        const size_t n = run_part(f, i, j0, nk, &from);
+        if (!n) continue;
         const float *row = (const float *)f->row[i] + (from - f->at[i]) * f->stride;
         if (!k->rows_finite(row, f->stride, n, d)) return 0;
     }

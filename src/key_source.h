@@ -98,6 +98,14 @@ void key_rows_any(const sdpa_kernels *k, const key_source *src, int values, size
                   int as_float, int as_16, int whole, float *tile_f, uint16_t *tile_h,
                   block_rows *r);
 
+/* The keys of run i of r within [j, end): the first at *from, and how many (0: the run ends by
+   j). */
+static inline size_t run_part(const row_runs *r, size_t i, size_t j, size_t end, size_t *from) {
+    if (r->at[i + 1] <= j) return 0;
+    *from = r->at[i] > j ? r->at[i] : j;
+    return (r->at[i + 1] < end ? r->at[i + 1] : end) - *from;
+}
+
 /* One run of rows in place: keys [0, nk) from row, stride elements apart. */
 static inline void row_runs_one(row_runs *r, const void *row, size_t stride, size_t nk) {
     r->n = 1;

@@ -27,9 +27,23 @@ const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void
     return tile;
 }
 
+/* The stride at which the rows of a page go on into the page after it in the pool, 0 where they
+   do not: a token table's slot to the next slot, or a short page whose page stride is its rows'.
+   Pages of RUN_MIN_KEYS or more do not join: they are read in place a page at a time, and a
+   join would move a P V split with the table. */
+static size_t pages_join(const key_source *src, int values) {
+    const size_t stride = values ? src->v_stride : src->k_stride;
+    const size_t page_stride = values ? src->v_page_stride : src->k_page_stride;
+    if (src->page_size >= RUN_MIN_KEYS) return 0;
+    if (src->page_size == 1) return page_stride;
+    return page_stride == src->page_size * stride ? stride : 0;
+}
+
 /* Keys [k0, k0 + nk) of a source's view (values: 0 keys, 1 values) into r as in-place runs of
    the source's type: key_source_run's rows, the page found once and then stepped (a division a
-   key would cost a token table more than its copy). */
+   key would cost a token table more than its copy). Short pages that follow one another in the
+   pool make one run: a block that is one run is then read in place, which gives the bits its
+   gather would (a token table whose slots run in order streams like a dense cache). */
 static void page_runs(const key_source *src, int values, size_t k0, size_t nk, row_runs *r) {
     if (!src->pages) {
         const void *row;
@@ -37,13 +51,14 @@ static void page_runs(const key_source *src, int values, size_t k0, size_t nk, r
         row_runs_one(r, row, values ? src->v_stride : src->k_stride, nk);
         return;
     }
-    const size_t size = sdpa_type_size(src->type), stride = values ? src->v_stride : src->k_stride;
+    const size_t size = sdpa_type_size(src->type), join = pages_join(src, values);
+    const size_t stride = values ? src->v_stride : src->k_stride;
     const size_t page_stride = values ? src->v_page_stride : src->k_page_stride;
     const char *base = (const char *)(values ? src->v : src->k);
     const size_t j = k0 + src->first, page_size = src->page_size;
     size_t page = j / page_size, in_page = j % page_size;
     r->n = 0;
-    r->stride = stride;
+    r->stride = join ? join : stride;
     for (size_t i = 0; i < nk; r->n++, page++, in_page = 0) {
         r->at[r->n] = i;
         r->row[r->n] = base + ((size_t)src->pages[page] * page_stride + in_page * stride) * size;
@@ -51,6 +66,9 @@ static void page_runs(const key_source *src, int values, size_t k0, size_t nk, r
         if (src->next && k0 + i < src->next->keys)
             key_source_run(src->next, values, k0 + i, 1, &r->ahead[r->n]);
         i += page_size - in_page < nk - i ? page_size - in_page : nk - i;
+        /* (the table's entries for the block's keys were checked: minus 1 cannot overflow) */
+        for (; join && i < nk && src->pages[page + 1] - 1 == src->pages[page]; page++)
+            i += page_size < nk - i ? page_size : nk - i;
     }
     r->at[r->n] = nk;
 }

@@ -53,7 +53,8 @@ typedef struct paged_case {
     size_t num_seqs, heads_q, heads_kv, d_k, d_v, block_size;
     sdpa_dtype q_type, kv_type, out_type;
     int causal;
-    int lse; /* 0: none, 1: [token][head], 2: [head][token] */
+    int lse;      /* 0: none, 1: [token][head], 2: [head][token] */
+    int in_order; /* the sequences' blocks one after another in the pool, not at random */
     int32_t rows[MAX_SEQS], keys[MAX_SEQS];
 } paged_case;
 
@@ -103,7 +104,8 @@ static size_t blocks_of(const paged_case *c, size_t s) {
     return ((size_t)c->keys[s] + c->block_size - 1) / c->block_size;
 }
 
-/* the blocks of every sequence, a random permutation of the pool's, with spare blocks unused */
+/* the blocks of every sequence, a random permutation of the pool's (or the pool's nearly in
+   order), with spare blocks unused */
 static size_t fill_table(rng *r, const paged_case *c, paged_data *d) {
     size_t used = 0, most = 0;
     for (size_t s = 0; s < c->num_seqs; s++) {
@@ -113,6 +115,13 @@ static size_t fill_table(rng *r, const paged_case *c, paged_data *d) {
     }
     const size_t num_blocks = used + pick(r, 1, 4);
     int32_t *perm = random_permutation(r, num_blocks);
+    if (c->in_order) { /* with a pair swapped now and then, so that some runs end mid-block */
+        for (size_t i = 0; i < num_blocks; i++) perm[i] = (int32_t)i;
+        for (size_t i = pick(r, 0, 99); i + 1 < num_blocks; i += pick(r, 2, 99)) {
+            perm[i] = (int32_t)(i + 1);
+            perm[i + 1] = (int32_t)i;
+        }
+    }
     const size_t stride = most + pick(r, 0, 2) + 1;
     d->table = malloc(c->num_seqs * stride * sizeof *d->table);
     size_t next = 0;
@@ -399,6 +408,27 @@ BACKEND_TEST(paged, random_batches_match_dense_and_reference) {
                 const paged_case c = random_case(&r, BLOCK_SIZES[b], (sdpa_dtype)t);
                 check_case(&r, &c);
             }
+}
+
+/* Blocks that follow one another in the pool, which the library reads in place where they are
+   short (a token table in order streams like a dense cache), give the bits of the same values
+   placed at random, and the reference's values: check_case moves the blocks to random places.
+   One kv head and no padding on some cases, so that blocks of 2 and 5 follow on too. */
+BACKEND_TEST(paged, blocks_in_order_give_the_bits_of_blocks_at_random) {
+    static const size_t SIZES[] = {1, 2, 5};
+    rng r = rng_seed(3604);
+    for (size_t b = 0; b < sizeof SIZES / sizeof SIZES[0]; b++)
+        for (int t = 0; t < 3; t++) {
+            paged_case c = random_case(&r, SIZES[b], (sdpa_dtype)t);
+            c.in_order = 1;
+            if (SIZES[b] > 1) {
+                c.heads_q /= c.heads_kv;
+                c.heads_kv = 1;
+            }
+            for (size_t s = 0; s < c.num_seqs; s++)
+                if (c.keys[s] < 64) c.keys[s] += 64; /* whole blocks of keys in one run */
+            check_case(&r, &c);
+        }
 }
 
 /* long decodes of a GQA group, split over keys where the plan says */

@@ -18,7 +18,8 @@
  * slopes 2^(-8 (h + 1) / heads)), sink (a sink of 0 a head); types is kvf16 or kvbf16 (K and V
  * of that type, q and out f32; kve4m3 and kve5m2 likewise for the 8-bit floats), or f16 or bf16
  * (every view), f32 without; then paged<block> (sdpa_attention_paged over the same values, each
- * sequence's keys in blocks of that many tokens scattered in a pool: paged.c below). A shape
+ * sequence's keys in blocks of that many tokens scattered in a pool: paged.c below), and after
+ * it inorder for a pool whose blocks the table takes in order (a fresh token pool). A shape
  * that starts mixedh<heads_q>... in place of b<batch>..k<len_kv> is a serving engine's mixed
  * batch, paged only: seven decodes over 1024 to 8192 keys and a 512-token prefill on 1536
  * cached (MIXED_Q, MIXED_KV), its dense row sdpa_mha once per sequence. The op's sizes are
@@ -35,6 +36,7 @@ typedef struct att_shape {
     int alibi, sink;
     size_t block; /* paged<block>: tokens per block of the paged cache; 0: dense */
     int mixed;    /* the mixed batch: batch, len_q and len_kv are MIXED_*'s and their maxima */
+    int in_order; /* paged<block>inorder: the table takes the pool's blocks in order */
 } att_shape;
 
 /* The mixed batch's sequences: query rows (their newest tokens) and keys. */
@@ -55,7 +57,7 @@ static size_t seq_token(const att_shape *s, size_t b) {
 #define KV16_    SDPA_F32, SDPA_F16, SDPA_F32
 #define KVBF_    SDPA_F32, SDPA_BF16, SDPA_F32
 #define BF16_    SDPA_BF16, SDPA_BF16, SDPA_BF16
-#define NO_MODS_ 0, 0, 0.0f, 0, 0, 0, 0 /* and dense, not mixed */
+#define NO_MODS_ 0, 0, 0.0f, 0, 0, 0, 0, 0 /* and dense, not mixed */
 
 static att_shape attention_shapes[MAX_SHAPES] = {
     {"b1h1q1k4096d128", 1, 1, 1, 1, 4096, 128, 0, F32_, NO_MODS_},      /* decode, one head */
@@ -147,10 +149,12 @@ static int parse_shape(const char *text, att_shape *s) {
     if (paged) {
         double x;
         const char *q = paged;
-        if (!tagged_number(&q, "paged", &x) || *q || !(x >= 1 && x <= (1u << 24)) ||
+        if (!tagged_number(&q, "paged", &x) || !(x >= 1 && x <= (1u << 24)) ||
             x != (double)(size_t)x)
             return 0;
         s->block = (size_t)x;
+        s->in_order = !strcmp(q, "inorder");
+        if (*q && !s->in_order) return 0;
     }
     static const struct {
         const char *tag;
@@ -270,14 +274,14 @@ static void paged_prepare(paged_view *pv, const att_shape *s, const void *q, con
     }
     const size_t per_seq = (s->len_kv + s->block - 1) / s->block, used = s->batch * per_seq;
     const size_t num_blocks = used + used / 8 + 1;
-    /* the pool's blocks in a random order, the table the first `used` of them */
+    /* the pool's blocks in a random order (inorder: in order), the table the first `used` */
     pv->table = malloc(num_blocks * sizeof *pv->table);
     pv->q_start = malloc((s->batch + 1) * sizeof *pv->q_start);
     pv->kv_len = malloc(s->batch * sizeof *pv->kv_len);
     if (!pv->table || !pv->q_start || !pv->kv_len || num_blocks > INT32_MAX) exit(2);
     uint64_t state = 0x2545f4914f6cdd1du;
     for (size_t i = 0; i < num_blocks; i++) pv->table[i] = (int32_t)i;
-    for (size_t i = num_blocks - 1; i > 0; i--) {
+    for (size_t i = num_blocks - 1; i > 0 && !s->in_order; i--) {
         state ^= state << 13, state ^= state >> 7, state ^= state << 17;
         const size_t r = (size_t)(state % (i + 1));
         const int32_t t = pv->table[i];

@@ -29,8 +29,9 @@ const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void
 
 /* The stride at which the rows of a page go on into the page after it in the pool, 0 where they
    do not: a token table's slot to the next slot, or a short page whose page stride is its rows'.
-   Pages of RUN_MIN_KEYS or more do not join: they are read in place a page at a time, and a
-   join would move a P V split with the table. */
+   Only pages shorter than RUN_MIN_KEYS join: a block of them is gathered unless it is one run,
+   whose kernels then give the bits of its gather. Longer pages are read in place a page at a
+   time, and a join would move a P V split with the table. */
 static size_t pages_join(const key_source *src, int values) {
     const size_t stride = values ? src->v_stride : src->k_stride;
     const size_t page_stride = values ? src->v_page_stride : src->k_page_stride;
@@ -39,11 +40,19 @@ static size_t pages_join(const key_source *src, int values) {
     return page_stride == src->page_size * stride ? stride : 0;
 }
 
+/* Whether pages [p0, p1] of src follow one another in the pool (a block's that do are one run:
+   a token table whose slots run in order then streams like a dense cache); the first and last
+   first, which a random table fails at once. Entries were checked: differences do not overflow. */
+static int pages_in_order(const int32_t *pages, size_t p0, size_t p1) {
+    if (pages[p1] - pages[p0] != (int64_t)(p1 - p0)) return 0;
+    for (size_t p = p0; p < p1; p++)
+        if (pages[p + 1] - 1 != pages[p]) return 0;
+    return 1;
+}
+
 /* Keys [k0, k0 + nk) of a source's view (values: 0 keys, 1 values) into r as in-place runs of
    the source's type: key_source_run's rows, the page found once and then stepped (a division a
-   key would cost a token table more than its copy). Short pages that follow one another in the
-   pool make one run: a block that is one run is then read in place, which gives the bits its
-   gather would (a token table whose slots run in order streams like a dense cache). */
+   key would cost a token table more than its copy), or one run where short pages join. */
 static void page_runs(const key_source *src, int values, size_t k0, size_t nk, row_runs *r) {
     if (!src->pages) {
         const void *row;
@@ -57,18 +66,16 @@ static void page_runs(const key_source *src, int values, size_t k0, size_t nk, r
     const char *base = (const char *)(values ? src->v : src->k);
     const size_t j = k0 + src->first, page_size = src->page_size;
     size_t page = j / page_size, in_page = j % page_size;
+    const int one = join && nk && pages_in_order(src->pages, page, (j + nk - 1) / page_size);
     r->n = 0;
-    r->stride = join ? join : stride;
+    r->stride = one ? join : stride;
     for (size_t i = 0; i < nk; r->n++, page++, in_page = 0) {
         r->at[r->n] = i;
         r->row[r->n] = base + ((size_t)src->pages[page] * page_stride + in_page * stride) * size;
         r->ahead[r->n] = NULL;
         if (src->next && k0 + i < src->next->keys)
             key_source_run(src->next, values, k0 + i, 1, &r->ahead[r->n]);
-        i += page_size - in_page < nk - i ? page_size - in_page : nk - i;
-        /* (the table's entries for the block's keys were checked: minus 1 cannot overflow) */
-        for (; join && i < nk && src->pages[page + 1] - 1 == src->pages[page]; page++)
-            i += page_size < nk - i ? page_size : nk - i;
+        i += one ? nk : page_size - in_page < nk - i ? page_size - in_page : nk - i;
     }
     r->at[r->n] = nk;
 }

@@ -357,6 +357,77 @@ BACKEND_TEST(fp8, paged_cache_store_and_attention) {
     }
 }
 
+/* An fp8 token table whose slots run in order (read in place) gives the bits of the same codes
+ * at random slots (gathered), on every backend and for keys and values both. */
+BACKEND_TEST(fp8, token_table_in_order_gives_the_bits_of_slots_at_random) {
+    enum { HQ = 4, HK = 2, D = 40, KEYS = 150, SLOTS = KEYS + 7 };
+    rng r = rng_seed(12);
+    static float kf[KEYS * HK * D], vf[KEYS * HK * D], q[HQ * D], out[2][HQ * D], dense[HQ * D];
+    static uint8_t kp[SLOTS * HK * D], vp[SLOTS * HK * D], kd[HK * KEYS * D], vd[HK * KEYS * D];
+    fill_normal(&r, kf, KEYS * HK * D);
+    fill_normal(&r, vf, KEYS * HK * D);
+    fill_normal(&r, q, HQ * D);
+    int32_t table[2][KEYS];
+    for (size_t t = 0; t < KEYS; t++) table[0][t] = table[1][t] = (int32_t)(t + 3);
+    for (size_t t = KEYS - 1; t > 0; t--) { /* a random placement of the same tokens */
+        const size_t j = (size_t)rng_uniform(&r, 0.0, (double)(t + 1));
+        const int32_t x = table[1][t];
+        table[1][t] = table[1][j], table[1][j] = x;
+    }
+    for (int type = 3; type <= 4; type++) {
+        for (int placing = 0; placing < 2; placing++) {
+            const sdpa_kv_cache c = {.struct_size = sizeof c,
+                                     .kv_type = (uint32_t)type,
+                                     .num_blocks = SLOTS,
+                                     .block_size = 1,
+                                     .heads_kv = HK,
+                                     .d_k = D,
+                                     .d_v = D,
+                                     .k_stride = {HK * D, D, D},
+                                     .v_stride = {HK * D, D, D},
+                                     .block_table = table[placing],
+                                     .block_table_stride = KEYS,
+                                     .k_scale = 0.5f,
+                                     .v_scale = 2.0f};
+            int64_t slots[KEYS];
+            for (size_t t = 0; t < KEYS; t++) slots[t] = table[placing][t];
+            const size_t src_stride[2] = {HK * D, D};
+            memset(kp, 0x7f, sizeof kp), memset(vp, 0x7f, sizeof vp); /* NaN where unused */
+            cr_assert_eq(sdpa_kv_cache_store(&c, kp, vp, slots, KEYS, kf, vf, SDPA_F32, src_stride,
+                                             src_stride),
+                         SDPA_OK, "%s", sdpa_last_error_detail());
+            const int32_t q_start[2] = {0, 1}, kv_len[1] = {KEYS};
+            const sdpa_batch b = {.struct_size = sizeof b,
+                                  .num_seqs = 1,
+                                  .heads_q = HQ,
+                                  .q_start = q_start,
+                                  .kv_len = kv_len,
+                                  .q_stride = {HQ * D, D},
+                                  .out_stride = {HQ * D, D}};
+            cr_assert_eq(sdpa_attention_paged(&b, &c, out[placing], q, kp, vp), SDPA_OK, "%s",
+                         sdpa_last_error_detail());
+        }
+        /* and sdpa_mha's values on the same codes laid out densely */
+        for (size_t t = 0; t < KEYS; t++)
+            for (size_t h = 0; h < HK; h++) {
+                memcpy(kd + (h * KEYS + t) * D, kp + ((size_t)table[1][t] * HK + h) * D, D);
+                memcpy(vd + (h * KEYS + t) * D, vp + ((size_t)table[1][t] * HK + h) * D, D);
+            }
+        sdpa_mha_desc desc;
+        sdpa_mha_desc_dense(&desc, 1, HQ, HK, 1, KEYS, D, D, SDPA_DEFAULT_SCALE, 0);
+        cr_assert_eq(sdpa_mha_desc_set_mods(&desc, NULL), SDPA_OK); /* a v3 descriptor: scales */
+        desc.kv_type = (uint32_t)type, desc.k_scale = 0.5f, desc.v_scale = 2.0f;
+        cr_assert_eq(sdpa_mha(&desc, dense, q, kd, vd), SDPA_OK);
+        cr_assert(!memcmp(out[0], out[1], sizeof out[0]),
+                  "type %d: slots in order and at random "
+                  "differ",
+                  type);
+        for (size_t i = 0; i < HQ * D; i++)
+            cr_assert(fabsf(out[0][i] - dense[i]) <= 1e-5f * (1 + fabsf(dense[i])),
+                      "type %d: %zu is %g, dense %g", type, i, out[0][i], dense[i]);
+    }
+}
+
 /* ---- the entries that widen 8-bit rows in their loads (kernels.h's scores_tile_fp8 and
  * pv_tile_fp8) ---- */
 

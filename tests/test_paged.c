@@ -53,8 +53,9 @@ typedef struct paged_case {
     size_t num_seqs, heads_q, heads_kv, d_k, d_v, block_size;
     sdpa_dtype q_type, kv_type, out_type;
     int causal;
-    int lse;      /* 0: none, 1: [token][head], 2: [head][token] */
-    int in_order; /* the sequences' blocks one after another in the pool, not at random */
+    int lse;              /* 0: none, 1: [token][head], 2: [head][token] */
+    int in_order;         /* the sequences' blocks one after another in the pool, not at random */
+    size_t threads_after; /* check_case's run at random blocks on this many threads (0: as set) */
     int32_t rows[MAX_SEQS], keys[MAX_SEQS];
 } paged_case;
 
@@ -383,7 +384,9 @@ static void check_case(rng *r, const paged_case *c) {
     memcpy(first, d.out, d.out_bytes);
     if (c->lse) memcpy(first_lse, d.lse, d.lse_floats * sizeof *first_lse);
     shuffle_blocks(r, c, &d);
+    if (c->threads_after) sdpa_set_num_threads(c->threads_after);
     cr_assert_eq(run(&d), SDPA_OK, "%s", sdpa_last_error_detail());
+    if (c->threads_after) sdpa_set_num_threads(0);
     cr_assert(memcmp(first, d.out, d.out_bytes) == 0 &&
                   (!c->lse || memcmp(first_lse, d.lse, d.lse_floats * sizeof *first_lse) == 0),
               "block %zu: other bits with the same values at other blocks", c->block_size);
@@ -413,7 +416,8 @@ BACKEND_TEST(paged, random_batches_match_dense_and_reference) {
 /* Blocks that follow one another in the pool, which the library reads in place where they are
    short (a token table in order streams like a dense cache), give the bits of the same values
    placed at random, and the reference's values: check_case moves the blocks to random places.
-   One kv head and no padding on some cases, so that blocks of 2 and 5 follow on too. */
+   One kv head and no padding on some cases, so that blocks of 2 and 5 follow on too; the run
+   at random blocks on 3 threads, the first on 1. */
 BACKEND_TEST(paged, blocks_in_order_give_the_bits_of_blocks_at_random) {
     static const size_t SIZES[] = {1, 2, 5};
     rng r = rng_seed(3604);
@@ -421,13 +425,16 @@ BACKEND_TEST(paged, blocks_in_order_give_the_bits_of_blocks_at_random) {
         for (int t = 0; t < 3; t++) {
             paged_case c = random_case(&r, SIZES[b], (sdpa_dtype)t);
             c.in_order = 1;
+            c.threads_after = 3;
             if (SIZES[b] > 1) {
                 c.heads_q /= c.heads_kv;
                 c.heads_kv = 1;
             }
             for (size_t s = 0; s < c.num_seqs; s++)
                 if (c.keys[s] < 64) c.keys[s] += 64; /* whole blocks of keys in one run */
+            cr_assert_eq(sdpa_set_num_threads(1), SDPA_OK);
             check_case(&r, &c);
+            sdpa_set_num_threads(0);
         }
 }
 

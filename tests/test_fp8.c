@@ -293,6 +293,21 @@ BACKEND_TEST(fp8, attention_over_subnormal_codes_in_every_environment) {
     }
 }
 
+/* One query row of hq heads (d each, packed) against the cache's first `keys` tokens of
+ * sequence 0: the paged call's decode of one sequence. */
+static sdpa_status decode_one(const sdpa_kv_cache *c, float *out, const float *q, const void *kp,
+                              const void *vp, size_t hq, size_t d, int32_t keys) {
+    const int32_t q_start[2] = {0, 1}, kv_len[1] = {keys};
+    const sdpa_batch b = {.struct_size = sizeof b,
+                          .num_seqs = 1,
+                          .heads_q = hq,
+                          .q_start = q_start,
+                          .kv_len = kv_len,
+                          .q_stride = {hq * d, d},
+                          .out_stride = {hq * d, d}};
+    return sdpa_attention_paged(&b, c, out, q, kp, vp);
+}
+
 /* An fp8 paged cache: sdpa_kv_cache_store quantizes x / scale as sdpa_convert rounds, e4m3
  * saturating; the paged call over it gives sdpa_mha's bits on the same codes laid out densely
  * (blocks of 64 keys), with the scales. */
@@ -338,15 +353,7 @@ BACKEND_TEST(fp8, paged_cache_store_and_attention) {
                 memcpy(kd + (h * KEYS + t) * D, kp + at, D);
                 memcpy(vd + (h * KEYS + t) * D, vp + at, D);
             }
-        const int32_t q_start[2] = {0, 1}, kv_len[1] = {KEYS};
-        const sdpa_batch b = {.struct_size = sizeof b,
-                              .num_seqs = 1,
-                              .heads_q = HQ,
-                              .q_start = q_start,
-                              .kv_len = kv_len,
-                              .q_stride = {HQ * D, D},
-                              .out_stride = {HQ * D, D}};
-        cr_assert_eq(sdpa_attention_paged(&b, &c, out, q, kp, vp), SDPA_OK, "%s",
+        cr_assert_eq(decode_one(&c, out, q, kp, vp, HQ, D, KEYS), SDPA_OK, "%s",
                      sdpa_last_error_detail());
         sdpa_mha_desc desc;
         sdpa_mha_desc_dense(&desc, 1, HQ, HK, 1, KEYS, D, D, SDPA_DEFAULT_SCALE, 0);
@@ -396,15 +403,7 @@ BACKEND_TEST(fp8, token_table_in_order_gives_the_bits_of_slots_at_random) {
             cr_assert_eq(sdpa_kv_cache_store(&c, kp, vp, slots, KEYS, kf, vf, SDPA_F32, src_stride,
                                              src_stride),
                          SDPA_OK, "%s", sdpa_last_error_detail());
-            const int32_t q_start[2] = {0, 1}, kv_len[1] = {KEYS};
-            const sdpa_batch b = {.struct_size = sizeof b,
-                                  .num_seqs = 1,
-                                  .heads_q = HQ,
-                                  .q_start = q_start,
-                                  .kv_len = kv_len,
-                                  .q_stride = {HQ * D, D},
-                                  .out_stride = {HQ * D, D}};
-            cr_assert_eq(sdpa_attention_paged(&b, &c, out[placing], q, kp, vp), SDPA_OK, "%s",
+            cr_assert_eq(decode_one(&c, out[placing], q, kp, vp, HQ, D, KEYS), SDPA_OK, "%s",
                          sdpa_last_error_detail());
         }
         /* and sdpa_mha's values on the same codes laid out densely */

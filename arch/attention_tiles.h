@@ -437,14 +437,21 @@ ALWAYS_INLINE void bcast_block(float *c, size_t ldc, const float *a, size_t a_ro
         }
 }
 
+/* The block of nv vectors of columns from c (the lanes m of one vector, or whole vectors for m
+ * NULL) of mr rows from row i, u keys a step; v of type vt */
+ALWAYS_INLINE void pv_block(const pv_operands *o, int vt, size_t i, size_t c, int mr, int nv, int u,
+                            const vpart *m) {
+    bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row, o->p_key,
+                elem_at(o->v, c, vt), o->v_stride, vt, rows_ahead(vt, o->nq, i),
+                o->ahead ? elem_at(o->ahead, c, vt) : NULL, o->nk, mr, nv, u,
+                o->alpha ? o->alpha + i : NULL, NULL, m);
+}
+
 /* the partial vector of columns at c (the lanes m, or a whole vector for m NULL) of mr rows from
  * row i, u keys a step; v of type vt */
 ALWAYS_INLINE void pv_vector(const pv_operands *o, int vt, size_t i, size_t c, int mr, int u,
                              const vpart *m) {
-    bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row, o->p_key,
-                elem_at(o->v, c, vt), o->v_stride, vt, rows_ahead(vt, o->nq, i),
-                o->ahead ? elem_at(o->ahead, c, vt) : NULL, o->nk, mr, 1, u,
-                o->alpha ? o->alpha + i : NULL, NULL, m);
+    pv_block(o, vt, i, c, mr, 1, u, m);
 }
 
 /* Rows from i in blocks of mr, while whole blocks are left: column blocks of nv vectors (u keys
@@ -466,10 +473,7 @@ ALWAYS_INLINE size_t pv_rows(const pv_operands *o, int vt, size_t i, int mr, int
                 for (int r = 0; r < mr; r++)
                     for (int f = 0; f < nv * W; f += 16)
                         __builtin_prefetch(o->acc + (i + mr + r) * o->ld_acc + c + f, 1);
-            bcast_block(o->acc + i * o->ld_acc + c, o->ld_acc, o->p + i * o->p_row, o->p_row,
-                        o->p_key, elem_at(o->v, c, vt), o->v_stride, vt, rows_ahead(vt, o->nq, i),
-                        o->ahead ? elem_at(o->ahead, c, vt) : NULL, o->nk, mr, nv, u,
-                        o->alpha ? o->alpha + i : NULL, NULL, NULL);
+            pv_block(o, vt, i, c, mr, nv, u, NULL);
         }
         for (; c < o->d_v; c += W) {
             const size_t n = o->d_v - c < W ? o->d_v - c : W;

@@ -27,20 +27,18 @@ const float *key_rows_as_floats(const sdpa_kernels *k, uint32_t type, const void
     return tile;
 }
 
-/* The stride at which the rows of a page go on into the page after it in the pool, 0 where they
-   do not: a token table's slot to the next slot, or a short page whose page stride is its rows'.
-   Only pages shorter than RUN_MIN_KEYS join: a block of them is gathered unless it is one run,
-   whose kernels then give the bits of its gather. Longer pages are read in place a page at a
-   time, and a join would move a P V split with the table. */
-static size_t pages_join(const key_source *src, int values) {
-    const size_t stride = values ? src->v_stride : src->k_stride;
-    const size_t page_stride = values ? src->v_page_stride : src->k_page_stride;
-    if (src->page_size >= RUN_MIN_KEYS) return 0;
-    if (src->page_size == 1) return page_stride;
-    return page_stride == src->page_size * stride ? stride : 0;
+/* The stride at which the rows of a page (rows `stride` apart, pages `page_stride`) go on into
+   the page after it in the pool, 0 where they do not: a token table's slot to the next slot, or
+   a short page whose page stride is its rows'. Only pages shorter than RUN_MIN_KEYS join: a block
+   of them is gathered unless it is one run, whose kernels then give the bits of its gather. Longer
+   pages are read in place a page at a time, and a join would move a P V split with the table. */
+static size_t pages_join(size_t page_size, size_t stride, size_t page_stride) {
+    if (page_size >= RUN_MIN_KEYS) return 0;
+    if (page_size == 1) return page_stride;
+    return page_stride == page_size * stride ? stride : 0;
 }
 
-/* Whether pages [p0, p1] of src follow one another in the pool (a block's that do are one run:
+/* Whether pages [p0, p1] of a table follow one another in the pool (a block's that do are one run:
    a token table whose slots run in order then streams like a dense cache); the first and last
    first, which a random table fails at once. Entries were checked: differences do not overflow. */
 static int pages_in_order(const int32_t *pages, size_t p0, size_t p1) {
@@ -60,11 +58,11 @@ static void page_runs(const key_source *src, int values, size_t k0, size_t nk, r
         row_runs_one(r, row, values ? src->v_stride : src->k_stride, nk);
         return;
     }
-    const size_t size = sdpa_type_size(src->type), join = pages_join(src, values);
-    const size_t stride = values ? src->v_stride : src->k_stride;
+    const size_t size = sdpa_type_size(src->type), stride = values ? src->v_stride : src->k_stride;
     const size_t page_stride = values ? src->v_page_stride : src->k_page_stride;
     const char *base = (const char *)(values ? src->v : src->k);
     const size_t j = k0 + src->first, page_size = src->page_size;
+    const size_t join = pages_join(page_size, stride, page_stride);
     size_t page = j / page_size, in_page = j % page_size;
     const int one = join && nk && pages_in_order(src->pages, page, (j + nk - 1) / page_size);
     r->n = 0;

@@ -176,10 +176,10 @@ ALWAYS_INLINE size_t keys_ahead(size_t keys, int t) {
 
 /* The lines of elements [0, n) of row `row` of x's rows (stride elements apart, type t), where
  * x holds nk rows: past them, rows of ahead, a stride apart (kernels.h: the rows the caller reads
- * next), or with ahead NULL those that follow x's in memory. Rows of ahead are another task's,
- * read a whole task later: they go to L2 alone (prefetcht1), where L1 would drop them first and
- * where a prefetch does not hold one of L1's few fill buffers until its line comes (paged decode
- * on a Xeon, block 16, 5-10 % faster so). */
+ * next), or with ahead NULL those that follow x's in memory. Rows of ahead (a paged cache's next
+ * page, anywhere in memory) go to L2 alone (prefetcht1): there the core keeps many more misses in
+ * flight than in L1's few fill buffers, which a prefetch into L1 holds until its line comes
+ * (paged decode on a Xeon measured faster than dense so). */
 ALWAYS_INLINE void prefetch_row(const void *x, const void *ahead, size_t row, size_t nk,
                                 size_t stride, size_t n, int t) {
     const size_t step = 64 / elem_size(t);

@@ -66,7 +66,7 @@ typedef struct sdpa_attention_kernels {
        order, so the results are those of widen[t] then the float entry, bit for bit. They read
        ahead of their loads (decode streams K and V from memory): past the nk rows given, into
        the rows at ahead, a stride apart, which the caller reads next (a paged cache: the next
-       task's page, prefetched into L2 alone); NULL: the rows that follow in memory. Where they
+       page, prefetched into L2 alone); NULL: the rows that follow in memory. Where they
        read ahead never changes a result, and a read-ahead never faults. */
     void (*scores_tile_typed[SDPA_TYPES])(float *s, size_t ld_s, const float *q, size_t q_stride,
                                           size_t nq, const void *k, size_t k_stride,

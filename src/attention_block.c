@@ -170,13 +170,14 @@ static void scores_runs(const attention_run *run, const attention_problem *p, ro
     const size_t ld_s = run->keys_max;
     for (size_t i = 0; i < k->n && k->at[i] < nk; i++) {
         const size_t j = k->at[i], n = (k->at[i + 1] < nk ? k->at[i + 1] : nk) - j;
-        key_rows_prefetch_next(k, i, p->d_k, typed ? sdpa_type_size(k->type) : 4);
         if (typed)
             scores_typed(run, k->type)(b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i], k->stride,
-                                       k->ahead[i], n, p->d_k, p->scale);
-        else
+                                       run_ahead(k, i, j + n), n, p->d_k, p->scale);
+        else {
+            key_rows_prefetch_next(k, i, p->d_k, 4);
             run->a->scores_tile(b->s + j, ld_s, b->qb, b->qs, b->nq, k->row[i], k->stride, n,
                                 p->d_k, p->scale);
+        }
     }
 }
 
@@ -357,15 +358,14 @@ values_pv(const attention_run *run, const attention_problem *p, float *acc, size
         size_t from;
         const size_t n = run_part(v, i, j, end, &from);
         if (!n) continue;
-        const size_t skip = (from - v->at[i]) * v->stride * size; /* bytes */
-        const void *rows = (const char *)v->row[i] + skip;
-        key_rows_prefetch_next(v, i, p->d_v, size);
+        const void *rows = (const char *)v->row[i] + (from - v->at[i]) * v->stride * size;
         if (vr->h.n)
             pv_typed(run, vr->h.type)(acc, ld_acc, w + (from - j), ld_w, nq, n, rows, v->stride,
-                                      v->ahead[i] ? (const char *)v->ahead[i] + skip : NULL,
-                                      p->d_v);
-        else
+                                      run_ahead(v, i, from + n), p->d_v);
+        else {
+            key_rows_prefetch_next(v, i, p->d_v, size);
             run->a->pv_tile(acc, ld_acc, w + (from - j), ld_w, nq, n, rows, v->stride, p->d_v);
+        }
     }
 }
 

@@ -48,6 +48,17 @@ static int pages_in_order(const int32_t *pages, size_t p0, size_t p1) {
     return 1;
 }
 
+/* The first row read after key j of a source's view (values: 0 keys, 1 values): its own key j,
+   else the next task's first, else NULL (none known). */
+static const void *rows_after(const key_source *src, int values, size_t j) {
+    const void *row = NULL;
+    if (j < src->keys)
+        key_source_run(src, values, j, 1, &row);
+    else if (src->next && src->next->keys)
+        key_source_run(src->next, values, 0, 1, &row);
+    return row;
+}
+
 /* Keys [k0, k0 + nk) of a source's view (values: 0 keys, 1 values) into r as in-place runs of
    the source's type: key_source_run's rows, the page found once and then stepped (a division a
    key would cost a token table more than its copy), or one run where short pages join. */
@@ -70,12 +81,11 @@ static void page_runs(const key_source *src, int values, size_t k0, size_t nk, r
     for (size_t i = 0; i < nk; r->n++, page++, in_page = 0) {
         r->at[r->n] = i;
         r->row[r->n] = base + ((size_t)src->pages[page] * page_stride + in_page * stride) * size;
-        r->ahead[r->n] = NULL;
-        if (src->next && k0 + i < src->next->keys)
-            key_source_run(src->next, values, k0 + i, 1, &r->ahead[r->n]);
+        if (r->n) r->ahead[r->n - 1] = r->row[r->n];
         i += one ? nk : page_size - in_page < nk - i ? page_size - in_page : nk - i;
     }
     r->at[r->n] = nk;
+    if (r->n) r->ahead[r->n - 1] = rows_after(src, values, k0 + nk);
 }
 
 /* Bytes of rows ahead of the one gathered that are prefetched: short pages give the hardware's

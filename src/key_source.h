@@ -23,9 +23,9 @@ typedef struct key_source {
     const int32_t *pages;      /* NULL: dense, one run */
     size_t page_size, k_page_stride, v_page_stride;
     size_t keys; /* keys from first that the source holds */
-    /* The source of the task that runs next on this thread, which reads its key j after this
-       one reads key j (chunk_plan's interleave), or NULL: the kernels' read-ahead past a run
-       goes to that task's rows of the same keys (kernels.h, ahead). */
+    /* The source of the task that runs next on this thread (chunk_plan's interleave), or NULL:
+       past this source's last key, the kernels read ahead into that task's first rows
+       (kernels.h, ahead). */
     const struct key_source *next;
 } key_source;
 
@@ -71,8 +71,9 @@ static inline size_t key_source_run(const key_source *s, int values, size_t j, s
 }
 
 /* Rows of a block of keys or values as a kernel reads them: runs, run i being keys [at[i],
-   at[i + 1]) of the block from row[i], stride elements apart (floats once widened), the next
-   task's rows of the same keys at ahead[i] (NULL: none known). One run when dense, gathered or
+   at[i + 1]) of the block from row[i], stride elements apart (floats once widened), the rows
+   read after it at ahead[i] (the next page's, the next block's or the next task's; NULL: those
+   that follow in memory). One run when dense, gathered or
    widened; n = 0 where no kernel asked for this form. type: the rows' element type
    (sdpa_dtype), set for the rows as they are (h). */
 typedef struct row_runs {
@@ -145,9 +146,15 @@ static inline void key_rows_of(const sdpa_kernels *k, const key_source *src, int
    for writing). */
 void rows_prefetch(const void *base, size_t stride, size_t bytes, size_t r0, size_t r1, int write);
 
-/* The first rows of run i + 1 of r (rows of d elements of `size` bytes), while run i is read:
-   a kernel prefetches the rows ahead of the one it reads, which past a page are not the next
-   page's. */
+/* Where a kernel that reads run i of r up to key `end` reads ahead past it: ahead[i] at the
+   run's end, else (NULL) the run's own rows that follow. */
+static inline const void *run_ahead(const row_runs *r, size_t i, size_t end) {
+    return end < r->at[i + 1] ? NULL : r->ahead[i];
+}
+
+/* The first rows of run i + 1 of r (rows of d elements of `size` bytes), while run i is read,
+   for the float kernels, which take no ahead rows: past a page, the rows that follow in memory
+   are not the next page's. */
 static inline void key_rows_prefetch_next(const row_runs *r, size_t i, size_t d, size_t size) {
     if (i + 1 >= r->n) return;
     const size_t n = r->at[i + 2] - r->at[i + 1];

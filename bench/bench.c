@@ -600,6 +600,8 @@ static void print_roofline(void) {
     for (int l = 0; l < ROOF_LEVELS; l++)
         printf(" %s %.0f GB/s (%zu KiB)%s", ROOF_LEVEL_NAMES[l], roof.read_gbytes_per_s[l],
                roof.probe_bytes[l] >> 10, l + 1 < ROOF_LEVELS ? ";" : "");
+    printf("; DRAM in random 256-byte rows (a token table's keys, every line prefetched) %.1f GB/s",
+           roof.rows_gbytes_per_s);
     printf("\nroofline levels: a row's working set lives in L1 up to %zu KiB, L2 up to %zu KiB, "
            "L3 up to %zu MiB, else DRAM (%s)\n",
            roof.level_bytes[ROOF_L1] >> 10, roof.level_bytes[ROOF_L2] >> 10,

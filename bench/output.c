@@ -55,7 +55,7 @@ int write_json(const char *path, const bench_context *c) {
         for (int l = 0; l < ROOF_LEVELS; l++)
             fprintf(f, "\"%s\": %.1f%s", ROOF_LEVEL_NAMES[l], r->read_gbytes_per_s[l],
                     l + 1 < ROOF_LEVELS ? ", " : "");
-        fprintf(f, "}}\n  },\n");
+        fprintf(f, "}, \"random_rows_gbytes_per_s\": %.1f}\n  },\n", r->rows_gbytes_per_s);
     } else {
         fprintf(f, "    \"roofline\": null\n  },\n");
     }

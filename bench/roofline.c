@@ -1,8 +1,8 @@
 /* Hardware limits measured at start-up (roofline.h): the core clock, the FMA peak of one ISA
  * (independent FMA chains held in registers, enough of them to cover latency times pipes) and the
  * read bandwidth of L1, L2, L3 and DRAM (independent vector adds fed from working sets of
- * 16 KiB, 512 KiB, 8 MiB and 256 MiB). Each figure is the best of several short runs: a limit is
- * what the core reaches when nothing disturbs it. */
+ * 16 KiB, 512 KiB, 8 MiB and 256 MiB), and DRAM's read in random 256-byte rows. Each figure is the
+ * best of several short runs: a limit is what the core reaches when nothing disturbs it. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -261,6 +261,51 @@ float roof_load_sum(const float *a, const float *b, size_t n) {
 }
 #endif
 
+#define ROW_BYTES  256 /* a token table's key: 128 halves */
+#define ROWS_AHEAD 32
+
+/* Bytes per ns of reading `rows` rows of pool in the random order `order`, each copied into a
+ * tile, every line prefetched ROWS_AHEAD rows ahead into L1 (l2: into L2 alone). */
+static double random_rows_once(const char *pool, const uint32_t *order, size_t rows, int l2) {
+    static char tile[64 * ROW_BYTES];
+    const double t0 = cpu_ns();
+    for (size_t i = 0; i < rows; i++) {
+        const char *ahead = pool + (size_t)order[(i + ROWS_AHEAD) % rows] * ROW_BYTES;
+        for (size_t b = 0; b < ROW_BYTES; b += 64) {
+            if (l2)
+                __builtin_prefetch(ahead + b, 0, 2);
+            else
+                __builtin_prefetch(ahead + b);
+        }
+        memcpy(tile + i % 64 * ROW_BYTES, pool + (size_t)order[i] * ROW_BYTES, ROW_BYTES);
+    }
+    const double bw = (double)rows * ROW_BYTES / (cpu_ns() - t0);
+    sink += tile[rows % sizeof tile];
+    return bw;
+}
+
+/* The best of three runs each way over a random order of the pool's rows. */
+static double random_rows(const char *pool, size_t bytes) {
+    const size_t rows = bytes / ROW_BYTES;
+    uint32_t *order = malloc(rows * sizeof *order);
+    if (!order) return 0;
+    uint64_t x = 0x2545f4914f6cdd1du;
+    for (size_t i = 0; i < rows; i++) order[i] = (uint32_t)i;
+    for (size_t i = rows - 1; i > 0; i--) { /* Fisher-Yates, xorshift64 */
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const size_t r = (size_t)(x % (i + 1));
+        const uint32_t t = order[i];
+        order[i] = order[r], order[r] = t;
+    }
+    double best = 0;
+    for (int t = 0; t < 6; t++) {
+        const double bw = random_rows_once(pool, order, rows, t & 1);
+        if (bw > best) best = bw;
+    }
+    free(order);
+    return best;
+}
+
 /* Cache capacities from sysconf. Virtual machines often report the host's whole L3 (hundreds of
  * MiB) to every guest core: a value above 128 MiB is taken as that and replaced by 32 MiB, one
  * Zen 4/5 CCD's L3, the share a single thread can actually use. */
@@ -318,6 +363,7 @@ roofline roofline_measure(const char *isa) {
         }
     }
     sink = s;
+    r.rows_gbytes_per_s = random_rows((const char *)buf, PROBE_BYTES[ROOF_DRAM]);
     free(buf);
     return r;
 }

@@ -16,6 +16,9 @@ typedef struct roofline {
     const char *read_isa; /* the vector width the bandwidths were measured with */
     double read_gbytes_per_s[ROOF_LEVELS];
     size_t probe_bytes[ROOF_LEVELS]; /* working set each bandwidth was measured on */
+    /* DRAM read as a token table's keys are: 256-byte rows of the DRAM probe in a random order,
+       each copied out, every line prefetched 32 rows ahead (the better of into L1 and into L2) */
+    double rows_gbytes_per_s;
     size_t level_bytes[ROOF_LEVELS]; /* capacity taken for each cache level (DRAM: SIZE_MAX) */
     const char *level_source;        /* where level_bytes came from */
 } roofline;

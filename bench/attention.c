@@ -9,6 +9,7 @@
 
 #include "bench.h"
 #include "peers.h"
+#include "rng.h"
 #include "sdpa.h"
 
 /* ---- attention: sdpa_mha_f32 on a shape in the benchdnn style ----
@@ -279,14 +280,7 @@ static void paged_prepare(paged_view *pv, const att_shape *s, const void *q, con
     pv->q_start = malloc((s->batch + 1) * sizeof *pv->q_start);
     pv->kv_len = malloc(s->batch * sizeof *pv->kv_len);
     if (!pv->table || !pv->q_start || !pv->kv_len || num_blocks > INT32_MAX) exit(2);
-    uint64_t state = 0x2545f4914f6cdd1du;
-    for (size_t i = 0; i < num_blocks; i++) pv->table[i] = (int32_t)i;
-    for (size_t i = num_blocks - 1; i > 0 && !s->in_order; i--) {
-        state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-        const size_t r = (size_t)(state % (i + 1));
-        const int32_t t = pv->table[i];
-        pv->table[i] = pv->table[r], pv->table[r] = t;
-    }
+    rng_permutation(pv->table, num_blocks, s->in_order ? 0 : POOL_SEED);
     pv->k_pool = paged_pool(s, k, pv->table, num_blocks, s->kv_type, &pv->k_mem);
     pv->v_pool = paged_pool(s, v, pv->table, num_blocks, s->kv_type, &pv->v_mem);
     const size_t nq = s->batch * s->heads_q * s->len_q * s->d;

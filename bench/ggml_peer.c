@@ -14,6 +14,7 @@
 
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "rng.h"
 #include "sdpa.h"
 
 #ifndef GGML_PEER_COMMIT
@@ -143,16 +144,6 @@ static timing clock_since(timing t0) {
     return (timing){seconds(CLOCK_MONOTONIC) - t0.wall, seconds(CLOCK_PROCESS_CPUTIME_ID) - t0.cpu};
 }
 
-/* xorshift64*, reseeded for every row: the same values on every run and machine, whichever
- * rows run */
-#define RNG_SEED 0x9E3779B97F4A7C15u
-static uint64_t rng_state = RNG_SEED;
-static float uniform(float lo, float hi) {
-    rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
-    const uint64_t r = rng_state * 0x2545F4914F6CDD1Du;
-    return lo + (hi - lo) * (float)((double)(r >> 11) * 0x1p-53);
-}
-
 /* Keys row i sees (a prefix of the keys: causal or all). */
 static size_t visible(const row_spec *s, size_t i) {
     if (!s->causal) return s->len_kv;
@@ -195,14 +186,14 @@ static void problem_init(problem *p, const row_spec *s, const options *o) {
     p->kf = xalloc(p->n_kv * sizeof(float));
     p->vf = xalloc(p->n_kv * sizeof(float));
     p->sinks = xalloc(s->heads_q * sizeof(float));
-    rng_state = RNG_SEED;
+    uint64_t rng = RNG_SEED; /* reseeded: the same values whichever rows run */
     /* with a softcap, scores large enough (up to about 15) that it changes them much: a check
        that missed a dropped softcap would prove little */
     const float q_range = s->softcap != 0.0f ? 8.0f : 2.0f;
-    for (size_t i = 0; i < p->n_q; i++) p->q[i] = uniform(-q_range, q_range);
-    for (size_t i = 0; i < p->n_kv; i++) p->kf[i] = uniform(-1.0f, 1.0f);
-    for (size_t i = 0; i < p->n_kv; i++) p->vf[i] = uniform(-1.0f, 1.0f);
-    for (size_t h = 0; h < s->heads_q; h++) p->sinks[h] = uniform(-1.0f, 3.0f);
+    for (size_t i = 0; i < p->n_q; i++) p->q[i] = rng_uniform(&rng, -q_range, q_range);
+    for (size_t i = 0; i < p->n_kv; i++) p->kf[i] = rng_uniform(&rng, -1.0f, 1.0f);
+    for (size_t i = 0; i < p->n_kv; i++) p->vf[i] = rng_uniform(&rng, -1.0f, 1.0f);
+    for (size_t h = 0; h < s->heads_q; h++) p->sinks[h] = rng_uniform(&rng, -1.0f, 3.0f);
     if (s->kv != KV_8BIT) {
         /* through f16 and back, so that the f16 and f32 copies hold the same values */
         ggml_fp16_t *h = xalloc(p->n_kv * sizeof(ggml_fp16_t));

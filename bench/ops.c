@@ -9,6 +9,7 @@
 #include "bench.h"
 #include "call_floor.h"
 #include "peers.h"
+#include "rng.h"
 #include "roofline.h"
 #include "sdpa.h"
 
@@ -25,14 +26,9 @@ void *xalloc(size_t n_floats) {
     return p;
 }
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15u;
-static float uniform(float lo, float hi) {
-    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
-    return lo + (hi - lo) * (float)((double)(rng_state >> 11) * 0x1p-53);
-}
-
+static uint64_t rng_state = RNG_SEED;
 void fill(float *p, size_t n, float lo, float hi) {
-    for (size_t i = 0; i < n; i++) p[i] = uniform(lo, hi);
+    for (size_t i = 0; i < n; i++) p[i] = rng_uniform(&rng_state, lo, hi);
 }
 
 void use_scalar(void) {

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "rng.h"
 #include "roofline.h"
 
 const char *const ROOF_LEVEL_NAMES[ROOF_LEVELS] = {"L1", "L2", "L3", "DRAM"};
@@ -266,7 +267,7 @@ float roof_load_sum(const float *a, const float *b, size_t n) {
 
 /* Bytes per ns of reading `rows` rows of pool in the random order `order`, each copied into a
  * tile, every line prefetched ROWS_AHEAD rows ahead into L1 (l2: into L2 alone). */
-static double random_rows_once(const char *pool, const uint32_t *order, size_t rows, int l2) {
+static double random_rows_once(const char *pool, const int32_t *order, size_t rows, int l2) {
     static char tile[64 * ROW_BYTES];
     const double t0 = cpu_ns();
     for (size_t i = 0; i < rows; i++) {
@@ -287,16 +288,9 @@ static double random_rows_once(const char *pool, const uint32_t *order, size_t r
 /* The best of three runs each way over a random order of the pool's rows. */
 static double random_rows(const char *pool, size_t bytes) {
     const size_t rows = bytes / ROW_BYTES;
-    uint32_t *order = malloc(rows * sizeof *order);
+    int32_t *order = malloc(rows * sizeof *order);
     if (!order) return 0;
-    uint64_t x = 0x2545f4914f6cdd1du;
-    for (size_t i = 0; i < rows; i++) order[i] = (uint32_t)i;
-    for (size_t i = rows - 1; i > 0; i--) { /* Fisher-Yates, xorshift64 */
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        const size_t r = (size_t)(x % (i + 1));
-        const uint32_t t = order[i];
-        order[i] = order[r], order[r] = t;
-    }
+    rng_permutation(order, rows, POOL_SEED);
     double best = 0;
     for (int t = 0; t < 6; t++) {
         const double bw = random_rows_once(pool, order, rows, t & 1);

@@ -233,7 +233,7 @@ static void *paged_pool(const att_shape *s, const void *dense, const int32_t *ta
     const size_t size = type_bytes(t), row = s->d * size;
     const size_t per_seq = (s->len_kv + s->block - 1) / s->block;
     const size_t block_bytes = s->heads_kv * s->block * row;
-    if (posix_memalign(mem, 4096, num_blocks * block_bytes + pool_offset)) exit(2);
+    *mem = xalloc_bytes(num_blocks * block_bytes + pool_offset, 4096);
     char *pool = (char *)*mem + pool_offset;
     const float nan = NAN;
     unsigned char one[4];

@@ -23,6 +23,11 @@
  * "avx512 x2"); the run is then pinned to as many cores as the largest count, and timed by the
  * wall clock (a thread's CPU time would miss its pool's work), every row alike, each timed batch
  * after one untimed call of the same row.
+ *
+ * Memory: --cold times one call a batch, each after a read of twice the largest cache, so that a
+ * decode's K and V come from memory as they do in a serving engine, whatever the size of this
+ * machine's last-level cache (a warm batch of a 256 MiB decode on a 300 MiB L3 finds much of it
+ * there). --huge-pages puts arrays of 2 MiB and more in 2 MiB pages.
  */
 #include <errno.h>
 #include <float.h>
@@ -77,6 +82,7 @@ typedef struct options {
     int peers;
     int smoke;
     int roofline;
+    int cold; /* --cold: each timed call after the caches are swept (evict_caches) */
     const char *csv, *json, *plot;
 } options;
 
@@ -119,6 +125,50 @@ static double time_batch(const impl *im, job *j, size_t iters) {
     double t0 = now_ns();
     j->op->run(im->kind, j, iters);
     return (now_ns() - t0) / (double)iters;
+}
+
+/* --cold: a buffer twice the largest cache the OS reports (at least 64 MiB), read a line at a
+   time before each timed call, so that the call finds none of its inputs in any cache, as a
+   serving engine's decode finds a layer's K/V cache after the other layers ran. Read, not
+   written: dirty lines would be written back during the timed call. */
+static const unsigned char *evict_buf;
+static size_t evict_bytes;
+
+/* the largest cache of cpu 0 in sysfs, in bytes (0 if none is listed) */
+static size_t largest_cache(void) {
+    size_t best = 0;
+    for (int i = 0; i < 16; i++) {
+        char path[96], unit = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        unsigned long long v = 0;
+        if (fscanf(f, "%llu%c", &v, &unit) >= 1) {
+            const size_t bytes = (size_t)v << (unit == 'K' ? 10 : unit == 'M' ? 20 : 0);
+            if (bytes > best) best = bytes;
+        }
+        fclose(f);
+    }
+    return best;
+}
+
+static void evict_setup(void) {
+    evict_bytes = 2 * largest_cache();
+    if (evict_bytes < ((size_t)64 << 20)) evict_bytes = (size_t)64 << 20;
+    unsigned char *b = malloc(evict_bytes);
+    if (!b) {
+        fprintf(stderr, "bench: --cold cannot allocate %zu bytes\n", evict_bytes);
+        exit(2);
+    }
+    memset(b, 1, evict_bytes);
+    evict_buf = b;
+}
+
+static void evict_caches(void) {
+    unsigned sum = 0;
+    for (size_t i = 0; i < evict_bytes; i += 64)
+        sum += ((const volatile unsigned char *)evict_buf)[i];
+    __asm__ volatile("" ::"r"(sum));
 }
 
 /* Doubles (or scales up) the batch until one batch lasts at least min_ms. */
@@ -366,10 +416,11 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
             failures += !im->checked_ok;
         else
             inaccurate_peers += !im->checked_ok;
-        im->iters = o->smoke ? 1 : (select_impl(im), calibrate(im, &j, o->min_ms));
+        im->iters = o->smoke || o->cold ? 1 : (select_impl(im), calibrate(im, &j, o->min_ms));
     }
-    const int warm_first = o->max_threads > 1 || find_impl(ims, n_impls, KIND_F32, NULL, NULL) ||
-                           find_impl(ims, n_impls, KIND_DENSE, NULL, NULL);
+    const int warm_first =
+        !o->cold && (o->max_threads > 1 || find_impl(ims, n_impls, KIND_F32, NULL, NULL) ||
+                     find_impl(ims, n_impls, KIND_DENSE, NULL, NULL));
     for (int r = 0; r < o->reps; r++)
         for (size_t i = 0; i < n_impls; i++) {
             select_impl(&ims[i]);
@@ -380,6 +431,7 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
                count its own first pass from memory; every row gets the same, so ratios stay
                fair */
             if (warm_first) time_batch(&ims[i], &j, 1);
+            if (o->cold) evict_caches();
             ims[i].ns[r] = time_batch(&ims[i], &j, ims[i].iters);
         }
     for (size_t i = 0; i < n_impls; i++) summarize(&ims[i], o->reps);
@@ -466,6 +518,7 @@ static void usage(int status) {
         "             [--shape SHAPE]... [--reps R] [--min-ms MS] [--cpu C] [--wall] [--no-peers]\n"
         "             [--no-roofline] [--openblas-core NAME] [--csv FILE] [--json FILE]\n"
         "             [--plot DIR] [--smoke] [--threads LIST] [--pool-offset BYTES]\n"
+        "             [--cold] [--huge-pages]\n"
         "ops:");
     for (size_t i = 0; i < N_OPS; i++) fprintf(status ? stderr : stdout, " %s", OPS[i]->name);
     fprintf(status ? stderr : stdout,
@@ -484,7 +537,10 @@ static void usage(int status) {
             "round, no roofline; --threads 1,2: attention rows of the active\n"
             "backend at those thread counts too (wall clock, pinned to as many cores as the\n"
             "largest; every other row runs on 1 thread); --pool-offset: a paged shape's pools\n"
-            "start that many bytes past a 4 KiB page (default 0)\n");
+            "start that many bytes past a 4 KiB page (default 0); --cold: batches of one call,\n"
+            "each after a read of twice the largest cache (K and V from memory, as a serving\n"
+            "engine's decode finds them); --huge-pages: arrays of 2 MiB and more in 2 MiB\n"
+            "pages (madvise), as a serving engine's cache should be\n");
     exit(status);
 }
 
@@ -503,6 +559,10 @@ static options parse(int argc, char **argv) {
             o.peers = 0;
         else if (strcmp(a, "--no-roofline") == 0)
             o.roofline = 0;
+        else if (strcmp(a, "--cold") == 0)
+            o.cold = 1;
+        else if (strcmp(a, "--huge-pages") == 0)
+            bench_huge_pages();
         else if (!v)
             usage(2);
         else if (++i, strcmp(a, "--op") == 0) {
@@ -656,7 +716,12 @@ int main(int argc, char **argv) {
     printf("clock: %s\n", bench_clock == CLOCK_MONOTONIC
                               ? "wall (CLOCK_MONOTONIC)"
                               : "thread CPU time (CLOCK_THREAD_CPUTIME_ID; --wall for elapsed)");
-    printf("method: %d rounds of batches >= %g ms each, round-robin over implementations%s; "
+    if (o.cold) evict_setup();
+    printf("memory: %s\n", bench_uses_huge_pages()
+                               ? "arrays of 2 MiB and more in 2 MiB pages (--huge-pages; madvise, "
+                                 "where the kernel's transparent huge pages allow)"
+                               : "the allocator's pages (--huge-pages for 2 MiB ones)");
+    printf("method: %d rounds of batches >= %g ms each, round-robin over implementations%s%s; "
            "median ns per call, spread = min..max round vs median; vs X = X's median / this median "
            "(> 1: faster than X); inputs 64-byte aligned (a paged pool: --pool-offset bytes past a "
            "4 KiB page); ns/elem per element (scores: per key); "
@@ -672,8 +737,11 @@ int main(int argc, char **argv) {
            "on its values laid out densely, likewise (vs dense: the paged row against it); "
            "backward: sdpa_mha_backward_f32 (dQ, dK, dV) after an untimed forward, f32, 10 d "
            "flops per pair computed (FlashAttention-2's count)\n",
-           o.reps, o.smoke ? 0.0 : o.min_ms,
-           o.max_threads > 1 ? " (with --threads, each after one untimed call)" : "");
+           o.reps, o.smoke || o.cold ? 0.0 : o.min_ms,
+           o.max_threads > 1 && !o.cold ? " (with --threads, each after one untimed call)" : "",
+           o.cold ? " (--cold: one call a batch, each after an untimed read of a buffer twice the "
+                    "largest cache, so that its inputs come from memory)"
+                  : "");
 
     if (o.roofline) roof = roofline_measure(sdpa_backend()), have_roof = 1;
     print_roofline();

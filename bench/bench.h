@@ -78,7 +78,10 @@ extern const op_def DOT_OP;      /* the driver adds its floors (L1 loads, an emp
 extern const char *const EXPS[]; /* sdpa's exp modes, by exp index: "fast", "sleef" */
 
 /* ops.c: shared by the ops */
-void *xalloc(size_t n_floats);                     /* 64-byte aligned; exits on failure */
+void *xalloc(size_t n_floats);                  /* 64-byte aligned; exits on failure */
+void *xalloc_bytes(size_t bytes, size_t align); /* align-byte aligned; exits on failure */
+void bench_huge_pages(void); /* from now on, allocations of 2 MiB and more ask for 2 MiB pages */
+int bench_uses_huge_pages(void);
 void fill(float *p, size_t n, float lo, float hi); /* uniform in [lo, hi), a fixed sequence */
 void use_scalar(void);                             /* the scalar backend, or exit */
 double growth(size_t n, size_t documented);

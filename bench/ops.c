@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "bench.h"
 #include "call_floor.h"
@@ -16,14 +17,26 @@
 const char *const KIND_NAMES[] = {"sdpa", "openblas", "onednn", "naive", "roof",
                                   "call", "f32",      "dense",  "-"};
 
-void *xalloc(size_t n_floats) {
+/* --huge-pages: arrays of 2 MiB and more in 2 MiB pages where the kernel gives them */
+#define HUGE_PAGE ((size_t)2 << 20)
+static int huge_pages;
+void bench_huge_pages(void) { huge_pages = 1; }
+int bench_uses_huge_pages(void) { return huge_pages; }
+
+void *xalloc_bytes(size_t bytes, size_t align) {
     void *p = NULL;
-    size_t bytes = (n_floats * sizeof(float) + 63) / 64 * 64;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64)) {
-        fprintf(stderr, "bench: out of memory (%zu floats)\n", n_floats);
+    const int huge = huge_pages && bytes >= HUGE_PAGE;
+    if (huge && align < HUGE_PAGE) align = HUGE_PAGE;
+    if (posix_memalign(&p, align, bytes ? bytes : 64)) {
+        fprintf(stderr, "bench: out of memory (%zu bytes)\n", bytes);
         exit(2);
     }
+    if (huge) madvise(p, bytes, MADV_HUGEPAGE);
     return p;
+}
+
+void *xalloc(size_t n_floats) {
+    return xalloc_bytes((n_floats * sizeof(float) + 63) / 64 * 64, 64);
 }
 
 static uint64_t rng_state = RNG_SEED;

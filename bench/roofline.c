@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "rng.h"
 #include "roofline.h"
 
@@ -338,8 +339,7 @@ roofline roofline_measure(const char *isa) {
         double g = flops_per_ns(isa, 2u * 1000 * 1000, &r.fma_isa);
         if (g > r.fma_gflops) r.fma_gflops = g;
     }
-    float *buf = NULL;
-    if (posix_memalign((void **)&buf, 64, PROBE_BYTES[ROOF_DRAM])) return r;
+    float *buf = xalloc_bytes(PROBE_BYTES[ROOF_DRAM], 64); /* --huge-pages applies */
     size_t floats = PROBE_BYTES[ROOF_DRAM] / sizeof(float);
     for (size_t i = 0; i < floats; i++) buf[i] = (float)(i & 1023);
     float s = 0;

@@ -8,7 +8,8 @@
  * table gives the median time per call, the spread (min and max) of the rounds, and ratios of
  * medians measured in this same run.
  *
- * Ops (ops.c, attention.c): dot, scale, softmax (both exp modes), scores, attention (shapes in
+ * Ops (ops.c, kv_store.c, attention.c): dot, scale, softmax (both exp modes), scores, to_f16,
+ * from_f16, kv_store (sdpa_kv_cache_store against memcpy), attention (shapes in
  * the benchdnn style: decode, prefill, causal, MHA and GQA, f32 or 16-bit; a 16-bit shape also
  * times sdpa_mha_f32 on the same values in the same rounds, its "vs f32" column); each row also
  * says how close it came to the limit that binds it (roofline.h, measured at start-up).
@@ -65,7 +66,7 @@ typedef struct impl {
 } impl;
 
 typedef struct options {
-    int ops[8];
+    int ops[16];                   /* by index in OPS */
     size_t shape_sizes[MAX_SIZES]; /* --shape: 1-based indices of attention shapes */
     size_t n_shapes;
     const char *backends[8];

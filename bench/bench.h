@@ -90,6 +90,7 @@ double growth(size_t n, size_t documented);
 #define MAX_SHAPES (MAX_SIZES - 1)
 extern const op_def ATTENTION_OP;
 extern const op_def BACKWARD_OP; /* sdpa_mha_backward_f32 on the same shapes, in f32 */
+extern const op_def KV_STORE_OP; /* kv_store.c: sdpa_kv_cache_store into an f16 paged cache */
 /* replaces shape number index (1-based) by the one text names ("b1h8kv2q512k512d128causal");
    0 if text is not a shape */
 int attention_set_shape(size_t index, const char *text);

@@ -385,6 +385,6 @@ static const op_def FROM_F16_OP = {
     .cost = convert_cost,
 };
 
-const op_def *const OPS[] = {&DOT_OP,    &SCALE_OP,    &SOFTMAX_OP,   &SCORES_OP,
-                             &TO_F16_OP, &FROM_F16_OP, &ATTENTION_OP, &BACKWARD_OP};
+const op_def *const OPS[] = {&DOT_OP,      &SCALE_OP,    &SOFTMAX_OP,   &SCORES_OP,  &TO_F16_OP,
+                             &FROM_F16_OP, &KV_STORE_OP, &ATTENTION_OP, &BACKWARD_OP};
 const size_t N_OPS = sizeof OPS / sizeof OPS[0];

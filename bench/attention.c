@@ -267,14 +267,28 @@ static void move_rows(void *to, const void *from, const att_shape *s, size_t siz
 }
 
 /* The paged call's views of the shape's values: q (of q_type) and k and v (of kv_type), dense. */
+sdpa_kv_cache bench_paged_cache(sdpa_dtype t, size_t used_blocks, size_t block, size_t heads_kv,
+                                size_t d) {
+    return (sdpa_kv_cache){.struct_size = sizeof(sdpa_kv_cache),
+                           .kv_type = t,
+                           .num_blocks = used_blocks + used_blocks / 8 + 1,
+                           .block_size = block,
+                           .heads_kv = heads_kv,
+                           .d_k = d,
+                           .d_v = d,
+                           .k_stride = {heads_kv * block * d, block * d, d},
+                           .v_stride = {heads_kv * block * d, block * d, d}};
+}
+
 static void paged_prepare(paged_view *pv, const att_shape *s, const void *q, const void *k,
                           const void *v, const sdpa_score_mods *mods) {
     if (!sdpa_attention_paged || s->batch * s->len_q > INT32_MAX || s->len_kv > INT32_MAX) {
         fprintf(stderr, "bench: %s needs sdpa_attention_paged and int32 token counts\n", s->name);
         exit(2);
     }
-    const size_t per_seq = (s->len_kv + s->block - 1) / s->block, used = s->batch * per_seq;
-    const size_t num_blocks = used + used / 8 + 1;
+    const size_t per_seq = (s->len_kv + s->block - 1) / s->block;
+    pv->cache = bench_paged_cache(s->kv_type, s->batch * per_seq, s->block, s->heads_kv, s->d);
+    const size_t num_blocks = pv->cache.num_blocks;
     /* the pool's blocks in a random order (inorder: in order), the table the first `used` */
     pv->table = malloc(num_blocks * sizeof *pv->table);
     pv->q_start = malloc((s->batch + 1) * sizeof *pv->q_start);
@@ -288,18 +302,9 @@ static void paged_prepare(paged_view *pv, const att_shape *s, const void *q, con
     move_rows(pv->q, q, s, type_bytes(s->q_type), 1);
     for (size_t b = 0; b <= s->batch; b++) pv->q_start[b] = (int32_t)seq_token(s, b);
     for (size_t b = 0; b < s->batch; b++) pv->kv_len[b] = (int32_t)seq_kv(s, b);
-    const size_t d = s->d, block = s->block, hkv = s->heads_kv, token = s->heads_q * d;
-    pv->cache = (sdpa_kv_cache){.struct_size = sizeof(sdpa_kv_cache),
-                                .kv_type = s->kv_type,
-                                .num_blocks = num_blocks,
-                                .block_size = block,
-                                .heads_kv = hkv,
-                                .d_k = d,
-                                .d_v = d,
-                                .k_stride = {hkv * block * d, block * d, d},
-                                .v_stride = {hkv * block * d, block * d, d},
-                                .block_table = pv->table,
-                                .block_table_stride = per_seq};
+    const size_t d = s->d, token = s->heads_q * d;
+    pv->cache.block_table = pv->table;
+    pv->cache.block_table_stride = per_seq;
     pv->batch = (sdpa_batch){.struct_size = sizeof(sdpa_batch),
                              .flags = s->flags,
                              .num_seqs = s->batch,

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "peers.h"
+#include "sdpa.h"
 
 #define MAX_SIZES 16
 #define MAX_DIMS  4
@@ -91,6 +92,10 @@ double growth(size_t n, size_t documented);
 extern const op_def ATTENTION_OP;
 extern const op_def BACKWARD_OP; /* sdpa_mha_backward_f32 on the same shapes, in f32 */
 extern const op_def KV_STORE_OP; /* kv_store.c: sdpa_kv_cache_store into an f16 paged cache */
+/* A paged cache of type t laid out [block][head][token][d] (vLLM's), in a pool an eighth larger
+   than the used_blocks its sequences take; no block table yet */
+sdpa_kv_cache bench_paged_cache(sdpa_dtype t, size_t used_blocks, size_t block, size_t heads_kv,
+                                size_t d);
 /* replaces shape number index (1-based) by the one text names ("b1h8kv2q512k512d128causal");
    0 if text is not a shape */
 int attention_set_shape(size_t index, const char *text);

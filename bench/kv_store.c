@@ -39,7 +39,10 @@ static void poison(kv_store_state *st) {
 static void kv_store_prepare(job *j) {
     kv_store_state *st = calloc(1, sizeof *st);
     if (!st) exit(2);
-    const size_t n = j->n, blocks = (n + KV_BLOCK - 1) / KV_BLOCK, pool = blocks + blocks / 8 + 1;
+    const size_t n = j->n;
+    st->cache =
+        bench_paged_cache(SDPA_F16, (n + KV_BLOCK - 1) / KV_BLOCK, KV_BLOCK, KV_HEADS, KV_D);
+    const size_t pool = st->cache.num_blocks;
     st->floats = n * KV_HEADS * KV_D;
     j->x = xalloc(st->floats), st->v = xalloc(st->floats);
     fill(j->x, st->floats, -8, 8);
@@ -52,16 +55,6 @@ static void kv_store_prepare(job *j) {
         st->slots[t] = (int64_t)st->table[t / KV_BLOCK] * KV_BLOCK + (int64_t)(t % KV_BLOCK);
     const size_t pool_halves = pool * KV_HEADS * KV_BLOCK * KV_D;
     st->k_pool = xalloc_bytes(pool_halves * 2, 64), st->v_pool = xalloc_bytes(pool_halves * 2, 64);
-    const sdpa_kv_cache c = {.struct_size = sizeof c,
-                             .kv_type = SDPA_F16,
-                             .num_blocks = pool,
-                             .block_size = KV_BLOCK,
-                             .heads_kv = KV_HEADS,
-                             .d_k = KV_D,
-                             .d_v = KV_D,
-                             .k_stride = {KV_HEADS * KV_BLOCK * KV_D, KV_BLOCK * KV_D, KV_D},
-                             .v_stride = {KV_HEADS * KV_BLOCK * KV_D, KV_BLOCK * KV_D, KV_D}};
-    st->cache = c;
     /* the reference: each value narrowed by the scalar backend's sdpa_convert */
     st->ref_k = xalloc_bytes(st->floats * 2, 64), st->ref_v = xalloc_bytes(st->floats * 2, 64);
     use_scalar();

@@ -10,6 +10,7 @@
 #include "sdpa.h"
 
 #define MAX_SIZES 16
+#define MAX_REPS  101
 #define MAX_DIMS  4
 
 /* KIND_F32: sdpa's f32 call on the float values of a 16-bit attention shape, the backend the

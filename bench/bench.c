@@ -94,8 +94,9 @@ static void select_impl(const impl *im) {
         sdpa_set_exp_mode("fast");
         return;
     }
+    /* every row without an exp mode of its own runs the default, whatever the row before set */
     if (sdpa_set_backend(im->backend) != SDPA_OK ||
-        (im->exp && sdpa_set_exp_mode(im->exp) != SDPA_OK)) {
+        sdpa_set_exp_mode(im->exp ? im->exp : "fast") != SDPA_OK) {
         fprintf(stderr, "bench: cannot select %s\n", im->label);
         exit(2);
     }

@@ -65,7 +65,6 @@ typedef struct impl {
     int checked_ok;
 } impl;
 
-
 /* The thread's CPU time by default: on a machine shared with other jobs, time the scheduler gives
  * them is then not charged to the kernel under test (--wall measures elapsed time instead). */
 static clockid_t bench_clock = CLOCK_THREAD_CPUTIME_ID;

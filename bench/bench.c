@@ -25,6 +25,12 @@
  * wall clock (a thread's CPU time would miss its pool's work), every row alike, each timed batch
  * after one untimed call of the same row.
  *
+ * Against: --against LIB (another build's libsdpa.so.1, loaded with dlmopen and called through
+ * its sdpa_get_api table) adds its row beside the first backend's for each attention shape, on
+ * the same inputs; the two take turns to go first, and "vs old" is the median over pairs of
+ * rounds of the geometric mean of the pair's old / new: a change's cost within a percent or two
+ * on a machine whose run-to-run drift is larger.
+ *
  * Memory: --cold times one call a batch, each after a read of twice the largest cache, so that a
  * decode's K and V come from memory as they do in a serving engine, whatever the size of this
  * machine's last-level cache (a warm batch of a 256 MiB decode on a 300 MiB L3 finds much of it
@@ -62,6 +68,7 @@ typedef struct impl {
     size_t iters;        /* calls per timed batch */
     double ns[MAX_REPS]; /* ns per call, one per round */
     double median, min, max;
+    int reps; /* rounds in ns */
     int checked_ok;
 } impl;
 
@@ -83,10 +90,25 @@ static double now_ns(void) {
 
 /* sdpa's own rows, which must be right, against the peers, which may drift */
 static int is_ours(const impl *im) {
-    return im->kind == KIND_SDPA || im->kind == KIND_F32 || im->kind == KIND_DENSE;
+    return im->kind == KIND_SDPA || im->kind == KIND_F32 || im->kind == KIND_DENSE ||
+           im->kind == KIND_OLD;
+}
+
+/* The other build's settings for its row: the same backend, thread count and exp mode. */
+static void select_against(const impl *im) {
+    const sdpa_api *api = bench_against;
+    if (api->set_num_threads(im->threads ? im->threads : 1) != SDPA_OK ||
+        api->set_backend(im->backend) != SDPA_OK || api->set_exp_mode("fast") != SDPA_OK) {
+        fprintf(stderr, "bench: --against: cannot select %s\n", im->backend);
+        exit(2);
+    }
 }
 
 static void select_impl(const impl *im) {
+    if (im->kind == KIND_OLD) {
+        select_against(im);
+        return;
+    }
     if (sdpa_set_num_threads) sdpa_set_num_threads(im->threads ? im->threads : 1);
     if (!is_ours(im)) { /* peers that call sdpa (the attention composite's softmax) */
         sdpa_set_backend("auto");
@@ -178,11 +200,17 @@ static int cmp_double(const void *p, const void *q) {
     return (a > b) - (a < b);
 }
 
+/* the median of n sorted values */
+static double median_of(const double *s, int n) {
+    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
 static void summarize(impl *im, int reps) {
     double s[MAX_REPS];
     memcpy(s, im->ns, (size_t)reps * sizeof(double));
     qsort(s, (size_t)reps, sizeof(double), cmp_double);
-    im->median = reps % 2 ? s[reps / 2] : (s[reps / 2 - 1] + s[reps / 2]) / 2;
+    im->median = median_of(s, reps);
+    im->reps = reps;
     im->min = s[0];
     im->max = s[reps - 1];
 }
@@ -199,6 +227,20 @@ static const impl *find_impl(const impl *ims, size_t n_impls, enum kind kind, co
 
 static double ratio(const impl *base, const impl *im) {
     return base && base->median > 0 && im->median > 0 ? base->median / im->median : 0;
+}
+
+/* base's time / im's, where the two took turns to go first: the median over pairs of rounds of
+   the geometric mean of the pair's two ratios, so that what going first or second costs cancels
+   (a lone round where there is one), and the machine's drift between rounds does not count. */
+static double round_ratio(const impl *base, const impl *im) {
+    double r[MAX_REPS];
+    const int n = im->reps > 1 ? im->reps / 2 : 1;
+    for (int i = 0; i < n; i++)
+        r[i] = im->reps > 1
+                   ? sqrt(base->ns[2 * i] / im->ns[2 * i] * base->ns[2 * i + 1] / im->ns[2 * i + 1])
+                   : base->ns[0] / im->ns[0];
+    qsort(r, (size_t)n, sizeof(double), cmp_double);
+    return median_of(r, n);
 }
 
 static void print_ratio(FILE *f, double r) {
@@ -290,6 +332,10 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
         const impl *dense = find_impl(ims, n_impls, KIND_DENSE, im->backend, NULL);
         if (im->kind == KIND_SDPA && !im->threads && dense)
             printf("  vs dense %.2fx", ratio(dense, im));
+        /* this library's row against the other build's, in the same rounds */
+        const impl *old = find_impl(ims, n_impls, KIND_OLD, im->backend, NULL);
+        if (im->kind == KIND_SDPA && !im->threads && old)
+            printf("  vs old %.3fx", round_ratio(old, im));
         printf("%s\n", im->checked_ok ? ""
                        : is_ours(im)  ? "  WRONG RESULT"
                                       : "  INACCURATE (outside sdpa's tolerance)");
@@ -337,6 +383,7 @@ static int inaccurate_peers;
 static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FILE *csv) {
     job j = {.op = op, .n = n, .d = d};
     snprintf(j.size_label, sizeof j.size_label, "%zu", n);
+    op->prepare(&j);
     impl ims[MAX_IMPLS];
     size_t n_impls = 0;
     for (size_t b = 0; b < o->n_backends; b++)
@@ -347,6 +394,16 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
             snprintf(im->label, sizeof im->label, "%s%s%s", im->backend, im->exp ? " " : "",
                      im->exp ? im->exp : "");
         }
+    /* --against: the other build's call on the first backend, next to this one's row: the two
+       take turns to go first (the rounds below), as a row after another's (which read other
+       arrays, or ran long) measured slower here even after an untimed call */
+    const int against = op == &ATTENTION_OP && attention_against_runs(&j);
+    if (against) {
+        memmove(&ims[2], &ims[1], (n_impls - 1) * sizeof *ims);
+        ims[1] = (impl){.kind = KIND_OLD, .backend = o->backends[0]};
+        snprintf(ims[1].label, sizeof ims[1].label, "%s old", ims[1].backend);
+        n_impls++;
+    }
     if (op->shaped) /* the first (best) backend again at each thread count above 1 */
         for (size_t t = 0; t < o->n_threads && n_impls < MAX_IMPLS - 4; t++) {
             if (o->threads[t] < 2) continue;
@@ -354,7 +411,6 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
             *im = (impl){.kind = KIND_SDPA, .backend = o->backends[0], .threads = o->threads[t]};
             snprintf(im->label, sizeof im->label, "%s x%zu", im->backend, im->threads);
         }
-    op->prepare(&j);
     if (o->peers)
         for (int p = 0; p < 2; p++) {
             enum kind k = op->peers[p];
@@ -400,9 +456,11 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
     }
     const int warm_first =
         !o->cold && (o->max_threads > 1 || find_impl(ims, n_impls, KIND_F32, NULL, NULL) ||
-                     find_impl(ims, n_impls, KIND_DENSE, NULL, NULL));
+                     find_impl(ims, n_impls, KIND_DENSE, NULL, NULL) ||
+                     find_impl(ims, n_impls, KIND_OLD, NULL, NULL));
     for (int r = 0; r < o->reps; r++)
-        for (size_t i = 0; i < n_impls; i++) {
+        for (size_t k = 0; k < n_impls; k++) {
+            const size_t i = against && r % 2 && k < 2 ? 1 - k : k;
             select_impl(&ims[i]);
             /* an untimed call first, with threads or an f32 row: the rows before left the other
                cores idle, and a VM's idle vCPU can take milliseconds to be scheduled again, which
@@ -529,6 +587,7 @@ int main(int argc, char **argv) {
     set_peer_environment(argc, argv);
     options o = options_parse(argc, argv);
     if (o.wall) bench_clock = CLOCK_MONOTONIC;
+    if (o.against) against_load(o.against);
     int cpu;
     if (o.max_threads > 1) {
         cpu = pin_many(o.max_threads);
@@ -567,6 +626,11 @@ int main(int argc, char **argv) {
         printf("peer onednn: %s\n", dnnl ? dnnl : "not built in");
         printf("peer naive: C loops, %s\n", NAIVE_FLAGS);
     }
+    if (bench_against)
+        printf("against: %s, sdpa %s (its attention rows: \"old\", each taking turns with "
+               "this library's row to go first; vs old = the median over pairs of rounds of the "
+               "geometric mean of old / new)\n",
+               o.against, bench_against->version());
     printf("clock: %s\n", bench_clock == CLOCK_MONOTONIC
                               ? "wall (CLOCK_MONOTONIC)"
                               : "thread CPU time (CLOCK_THREAD_CPUTIME_ID; --wall for elapsed)");

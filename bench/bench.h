@@ -15,7 +15,8 @@
 
 /* KIND_F32: sdpa's f32 call on the float values of a 16-bit attention shape, the backend the
    16-bit rows run on; the yardstick of their "vs f32" column, timed in the same rounds.
-   KIND_DENSE: sdpa_mha on a paged attention shape's values laid out densely, its yardstick. */
+   KIND_DENSE: sdpa_mha on a paged attention shape's values laid out densely, its yardstick.
+   KIND_OLD: the same call of another build of the library (--against), the "old" row. */
 enum kind {
     KIND_SDPA,
     KIND_OPENBLAS,
@@ -25,6 +26,7 @@ enum kind {
     KIND_CALL,
     KIND_F32,
     KIND_DENSE,
+    KIND_OLD,
     KIND_NONE
 };
 extern const char *const KIND_NAMES[]; /* indexed by enum kind */
@@ -88,6 +90,11 @@ void fill(float *p, size_t n, float lo, float hi); /* uniform in [lo, hi), a fix
 void use_scalar(void);                             /* the scalar backend, or exit */
 double growth(size_t n, size_t documented);
 
+/* against.c: the table of the library --against names (NULL without it), loaded by
+   against_load, which exits if it cannot */
+extern const sdpa_api *bench_against;
+void against_load(const char *path);
+
 /* attention.c: the shapes the attention op's sizes index */
 #define MAX_SHAPES (MAX_SIZES - 1)
 extern const op_def ATTENTION_OP;
@@ -104,6 +111,7 @@ void attention_use_shapes(size_t n);      /* only the first n shapes remain */
 void attention_pool_offset(size_t bytes); /* a paged pool starts this far past a 4 KiB page */
 int attention_typed(const job *j);        /* 1 if an attention job has a view that is not f32 */
 int attention_uniform(const job *j);     /* 1 if an attention job is one dense call, no modifiers */
+int attention_against_runs(job *j);      /* 1 if bench_against's library runs j's call (OK) */
 int attention_paged(const job *j);       /* 1 if an attention job's shape is paged<block> */
 int attention_shape_mixed(size_t index); /* 1 if shape number index is the mixed batch */
 

@@ -15,7 +15,7 @@
 #include "sdpa.h"
 
 const char *const KIND_NAMES[] = {"sdpa", "openblas", "onednn", "naive", "roof",
-                                  "call", "f32",      "dense",  "-"};
+                                  "call", "f32",      "dense",  "old",   "-"};
 
 /* --huge-pages: arrays of 2 MiB and more in 2 MiB pages where the kernel gives them */
 #define HUGE_PAGE ((size_t)2 << 20)

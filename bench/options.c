@@ -15,7 +15,7 @@ static void usage(int status) {
         "             [--shape SHAPE]... [--reps R] [--min-ms MS] [--cpu C] [--wall] [--no-peers]\n"
         "             [--no-roofline] [--openblas-core NAME] [--csv FILE] [--json FILE]\n"
         "             [--plot DIR] [--smoke] [--threads LIST] [--pool-offset BYTES]\n"
-        "             [--cold] [--huge-pages]\n"
+        "             [--cold] [--huge-pages] [--against LIB]\n"
         "ops:");
     for (size_t i = 0; i < N_OPS; i++) fprintf(status ? stderr : stdout, " %s", OPS[i]->name);
     fprintf(status ? stderr : stdout,
@@ -37,7 +37,9 @@ static void usage(int status) {
             "start that many bytes past a 4 KiB page (default 0); --cold: batches of one call,\n"
             "each after a read of twice the largest cache (K and V from memory, as a serving\n"
             "engine's decode finds them); --huge-pages: arrays of 2 MiB and more in 2 MiB\n"
-            "pages (madvise), as a serving engine's cache should be\n");
+            "pages (madvise), as a serving engine's cache should be; --against: another build's\n"
+            "libsdpa.so.1 beside this one, in the same rounds, for the attention rows of the\n"
+            "first backend (its \"old\" row; vs old: old / new, over pairs of rounds)\n");
     exit(status);
 }
 
@@ -111,6 +113,8 @@ options options_parse(int argc, char **argv) {
             attention_pool_offset(strtoull(v, NULL, 0));
         else if (strcmp(a, "--threads") == 0)
             parse_threads(&o, v);
+        else if (strcmp(a, "--against") == 0)
+            o.against = v;
         else if (strcmp(a, "--csv") == 0)
             o.csv = v;
         else if (strcmp(a, "--json") == 0)
@@ -139,4 +143,3 @@ options options_parse(int argc, char **argv) {
     }
     return o;
 }
-

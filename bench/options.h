@@ -27,6 +27,7 @@ typedef struct options {
     int wall; /* --wall: elapsed time, not the thread's CPU time */
     int cold; /* --cold: each timed call after the caches are swept (evict_caches) */
     const char *csv, *json, *plot;
+    const char *against; /* --against: another build's libsdpa.so.1, timed beside this one */
 } options;
 
 /* argv into options, with every unset one at its default; prints the usage and exits on a bad

@@ -215,8 +215,9 @@ static void split_finish(const sdpa_kernels *k, const unit *x, float *out, size_
                          const float *m, const float *l, size_t d_v) {
     for (size_t r = 0; r < x->nq; r++) {
         float *o = out + r * out_row;
-        const float row_lse = attention_row_finish(
-            k, o, o, d_v, m[r], l[r], score_stage_sink(&x->stage, x->q0 + r), x->sub.v_scale);
+        const float row_lse =
+            attention_row_finish(k, o, o, d_v, m[r], l[r], score_stage_sink(&x->stage, x->q0 + r),
+                                 x->sub.v_scale, x->lse != NULL);
         if (x->lse) x->lse[r * x->lse_row] = row_lse;
     }
 }

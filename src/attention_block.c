@@ -251,8 +251,7 @@ static void scores_product(const attention_run *run, const attention_problem *p,
                               (const float *)kr->f.row[0] + j0 * kr->f.stride, kr->f.stride,
                               nk - j0, p->d_k, p->scale);
     else {
-        const int t = typed(run, p, 0);
-        scores_runs(run, p, b, t ? &kr->h : &kr->f, t, nk);
+        scores_runs(run, p, b, run->typed_k ? &kr->h : &kr->f, run->typed_k, nk);
     }
 }
 
@@ -427,7 +426,7 @@ static void rows_values(const attention_run *run, const attention_problem *p, ro
  * log-sum-exps; or, with part_l (a split-KV chunk, f32 out), the state its merge takes: the rows
  * of acc as they are, the max m to lse and the sum l to part_l (NaN for a poisoned row). */
 float attention_row_finish(const sdpa_kernels *k, float *o, const float *acc, size_t d_v, float m,
-                           double l, float sink, float v_scale) {
+                           double l, float sink, float v_scale, int lse) {
     const double vs = v_scale != 0.0f ? v_scale : 1.0;
     if (isnan(l) || isnan(sink)) {
         for (size_t c = 0; c < d_v; c++) o[c] = NAN;
@@ -439,13 +438,13 @@ float attention_row_finish(const sdpa_kernels *k, float *o, const float *acc, si
     }
     if (sink == -INFINITY) {
         k->scale(o, acc, d_v, (float)(vs / l));
-        return (float)((double)m + log(l));
+        return lse ? (float)((double)m + log(l)) : 0.0f;
     }
     /* l e^m + e^sink, as e^hi (l e^(m - hi) + e^(sink - hi)) so that neither term overflows */
     const double hi = m > sink ? m : sink, w = exp((double)m - hi);
     const double den = l * w + exp((double)sink - hi);
     k->scale(o, acc, d_v, (float)(vs * w / den));
-    return (float)(hi + log(den));
+    return lse ? (float)(hi + log(den)) : 0.0f;
 }
 
 static void rows_end(const attention_run *run, const attention_problem *p, const row_block *b,
@@ -463,9 +462,9 @@ static void rows_end(const attention_run *run, const attention_problem *p, const
             continue;
         }
         float *o = narrow ? b->acc + r * b->ld_acc : (float *)out + i * os;
-        const float row_lse = attention_row_finish(run->k, o, b->acc + r * b->ld_acc, d_v, b->m[r],
-                                                   b->poisoned[r] ? NAN : b->l[r],
-                                                   score_stage_sink(stage, i), p->v_scale);
+        const float row_lse = attention_row_finish(
+            run->k, o, b->acc + r * b->ld_acc, d_v, b->m[r], b->poisoned[r] ? NAN : b->l[r],
+            score_stage_sink(stage, i), p->v_scale, lse != NULL);
         if (narrow) run->k->narrow[p->out_type]((uint16_t *)out + i * os, o, d_v);
         if (lse) lse[i * lse_row] = row_lse;
     }
@@ -514,7 +513,7 @@ void attention_block(const attention_run *run, const attention_problem *p, const
     }
     /* the bf16 dot reads K as it is for packed blocks, typed_k for unpacked ones; any other
        block needs float rows */
-    const int tk = typed(run, p, 0), tv = typed(run, p, 1);
+    const int tk = run->typed_k, tv = run->typed_v;
     int raw = 0, floats = 0, packed = 0; /* packed kernels take one run of keys */
     for (size_t i = 0; i < n_blocks; i++) {
         const int as_is = blocks[i]->packed ? run->bf16_dot != NULL : tk;
@@ -566,6 +565,7 @@ int attention_run_init(attention_run *run, const attention_problem *p) {
         p->q_type == SDPA_BF16 && p->kv_type == SDPA_BF16 ? sdpa_bf16_dot_for(run->k) : NULL;
     run->rows_max = run->a->block_q;
     run->keys_max = run->a->block_kv;
+    run->typed_k = typed(run, p, 0), run->typed_v = typed(run, p, 1);
     /* a paged block gathers across pages into the wide tiles */
     const int wide =
         p->q_type != SDPA_F32 || p->kv_type != SDPA_F32 || p->out_type != SDPA_F32 || p->pages;

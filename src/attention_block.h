@@ -22,6 +22,7 @@ typedef struct attention_run {
                                   16-bit view's widened rows must fit SDPA_WIDE_FLOATS */
     struct wide_tiles *wide;   /* NULL when every view is f32 */
     const sdpa_bf16_dot_kernels *bf16_dot; /* bf16 Q and K and the add-on on; else NULL */
+    int typed_k, typed_v; /* the typed entries take K, V as they are (attention_block.c, typed) */
     float (*exp_sum)(float *y, const float *x, size_t n, float scale, float shift);
     void (*exp_tile)(float *s, size_t ld_s, size_t nq, size_t nk, const float *shift, float *sums);
     void (*exp_pv)(float *acc, size_t ld_acc, float *st, size_t ld_st, const float *m,
@@ -45,9 +46,9 @@ void attention_block(const attention_run *run, const attention_problem *p, const
 /* Row o (d_v floats) from its unnormalised state: acc (may be o), the max m of its scores and
    the sum l of their exps (NaN: a poisoned row), and its sink (-inf: none), as sdpa.h states:
    acc / (l + e^(sink - m)), times v_scale (an 8-bit V's; 0: 1), zeros for a row with no key.
-   Returns the row's log-sum-exp. */
+   Returns the row's log-sum-exp (with lse 0, where only a sink needs it: a log a row saved). */
 float attention_row_finish(const sdpa_kernels *k, float *o, const float *acc, size_t d_v, float m,
-                           double l, float sink, float v_scale);
+                           double l, float sink, float v_scale, int lse);
 
 typedef void (*block_fn)(const attention_run *run, const void *ctx, size_t index);
 

@@ -463,7 +463,7 @@ static sdpa_status against_call(const att_state *st, void *out) {
     return api->attention_paged(&pv->batch, &pv->cache, out, pv->q, pv->k_pool, pv->v_pool);
 }
 
-int attention_against_runs(job *j) {
+static int attention_against(job *j) {
     att_state *st = j->extra;
     st->f32_last = 0;
     st->paged_last = st->shape->block != 0;
@@ -593,6 +593,7 @@ const op_def ATTENTION_OP = {
     .verify = attention_verify,
     .cost = attention_cost,
     .release = attention_release,
+    .against = attention_against,
 };
 
 int attention_set_shape(size_t index, const char *text) {
@@ -675,10 +676,21 @@ static void backward_prepare(job *j) {
 
 static void backward_run(enum kind kind, job *j, size_t iters) {
     bwd_state *st = j->extra;
-    if (kind != KIND_SDPA) return;
-    for (size_t i = 0; i < iters; i++)
-        sdpa_mha_backward_f32(&st->desc, &st->grads, st->q, st->k, st->v, st->out);
+    if (kind == KIND_OLD)
+        for (size_t i = 0; i < iters; i++)
+            bench_against->mha_backward_f32(&st->desc, &st->grads, st->q, st->k, st->v, st->out);
+    else if (kind == KIND_SDPA)
+        for (size_t i = 0; i < iters; i++)
+            sdpa_mha_backward_f32(&st->desc, &st->grads, st->q, st->k, st->v, st->out);
     j->sink += j->y[0];
+}
+
+/* The other build's backward (--against), where its table has one and it runs j's call */
+static int backward_against(job *j) {
+    const bwd_state *st = j->extra;
+    return bench_against && bench_against->struct_size > offsetof(sdpa_api, mha_backward_f32) &&
+           bench_against->mha_backward_f32(&st->desc, &st->grads, st->q, st->k, st->v, st->out) ==
+               SDPA_OK;
 }
 
 /* Each gradient within 1e-4 of the largest against the scalar backend's: the backends sum in
@@ -720,4 +732,5 @@ const op_def BACKWARD_OP = {
     .verify = backward_verify,
     .cost = backward_cost,
     .release = backward_release,
+    .against = backward_against,
 };

@@ -26,10 +26,10 @@
  * after one untimed call of the same row.
  *
  * Against: --against LIB (another build's libsdpa.so.1, loaded with dlmopen and called through
- * its sdpa_get_api table) adds its row beside the first backend's for each attention shape, on
- * the same inputs; the two take turns to go first, and "vs old" is the median over pairs of
- * rounds of the geometric mean of the pair's old / new: a change's cost within a percent or two
- * on a machine whose run-to-run drift is larger.
+ * its sdpa_get_api table) adds its row beside the first backend's for each attention and backward
+ * shape, on the same inputs; the two take turns to go first, and "vs old" is the median over
+ * pairs of rounds of the geometric mean of the pair's old / new: a change's cost within a percent
+ * or two on a machine whose run-to-run drift is larger.
  *
  * Memory: --cold times one call a batch, each after a read of twice the largest cache, so that a
  * decode's K and V come from memory as they do in a serving engine, whatever the size of this
@@ -397,7 +397,7 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
     /* --against: the other build's call on the first backend, next to this one's row: the two
        take turns to go first (the rounds below), as a row after another's (which read other
        arrays, or ran long) measured slower here even after an untimed call */
-    const int against = op == &ATTENTION_OP && attention_against_runs(&j);
+    const int against = op->against && op->against(&j);
     if (against) {
         memmove(&ims[2], &ims[1], (n_impls - 1) * sizeof *ims);
         ims[1] = (impl){.kind = KIND_OLD, .backend = o->backends[0]};
@@ -627,7 +627,8 @@ int main(int argc, char **argv) {
         printf("peer naive: C loops, %s\n", NAIVE_FLAGS);
     }
     if (bench_against)
-        printf("against: %s, sdpa %s (its attention rows: \"old\", each taking turns with "
+        printf("against: %s, sdpa %s (its attention and backward rows: \"old\", each taking turns "
+               "with "
                "this library's row to go first; vs old = the median over pairs of rounds of the "
                "geometric mean of old / new)\n",
                o.against, bench_against->version());

@@ -73,6 +73,9 @@ typedef struct op_def {
     void (*cost)(const job *j, double *flops, double *bytes, double *working_set);
     /* frees what prepare() kept in j->extra; NULL when it kept nothing there */
     void (*release)(job *j);
+    /* 1 if bench_against's library runs j's call (status OK), for a row of its own (KIND_OLD);
+       NULL for an op without one */
+    int (*against)(job *j);
 } op_def;
 
 /* ops.c: every op, in the order the driver runs them */
@@ -111,7 +114,6 @@ void attention_use_shapes(size_t n);      /* only the first n shapes remain */
 void attention_pool_offset(size_t bytes); /* a paged pool starts this far past a 4 KiB page */
 int attention_typed(const job *j);        /* 1 if an attention job has a view that is not f32 */
 int attention_uniform(const job *j);     /* 1 if an attention job is one dense call, no modifiers */
-int attention_against_runs(job *j);      /* 1 if bench_against's library runs j's call (OK) */
 int attention_paged(const job *j);       /* 1 if an attention job's shape is paged<block> */
 int attention_shape_mixed(size_t index); /* 1 if shape number index is the mixed batch */
 

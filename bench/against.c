@@ -27,3 +27,8 @@ void against_load(const char *path) {
     }
     bench_against = api;
 }
+
+int against_loaded(job *j) {
+    (void)j;
+    return bench_against != NULL;
+}

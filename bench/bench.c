@@ -26,10 +26,10 @@
  * after one untimed call of the same row.
  *
  * Against: --against LIB (another build's libsdpa.so.1, loaded with dlmopen and called through
- * its sdpa_get_api table) adds its row beside the first backend's for each attention and backward
- * shape, on the same inputs; the two take turns to go first, and "vs old" is the median over
- * pairs of rounds of the geometric mean of the pair's old / new: a change's cost within a percent
- * or two on a machine whose run-to-run drift is larger.
+ * its sdpa_get_api table) adds its row beside the first backend's in every op and size, on the
+ * same inputs; the two take turns to go first, and "vs old" is the median over pairs of rounds of
+ * the geometric mean of the pair's old / new: a change's cost within a percent or two on a
+ * machine whose run-to-run drift is larger.
  *
  * Memory: --cold times one call a batch, each after a read of twice the largest cache, so that a
  * decode's K and V come from memory as they do in a serving engine, whatever the size of this
@@ -94,11 +94,13 @@ static int is_ours(const impl *im) {
            im->kind == KIND_OLD;
 }
 
-/* The other build's settings for its row: the same backend, thread count and exp mode. */
+/* The other build's settings for its row: the same backend, thread count and exp mode (fast
+   for rows that name none). */
 static void select_against(const impl *im) {
     const sdpa_api *api = bench_against;
     if (api->set_num_threads(im->threads ? im->threads : 1) != SDPA_OK ||
-        api->set_backend(im->backend) != SDPA_OK || api->set_exp_mode("fast") != SDPA_OK) {
+        api->set_backend(im->backend) != SDPA_OK ||
+        api->set_exp_mode(im->exp ? im->exp : "fast") != SDPA_OK) {
         fprintf(stderr, "bench: --against: cannot select %s\n", im->backend);
         exit(2);
     }
@@ -334,7 +336,7 @@ static void print_rows(FILE *csv, const job *j, const impl *ims, size_t n_impls,
             printf("  vs dense %.2fx", ratio(dense, im));
         /* this library's row against the other build's, in the same rounds */
         const impl *old = find_impl(ims, n_impls, KIND_OLD, im->backend, NULL);
-        if (im->kind == KIND_SDPA && !im->threads && old)
+        if (im->kind == KIND_SDPA && !im->threads && old && old->exp == im->exp)
             printf("  vs old %.3fx", round_ratio(old, im));
         printf("%s\n", im->checked_ok ? ""
                        : is_ours(im)  ? "  WRONG RESULT"
@@ -400,8 +402,9 @@ static int bench_one(const options *o, const op_def *op, size_t n, size_t d, FIL
     const int against = op->against && op->against(&j);
     if (against) {
         memmove(&ims[2], &ims[1], (n_impls - 1) * sizeof *ims);
-        ims[1] = (impl){.kind = KIND_OLD, .backend = o->backends[0]};
-        snprintf(ims[1].label, sizeof ims[1].label, "%s old", ims[1].backend);
+        ims[1] = (impl){.kind = KIND_OLD, .backend = o->backends[0], .exp = ims[0].exp};
+        snprintf(ims[1].label, sizeof ims[1].label, "%s%s%s old", ims[1].backend,
+                 ims[1].exp ? " " : "", ims[1].exp ? ims[1].exp : "");
         n_impls++;
     }
     if (op->shaped) /* the first (best) backend again at each thread count above 1 */
@@ -627,10 +630,9 @@ int main(int argc, char **argv) {
         printf("peer naive: C loops, %s\n", NAIVE_FLAGS);
     }
     if (bench_against)
-        printf("against: %s, sdpa %s (its attention and backward rows: \"old\", each taking turns "
-               "with "
-               "this library's row to go first; vs old = the median over pairs of rounds of the "
-               "geometric mean of old / new)\n",
+        printf("against: %s, sdpa %s (its rows: \"old\", each taking turns with this "
+               "library's row of the same backend to go first; vs old = the median over pairs of "
+               "rounds of the geometric mean of old / new)\n",
                o.against, bench_against->version());
     printf("clock: %s\n", bench_clock == CLOCK_MONOTONIC
                               ? "wall (CLOCK_MONOTONIC)"

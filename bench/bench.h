@@ -97,6 +97,7 @@ double growth(size_t n, size_t documented);
    against_load, which exits if it cannot */
 extern const sdpa_api *bench_against;
 void against_load(const char *path);
+int against_loaded(job *j); /* op_def.against of ops every table has: whether one was loaded */
 
 /* attention.c: the shapes the attention op's sizes index */
 #define MAX_SHAPES (MAX_SIZES - 1)

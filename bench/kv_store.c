@@ -77,6 +77,10 @@ static void kv_store_run(enum kind kind, job *j, size_t iters) {
             if (sdpa_kv_cache_store(&st->cache, st->k_pool, st->v_pool, st->slots, j->n, j->x,
                                     st->v, SDPA_F32, src_stride, src_stride) != SDPA_OK)
                 exit(2);
+    if (kind == KIND_OLD)
+        for (size_t i = 0; i < iters; i++)
+            bench_against->kv_cache_store(&st->cache, st->k_pool, st->v_pool, st->slots, j->n, j->x,
+                                          st->v, SDPA_F32, src_stride, src_stride);
     if (kind == KIND_NAIVE)
         for (size_t i = 0; i < iters; i++) memcpy(st->copy, st->copy_src, st->floats * 4);
     j->sink += (float)st->k_pool[0] + (float)st->copy[0];
@@ -122,6 +126,12 @@ static void kv_store_release(job *j) {
     j->extra = NULL;
 }
 
+/* the other build's store (--against), where its table has one */
+static int kv_store_against(job *j) {
+    (void)j;
+    return bench_against && bench_against->struct_size > offsetof(sdpa_api, kv_cache_store);
+}
+
 const op_def KV_STORE_OP = {
     .name = "kv_store",
     .sizes = {1, 16, 512, 8192},
@@ -134,4 +144,5 @@ const op_def KV_STORE_OP = {
     .verify = kv_store_verify,
     .cost = kv_store_cost,
     .release = kv_store_release,
+    .against = kv_store_against,
 };

@@ -81,6 +81,10 @@ static void dot_run(enum kind kind, job *j, size_t iters) {
     case KIND_SDPA:
         for (size_t i = 0; i < iters; i++) sdpa_dot_f32(j->a, j->b, j->n, &ring[i % DOT_RING]);
         break;
+    case KIND_OLD:
+        for (size_t i = 0; i < iters; i++)
+            bench_against->dot_f32(j->a, j->b, j->n, &ring[i % DOT_RING]);
+        break;
     case KIND_OPENBLAS:
         for (size_t i = 0; i < iters; i++)
             ring[i % DOT_RING] = peer_openblas_sdot(j->a, j->b, j->n);
@@ -128,6 +132,8 @@ static void scale_prepare(job *j) {
 static void scale_run(enum kind kind, job *j, size_t iters) {
     if (kind == KIND_SDPA)
         for (size_t i = 0; i < iters; i++) sdpa_scale_f32(j->y, j->x, j->n, j->scale);
+    else if (kind == KIND_OLD)
+        for (size_t i = 0; i < iters; i++) bench_against->scale_f32(j->y, j->x, j->n, j->scale);
     else if (kind == KIND_NAIVE)
         for (size_t i = 0; i < iters; i++) naive_scale(j->y, j->x, j->n, j->scale);
     j->sink += j->y[0];
@@ -170,6 +176,9 @@ static void convert_copy(job *j, size_t iters, size_t bytes) {
 static void to_f16_run(enum kind kind, job *j, size_t iters) {
     if (kind == KIND_SDPA)
         for (size_t i = 0; i < iters; i++) sdpa_convert(j->y, SDPA_F16, j->x, SDPA_F32, j->n);
+    else if (kind == KIND_OLD)
+        for (size_t i = 0; i < iters; i++)
+            bench_against->convert(j->y, SDPA_F16, j->x, SDPA_F32, j->n);
     else if (kind == KIND_NAIVE)
         convert_copy(j, iters, j->n * sizeof(uint16_t));
     j->sink += j->y[0];
@@ -178,6 +187,9 @@ static void to_f16_run(enum kind kind, job *j, size_t iters) {
 static void from_f16_run(enum kind kind, job *j, size_t iters) {
     if (kind == KIND_SDPA)
         for (size_t i = 0; i < iters; i++) sdpa_convert(j->y, SDPA_F32, j->a, SDPA_F16, j->n);
+    else if (kind == KIND_OLD)
+        for (size_t i = 0; i < iters; i++)
+            bench_against->convert(j->y, SDPA_F32, j->a, SDPA_F16, j->n);
     else if (kind == KIND_NAIVE)
         convert_copy(j, iters, j->n * sizeof(float));
     j->sink += j->y[0];
@@ -218,6 +230,9 @@ static void softmax_run(enum kind kind, job *j, size_t iters) {
     switch (kind) {
     case KIND_SDPA:
         for (size_t i = 0; i < iters; i++) sdpa_softmax_f32(j->y, j->x, j->n, j->scale);
+        break;
+    case KIND_OLD:
+        for (size_t i = 0; i < iters; i++) bench_against->softmax_f32(j->y, j->x, j->n, j->scale);
         break;
     case KIND_DNNL:
         for (size_t i = 0; i < iters; i++) peer_dnnl_softmax_run(j->dnnl);
@@ -278,6 +293,10 @@ static void scores_run(enum kind kind, job *j, size_t iters) {
         for (size_t i = 0; i < iters; i++)
             sdpa_scores_f32(j->y, j->a, j->b, j->n, j->d, j->d, j->scale);
         break;
+    case KIND_OLD:
+        for (size_t i = 0; i < iters; i++)
+            bench_against->scores_f32(j->y, j->a, j->b, j->n, j->d, j->d, j->scale);
+        break;
     case KIND_OPENBLAS:
         for (size_t i = 0; i < iters; i++)
             peer_openblas_scores(j->y, j->a, j->b, j->n, j->d, j->d, j->scale);
@@ -321,6 +340,7 @@ const op_def DOT_OP = {
     .run = dot_run,
     .verify = dot_verify,
     .cost = dot_cost,
+    .against = against_loaded,
 };
 static const op_def SCALE_OP = {
     .name = "scale",
@@ -333,6 +353,7 @@ static const op_def SCALE_OP = {
     .run = scale_run,
     .verify = scale_verify,
     .cost = scale_cost,
+    .against = against_loaded,
 };
 static const op_def SOFTMAX_OP = {
     .name = "softmax",
@@ -345,6 +366,7 @@ static const op_def SOFTMAX_OP = {
     .run = softmax_run,
     .verify = softmax_verify,
     .cost = softmax_cost,
+    .against = against_loaded,
 };
 static const op_def SCORES_OP = {
     .name = "scores",
@@ -358,6 +380,7 @@ static const op_def SCORES_OP = {
     .run = scores_run,
     .verify = scores_verify,
     .cost = scores_cost,
+    .against = against_loaded,
 };
 
 static const op_def TO_F16_OP = {
@@ -371,6 +394,7 @@ static const op_def TO_F16_OP = {
     .run = to_f16_run,
     .verify = to_f16_verify,
     .cost = convert_cost,
+    .against = against_loaded,
 };
 static const op_def FROM_F16_OP = {
     .name = "from_f16",
@@ -383,6 +407,7 @@ static const op_def FROM_F16_OP = {
     .run = from_f16_run,
     .verify = from_f16_verify,
     .cost = convert_cost,
+    .against = against_loaded,
 };
 
 const op_def *const OPS[] = {&DOT_OP,      &SCALE_OP,    &SOFTMAX_OP,   &SCORES_OP,  &TO_F16_OP,

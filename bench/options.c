@@ -38,9 +38,8 @@ static void usage(int status) {
             "each after a read of twice the largest cache (K and V from memory, as a serving\n"
             "engine's decode finds them); --huge-pages: arrays of 2 MiB and more in 2 MiB\n"
             "pages (madvise), as a serving engine's cache should be; --against: another build's\n"
-            "libsdpa.so.1 beside this one, in the same rounds, for the attention and backward\n"
-            "rows of the first backend (its \"old\" row; vs old: old / new, over pairs of\n"
-            "rounds)\n");
+            "libsdpa.so.1 beside this one, in the same rounds, for the first backend's rows\n"
+            "(its \"old\" row; vs old: old / new, over pairs of rounds)\n");
     exit(status);
 }
 

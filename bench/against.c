@@ -32,3 +32,10 @@ int against_loaded(job *j) {
     (void)j;
     return bench_against != NULL;
 }
+
+const sdpa_api *bench_api(enum kind kind) {
+    static const sdpa_api *own;
+    if (kind == KIND_OLD) return bench_against;
+    if (!own) own = sdpa_get_api(SDPA_ABI_VERSION);
+    return own;
+}

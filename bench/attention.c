@@ -453,10 +453,9 @@ static void attention_prepare(job *j) {
     }
 }
 
-/* The row's call through the other build's table (--against): the paged call for a paged shape
-   (which that build may lack: status SDPA_ERR_UNSUPPORTED), else sdpa_mha. */
-static sdpa_status against_call(const att_state *st, void *out) {
-    const sdpa_api *api = bench_against;
+/* An sdpa row's call through its library's table (bench_api): the paged call for a paged shape
+   (which an older build may lack: status SDPA_ERR_UNSUPPORTED), else sdpa_mha. */
+static sdpa_status shape_call(const sdpa_api *api, const att_state *st, void *out) {
     const paged_view *pv = &st->paged;
     if (!st->shape->block) return api->mha(&st->desc, out, st->q16, st->k16, st->v16);
     if (api->struct_size <= offsetof(sdpa_api, attention_paged)) return SDPA_ERR_UNSUPPORTED;
@@ -467,28 +466,19 @@ static int attention_against(job *j) {
     att_state *st = j->extra;
     st->f32_last = 0;
     st->paged_last = st->shape->block != 0;
-    return bench_against && against_call(st, j->y) == SDPA_OK;
+    return bench_against && shape_call(bench_against, st, j->y) == SDPA_OK;
 }
 
 static void attention_run(enum kind kind, job *j, size_t iters) {
     att_state *st = j->extra;
     const att_shape *s = st->shape;
-    const paged_view *pv = &st->paged;
     st->f32_last = kind == KIND_F32;
     st->paged_last = (kind == KIND_SDPA || kind == KIND_OLD) && s->block;
-    if (kind == KIND_OLD) {
-        for (size_t i = 0; i < iters; i++) against_call(st, j->y);
-        j->sink += j->y[0];
-        return;
-    }
-    if (st->paged_last) {
-        for (size_t i = 0; i < iters; i++)
-            sdpa_attention_paged(&pv->batch, &pv->cache, j->y, pv->q, pv->k_pool, pv->v_pool);
-        j->sink += j->y[0];
-        return;
-    }
     switch (kind) {
     case KIND_SDPA:
+    case KIND_OLD:
+        for (size_t i = 0; i < iters; i++) shape_call(bench_api(kind), st, j->y);
+        break;
     case KIND_DENSE: /* a paged shape's values, dense */
         for (size_t i = 0; i < iters; i++)
             if (s->mixed)
@@ -676,12 +666,9 @@ static void backward_prepare(job *j) {
 
 static void backward_run(enum kind kind, job *j, size_t iters) {
     bwd_state *st = j->extra;
-    if (kind == KIND_OLD)
+    if (kind == KIND_SDPA || kind == KIND_OLD)
         for (size_t i = 0; i < iters; i++)
-            bench_against->mha_backward_f32(&st->desc, &st->grads, st->q, st->k, st->v, st->out);
-    else if (kind == KIND_SDPA)
-        for (size_t i = 0; i < iters; i++)
-            sdpa_mha_backward_f32(&st->desc, &st->grads, st->q, st->k, st->v, st->out);
+            bench_api(kind)->mha_backward_f32(&st->desc, &st->grads, st->q, st->k, st->v, st->out);
     j->sink += j->y[0];
 }
 

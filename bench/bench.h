@@ -98,6 +98,9 @@ double growth(size_t n, size_t documented);
 extern const sdpa_api *bench_against;
 void against_load(const char *path);
 int against_loaded(job *j); /* op_def.against of ops every table has: whether one was loaded */
+/* The table sdpa's rows call through: bench_against's for KIND_OLD, else this library's
+   (sdpa_get_api), so that the two rows of a pair are called alike, with no PLT on one side */
+const sdpa_api *bench_api(enum kind kind);
 
 /* attention.c: the shapes the attention op's sizes index */
 #define MAX_SHAPES (MAX_SIZES - 1)

@@ -72,15 +72,12 @@ static void kv_store_prepare(job *j) {
 static void kv_store_run(enum kind kind, job *j, size_t iters) {
     kv_store_state *st = j->extra;
     static const size_t src_stride[2] = {KV_HEADS * KV_D, KV_D};
-    if (kind == KIND_SDPA)
+    if (kind == KIND_SDPA || kind == KIND_OLD)
         for (size_t i = 0; i < iters; i++)
-            if (sdpa_kv_cache_store(&st->cache, st->k_pool, st->v_pool, st->slots, j->n, j->x,
-                                    st->v, SDPA_F32, src_stride, src_stride) != SDPA_OK)
+            if (bench_api(kind)->kv_cache_store(&st->cache, st->k_pool, st->v_pool, st->slots, j->n,
+                                                j->x, st->v, SDPA_F32, src_stride,
+                                                src_stride) != SDPA_OK)
                 exit(2);
-    if (kind == KIND_OLD)
-        for (size_t i = 0; i < iters; i++)
-            bench_against->kv_cache_store(&st->cache, st->k_pool, st->v_pool, st->slots, j->n, j->x,
-                                          st->v, SDPA_F32, src_stride, src_stride);
     if (kind == KIND_NAIVE)
         for (size_t i = 0; i < iters; i++) memcpy(st->copy, st->copy_src, st->floats * 4);
     j->sink += (float)st->k_pool[0] + (float)st->copy[0];

@@ -79,11 +79,9 @@ static void dot_run(enum kind kind, job *j, size_t iters) {
     float ring[DOT_RING] = {0};
     switch (kind) {
     case KIND_SDPA:
-        for (size_t i = 0; i < iters; i++) sdpa_dot_f32(j->a, j->b, j->n, &ring[i % DOT_RING]);
-        break;
     case KIND_OLD:
         for (size_t i = 0; i < iters; i++)
-            bench_against->dot_f32(j->a, j->b, j->n, &ring[i % DOT_RING]);
+            bench_api(kind)->dot_f32(j->a, j->b, j->n, &ring[i % DOT_RING]);
         break;
     case KIND_OPENBLAS:
         for (size_t i = 0; i < iters; i++)
@@ -130,10 +128,8 @@ static void scale_prepare(job *j) {
 }
 
 static void scale_run(enum kind kind, job *j, size_t iters) {
-    if (kind == KIND_SDPA)
-        for (size_t i = 0; i < iters; i++) sdpa_scale_f32(j->y, j->x, j->n, j->scale);
-    else if (kind == KIND_OLD)
-        for (size_t i = 0; i < iters; i++) bench_against->scale_f32(j->y, j->x, j->n, j->scale);
+    if (kind == KIND_SDPA || kind == KIND_OLD)
+        for (size_t i = 0; i < iters; i++) bench_api(kind)->scale_f32(j->y, j->x, j->n, j->scale);
     else if (kind == KIND_NAIVE)
         for (size_t i = 0; i < iters; i++) naive_scale(j->y, j->x, j->n, j->scale);
     j->sink += j->y[0];
@@ -174,22 +170,18 @@ static void convert_copy(job *j, size_t iters, size_t bytes) {
 }
 
 static void to_f16_run(enum kind kind, job *j, size_t iters) {
-    if (kind == KIND_SDPA)
-        for (size_t i = 0; i < iters; i++) sdpa_convert(j->y, SDPA_F16, j->x, SDPA_F32, j->n);
-    else if (kind == KIND_OLD)
+    if (kind == KIND_SDPA || kind == KIND_OLD)
         for (size_t i = 0; i < iters; i++)
-            bench_against->convert(j->y, SDPA_F16, j->x, SDPA_F32, j->n);
+            bench_api(kind)->convert(j->y, SDPA_F16, j->x, SDPA_F32, j->n);
     else if (kind == KIND_NAIVE)
         convert_copy(j, iters, j->n * sizeof(uint16_t));
     j->sink += j->y[0];
 }
 
 static void from_f16_run(enum kind kind, job *j, size_t iters) {
-    if (kind == KIND_SDPA)
-        for (size_t i = 0; i < iters; i++) sdpa_convert(j->y, SDPA_F32, j->a, SDPA_F16, j->n);
-    else if (kind == KIND_OLD)
+    if (kind == KIND_SDPA || kind == KIND_OLD)
         for (size_t i = 0; i < iters; i++)
-            bench_against->convert(j->y, SDPA_F32, j->a, SDPA_F16, j->n);
+            bench_api(kind)->convert(j->y, SDPA_F32, j->a, SDPA_F16, j->n);
     else if (kind == KIND_NAIVE)
         convert_copy(j, iters, j->n * sizeof(float));
     j->sink += j->y[0];
@@ -229,10 +221,8 @@ static void softmax_prepare(job *j) {
 static void softmax_run(enum kind kind, job *j, size_t iters) {
     switch (kind) {
     case KIND_SDPA:
-        for (size_t i = 0; i < iters; i++) sdpa_softmax_f32(j->y, j->x, j->n, j->scale);
-        break;
     case KIND_OLD:
-        for (size_t i = 0; i < iters; i++) bench_against->softmax_f32(j->y, j->x, j->n, j->scale);
+        for (size_t i = 0; i < iters; i++) bench_api(kind)->softmax_f32(j->y, j->x, j->n, j->scale);
         break;
     case KIND_DNNL:
         for (size_t i = 0; i < iters; i++) peer_dnnl_softmax_run(j->dnnl);
@@ -290,12 +280,9 @@ static void scores_prepare(job *j) {
 static void scores_run(enum kind kind, job *j, size_t iters) {
     switch (kind) {
     case KIND_SDPA:
-        for (size_t i = 0; i < iters; i++)
-            sdpa_scores_f32(j->y, j->a, j->b, j->n, j->d, j->d, j->scale);
-        break;
     case KIND_OLD:
         for (size_t i = 0; i < iters; i++)
-            bench_against->scores_f32(j->y, j->a, j->b, j->n, j->d, j->d, j->scale);
+            bench_api(kind)->scores_f32(j->y, j->a, j->b, j->n, j->d, j->d, j->scale);
         break;
     case KIND_OPENBLAS:
         for (size_t i = 0; i < iters; i++)

@@ -46,7 +46,7 @@ void attention_block(const attention_run *run, const attention_problem *p, const
 /* Row o (d_v floats) from its unnormalised state: acc (may be o), the max m of its scores and
    the sum l of their exps (NaN: a poisoned row), and its sink (-inf: none), as sdpa.h states:
    acc / (l + e^(sink - m)), times v_scale (an 8-bit V's; 0: 1), zeros for a row with no key.
-   Returns the row's log-sum-exp (with lse 0, where only a sink needs it: a log a row saved). */
+   Returns the row's log-sum-exp, or 0 without lse (a double log a row that no caller reads). */
 float attention_row_finish(const sdpa_kernels *k, float *o, const float *acc, size_t d_v, float m,
                            double l, float sink, float v_scale, int lse);
 

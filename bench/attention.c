@@ -266,7 +266,6 @@ static void move_rows(void *to, const void *from, const att_shape *s, size_t siz
     }
 }
 
-/* The paged call's views of the shape's values: q (of q_type) and k and v (of kv_type), dense. */
 sdpa_kv_cache bench_paged_cache(sdpa_dtype t, size_t used_blocks, size_t block, size_t heads_kv,
                                 size_t d) {
     return (sdpa_kv_cache){.struct_size = sizeof(sdpa_kv_cache),
@@ -280,6 +279,7 @@ sdpa_kv_cache bench_paged_cache(sdpa_dtype t, size_t used_blocks, size_t block, 
                            .v_stride = {heads_kv * block * d, block * d, d}};
 }
 
+/* The paged call's views of the shape's values: q (of q_type) and k and v (of kv_type), dense. */
 static void paged_prepare(paged_view *pv, const att_shape *s, const void *q, const void *k,
                           const void *v, const sdpa_score_mods *mods) {
     if (!sdpa_attention_paged || s->batch * s->len_q > INT32_MAX || s->len_kv > INT32_MAX) {

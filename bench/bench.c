@@ -84,42 +84,21 @@ static double now_ns(void) {
 
 /* ---- timing ---- */
 
-/* Weak: scripts/bench-ab runs this benchmark against libraries older than the thread setting,
-   where it is NULL and every call runs on one thread anyway. */
-#pragma weak sdpa_set_num_threads
-
 /* sdpa's own rows, which must be right, against the peers, which may drift */
 static int is_ours(const impl *im) {
     return im->kind == KIND_SDPA || im->kind == KIND_F32 || im->kind == KIND_DENSE ||
            im->kind == KIND_OLD;
 }
 
-/* The other build's settings for its row: the same backend, thread count and exp mode (fast
-   for rows that name none). */
-static void select_against(const impl *im) {
-    const sdpa_api *api = bench_against;
-    if (api->set_num_threads(im->threads ? im->threads : 1) != SDPA_OK ||
-        api->set_backend(im->backend) != SDPA_OK ||
-        api->set_exp_mode(im->exp ? im->exp : "fast") != SDPA_OK) {
-        fprintf(stderr, "bench: --against: cannot select %s\n", im->backend);
-        exit(2);
-    }
-}
-
+/* A row's settings, through the table its calls take (bench_api; the other build's for its
+   row): the thread count; sdpa's rows their backend, peers that call sdpa (the attention
+   composite's softmax) the default one; and the exp mode, fast for a row that names none,
+   whatever the row before set. */
 static void select_impl(const impl *im) {
-    if (im->kind == KIND_OLD) {
-        select_against(im);
-        return;
-    }
-    if (sdpa_set_num_threads) sdpa_set_num_threads(im->threads ? im->threads : 1);
-    if (!is_ours(im)) { /* peers that call sdpa (the attention composite's softmax) */
-        sdpa_set_backend("auto");
-        sdpa_set_exp_mode("fast");
-        return;
-    }
-    /* every row without an exp mode of its own runs the default, whatever the row before set */
-    if (sdpa_set_backend(im->backend) != SDPA_OK ||
-        sdpa_set_exp_mode(im->exp ? im->exp : "fast") != SDPA_OK) {
+    const sdpa_api *api = bench_api(im->kind);
+    if (api->set_num_threads(im->threads ? im->threads : 1) != SDPA_OK ||
+        api->set_backend(is_ours(im) ? im->backend : "auto") != SDPA_OK ||
+        api->set_exp_mode(im->exp ? im->exp : "fast") != SDPA_OK) {
         fprintf(stderr, "bench: cannot select %s\n", im->label);
         exit(2);
     }
